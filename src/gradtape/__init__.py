@@ -1,0 +1,1 @@
+"""gradtape: exact derivatives of plain NumPy code."""
