@@ -1,1 +1,15 @@
-"""gradtape: exact derivatives of plain NumPy code."""
+"""gradtape: exact derivatives of plain NumPy code, recorded on a tape."""
+
+from . import tracer as _tracer  # noqa: F401  (installs the Tracer and the NumPy rules)
+from .check import GradCheck, check_grad
+from .rules.control import custom_vjp, stop_gradient
+from .tape import Tape
+from .trace import GradtapeError
+from .transforms.reverse import grad, value_and_grad, vjp
+from .transforms.staging import trace_fn as trace
+
+__all__ = [
+    "GradCheck", "GradtapeError", "Tape", "check_grad", "custom_vjp", "grad", "stop_gradient",
+    "trace", "value_and_grad", "vjp",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,102 @@
+"""The Primitive type and the registries that route NumPy calls to primitives.
+
+A primitive is declared once with its NumPy implementation and its derivative
+rules. Rules are written with NumPy operations, so applied to Tracers they are
+recorded too: that is what makes higher-order derivatives and `compile(grad(f))`
+work with no extra machinery.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from . import trace
+
+# ufunc object -> primitive (filled by rules/elementwise.py); scipy's are added lazily
+UFUNCS: dict = {}
+# ufunc name -> primitive, for scipy.special ufuncs registered the first time one is seen
+SCIPY_UFUNCS: dict = {}
+# numpy function (the public API object) -> implementation for Tracer arguments
+FUNCTIONS: dict = {}
+# name -> primitive
+REGISTRY: dict = {}
+
+
+class Primitive:
+    """A named operation with its rules.
+
+    impl:      the NumPy implementation, `impl(*args, **params)`.
+    vjps:      one rule per positional argument, `vjp(g, ans, *args, **params)` -> cotangent of
+               that argument (shape of the argument), or None where the derivative is zero.
+    jvp:       `jvp(tangents, ans, *args, **params)` -> tangent of the output; tangents[i] is
+               None for an argument with no tangent.
+    nondiff:   the output has zero derivative (comparisons, floor, stop_gradient): it is not
+               recorded by differentiating levels, only by staging levels (compile, trace).
+    partials:  for elementwise primitives: `partials(ans, *args)` -> the local derivative of
+               each argument; vjps and jvp are derived from it (and the native backend inlines it).
+    """
+
+    __slots__ = ("name", "impl", "vjps", "jvp", "nondiff", "multiple_results", "partials",
+                 "linear", "safe", "variadic", "vjp_all")
+
+    def __init__(self, name: str, impl: Callable, vjps=None, jvp=None, nondiff: bool = False,
+                 multiple_results: bool = False, partials=None, linear: bool = False,
+                 safe: bool = False, variadic: bool = False):
+        self.name = name
+        self.impl = impl
+        self.vjps = vjps
+        self.jvp = jvp
+        self.nondiff = nondiff
+        self.multiple_results = multiple_results
+        self.partials = partials
+        self.linear = linear
+        self.safe = safe
+        self.variadic = variadic
+        self.vjp_all = None  # optional: one call for all arguments (custom rules)
+        REGISTRY[name] = self
+
+    def __call__(self, *args, **params):
+        return trace.bind(self, args, params)
+
+    def vjp_rule(self, i: int):
+        """The VJP rule of argument i (variadic primitives share one rule, called with i)."""
+        if self.variadic:
+            rule = self.vjps
+            return None if rule is None else (lambda g, ans, *a, **p: rule(i, g, ans, *a, **p))
+        return self.vjps[i] if self.vjps is not None and i < len(self.vjps) else None
+
+    def __repr__(self) -> str:
+        return f"<primitive {self.name}>"
+
+
+def lookup_ufunc(ufunc):
+    """The primitive for a NumPy or scipy.special ufunc, or None."""
+    prim = UFUNCS.get(ufunc)
+    if prim is None and "scipy.special" in sys.modules and SCIPY_UFUNCS:
+        special = sys.modules["scipy.special"]
+        private = getattr(special, "_ufuncs", None)
+        for name, p in SCIPY_UFUNCS.items():
+            uf = getattr(special, name, None)
+            if not _is_ufunc(uf):
+                uf = getattr(private, name, None)
+            if uf is not None:
+                UFUNCS.setdefault(uf, p)
+        SCIPY_UFUNCS.clear()
+        prim = UFUNCS.get(ufunc)
+    return prim
+
+
+def _is_ufunc(f) -> bool:
+    return f is not None and type(f).__name__ == "ufunc"
+
+
+def implements(*numpy_functions):
+    """Register a Tracer implementation of NumPy functions (used by `__array_function__`)."""
+
+    def deco(fn):
+        for f in numpy_functions:
+            FUNCTIONS[f] = fn
+        return fn
+
+    return deco

@@ -1,0 +1,54 @@
+"""Helpers shared by rules: written with NumPy calls, so they work on arrays and Tracers alike."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def unbroadcast(g, shape: tuple):
+    """Sum a cotangent of a broadcast result back to an argument's `shape`."""
+    gshape = np.shape(g) if not hasattr(g, "shape") else g.shape
+    if gshape == shape:
+        return g
+    nlead = len(gshape) - len(shape)
+    if nlead < 0:
+        return np.broadcast_to(g, shape)
+    axes = tuple(range(nlead)) + tuple(
+        i + nlead for i, d in enumerate(shape) if d == 1 and gshape[i + nlead] != 1
+    )
+    if axes:
+        g = np.sum(g, axis=axes)
+    if np.shape(g) != shape:
+        g = np.reshape(g, shape)
+    return g
+
+
+def shape_of(x) -> tuple:
+    s = getattr(x, "shape", None)
+    return s if s is not None else np.shape(x)
+
+
+def ndim_of(x) -> int:
+    return len(shape_of(x))
+
+
+def dtype_of(x) -> np.dtype:
+    dt = getattr(x, "dtype", None)
+    return dt if dt is not None else np.result_type(x)
+
+
+def normalize_axis(axis, ndim: int):
+    """None, an int or a tuple of ints -> a sorted tuple of non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (int, np.integer)):
+        axis = (axis,)
+    return tuple(sorted(int(a) % ndim if ndim else 0 for a in axis))
+
+
+def expand_reduced(g, shape: tuple, axes: tuple, keepdims: bool):
+    """Reshape the cotangent of a reduction so it broadcasts against the reduced input."""
+    if keepdims or not axes:
+        return g
+    kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return np.reshape(g, kshape)

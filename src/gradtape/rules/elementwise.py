@@ -1,0 +1,221 @@
+"""Elementwise primitives: NumPy and scipy.special ufuncs, one table.
+
+Each entry declares the local derivative of every argument once (`partials`);
+the VJP (`g * d`, summed back over broadcasting) and the JVP (`sum t_i * d_i`)
+are derived from it. A partial is a function `(ans, *args) -> d`, the number 1 or
+-1 for linear arguments, or None where the derivative is not defined (an error
+if that argument is differentiated). `safe=True` marks rules whose local
+derivative can be infinite (sqrt at 0): their VJP maps a zero cotangent to zero,
+so masked branches such as `np.where(x > 0, np.sqrt(x), 0.0)` stay finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..primitives import SCIPY_UFUNCS, UFUNCS, Primitive
+from ..trace import GradtapeError
+from ._util import shape_of, unbroadcast
+
+_LN2 = math.log(2.0)
+_LN10 = math.log(10.0)
+_SQRT_PI = math.sqrt(math.pi)
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _sp():
+    import scipy.special
+
+    return scipy.special
+
+
+def _scale(g, d):
+    if d == 1:
+        return g
+    if d == -1:
+        return -g
+    return g * d
+
+
+def _make_vjp(i: int, partial, safe: bool, name: str):
+    if partial is None:
+        def undefined(g, ans, *args):
+            raise GradtapeError(
+                f"the derivative of {name} with respect to argument {i} is not implemented; "
+                "wrap that argument in gradtape.stop_gradient, or define the function with "
+                "gradtape.custom_vjp."
+            )
+        return undefined
+    if isinstance(partial, (int, float)):
+        return lambda g, ans, *args: unbroadcast(_scale(g, partial), shape_of(args[i]))
+    if safe:
+        def vjp_safe(g, ans, *args):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                d = g * partial(ans, *args)
+            return unbroadcast(np.where(g == 0, 0, d), shape_of(args[i]))
+        return vjp_safe
+    return lambda g, ans, *args: unbroadcast(g * partial(ans, *args), shape_of(args[i]))
+
+
+def _make_jvp(partials, name: str):
+    def jvp(tangents, ans, *args):
+        out = None
+        for i, t in enumerate(tangents):
+            if t is None:
+                continue
+            p = partials[i]
+            if p is None:
+                _make_vjp(i, None, False, name)(None, None)
+            term = _scale(t, p) if isinstance(p, (int, float)) else t * p(ans, *args)
+            out = term if out is None else out + term
+        if out is not None and shape_of(out) != shape_of(ans):
+            out = np.broadcast_to(out, shape_of(ans))
+        return out
+    return jvp
+
+
+def elementwise(name: str, impl, partials, *, safe: bool = False, ufunc=None,
+                scipy_name: str | None = None) -> Primitive:
+    """Declare an elementwise primitive from its local derivatives."""
+    prim = Primitive(
+        name, impl,
+        vjps=tuple(_make_vjp(i, p, safe, name) for i, p in enumerate(partials)),
+        jvp=_make_jvp(partials, name),
+        partials=partials, safe=safe,
+        linear=all(isinstance(p, (int, float)) for p in partials),
+    )
+    if ufunc is not None:
+        UFUNCS[ufunc] = prim
+    if scipy_name is not None:
+        SCIPY_UFUNCS[scipy_name] = prim
+    return prim
+
+
+def nondiff(name: str, impl, ufunc=None) -> Primitive:
+    """Declare an elementwise primitive with zero derivative (recorded only when staging)."""
+    prim = Primitive(name, impl, nondiff=True)
+    if ufunc is not None:
+        UFUNCS[ufunc] = prim
+    return prim
+
+
+def _np(name: str, partials, safe: bool = False) -> Primitive:
+    uf = getattr(np, name)
+    return elementwise(name, uf, partials, safe=safe, ufunc=uf)
+
+
+def _spec(name: str, partials, safe: bool = False) -> Primitive:
+    """A scipy.special ufunc: scipy is imported only when the function is first called."""
+    return elementwise(name, lambda *a: getattr(_sp(), name)(*a), partials, safe=safe,
+                       scipy_name=name)
+
+
+def _power_dx(ans, x, y):
+    return y * np.power(x, y - 1)
+
+
+def _power_dy(ans, x, y):
+    # x**y * log(x), with 0 where x == 0 (the limit used by JAX and autograd)
+    return ans * np.log(np.where(x == 0, 1, x))
+
+
+def _max_dx(ans, x, y):
+    return (x > y) + 0.5 * (x == y)
+
+
+def _min_dx(ans, x, y):
+    return (x < y) + 0.5 * (x == y)
+
+
+# --- arithmetic -------------------------------------------------------------------------
+add = _np("add", (1, 1))
+subtract = _np("subtract", (1, -1))
+multiply = _np("multiply", (lambda ans, x, y: y, lambda ans, x, y: x))
+divide = _np("divide", (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y))
+UFUNCS[np.true_divide] = divide
+negative = _np("negative", (-1,))
+positive = _np("positive", (1,))
+power = _np("power", (_power_dx, _power_dy), safe=True)
+float_power = _np("float_power", (_power_dx, _power_dy), safe=True)
+square = _np("square", (lambda ans, x: 2 * x,))
+reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,))
+absolute = _np("absolute", (lambda ans, x: np.sign(x),))
+UFUNCS[np.fabs] = absolute
+remainder = _np("remainder", (1, lambda ans, x, y: -np.floor_divide(x, y)))
+fmod = _np("fmod", (1, lambda ans, x, y: -np.trunc(x / y)))
+maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)))
+minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)))
+fmax = _np("fmax", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)))
+fmin = _np("fmin", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)))
+copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None))
+hypot = _np("hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True)
+arctan2 = _np("arctan2", (lambda ans, y, x: x / (x * x + y * y),
+                          lambda ans, y, x: -y / (x * x + y * y)), safe=True)
+logaddexp = _np("logaddexp", (lambda ans, x, y: np.exp(x - ans), lambda ans, x, y: np.exp(y - ans)))
+logaddexp2 = _np("logaddexp2", (lambda ans, x, y: np.exp2(x - ans),
+                                lambda ans, x, y: np.exp2(y - ans)))
+
+# --- exponentials and logarithms ----------------------------------------------------------
+exp = _np("exp", (lambda ans, x: ans,))
+expm1 = _np("expm1", (lambda ans, x: ans + 1,))
+exp2 = _np("exp2", (lambda ans, x: ans * _LN2,))
+log = _np("log", (lambda ans, x: 1 / x,), safe=True)
+log1p = _np("log1p", (lambda ans, x: 1 / (1 + x),), safe=True)
+log2 = _np("log2", (lambda ans, x: 1 / (x * _LN2),), safe=True)
+log10 = _np("log10", (lambda ans, x: 1 / (x * _LN10),), safe=True)
+sqrt = _np("sqrt", (lambda ans, x: 0.5 / ans,), safe=True)
+cbrt = _np("cbrt", (lambda ans, x: 1 / (3 * ans * ans),), safe=True)
+
+# --- trigonometric and hyperbolic -------------------------------------------------------------
+sin = _np("sin", (lambda ans, x: np.cos(x),))
+cos = _np("cos", (lambda ans, x: -np.sin(x),))
+tan = _np("tan", (lambda ans, x: 1 + ans * ans,))
+arcsin = _np("arcsin", (lambda ans, x: 1 / np.sqrt(1 - x * x),), safe=True)
+arccos = _np("arccos", (lambda ans, x: -1 / np.sqrt(1 - x * x),), safe=True)
+arctan = _np("arctan", (lambda ans, x: 1 / (1 + x * x),))
+sinh = _np("sinh", (lambda ans, x: np.cosh(x),))
+cosh = _np("cosh", (lambda ans, x: np.sinh(x),))
+tanh = _np("tanh", (lambda ans, x: 1 - ans * ans,))
+arcsinh = _np("arcsinh", (lambda ans, x: 1 / np.sqrt(x * x + 1),))
+arccosh = _np("arccosh", (lambda ans, x: 1 / np.sqrt(x * x - 1),), safe=True)
+arctanh = _np("arctanh", (lambda ans, x: 1 / (1 - x * x),), safe=True)
+deg2rad = _np("deg2rad", (math.pi / 180,))
+rad2deg = _np("rad2deg", (180 / math.pi,))
+UFUNCS[np.radians] = deg2rad
+UFUNCS[np.degrees] = rad2deg
+
+# --- zero derivative: rounding, sign, comparisons, predicates -----------------------------
+for _name in ("floor", "ceil", "trunc", "rint", "sign", "floor_divide", "signbit", "greater",
+              "greater_equal", "less", "less_equal", "equal", "not_equal", "logical_and",
+              "logical_or", "logical_xor", "logical_not", "isnan", "isinf", "isfinite",
+              "heaviside", "bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift",
+              "right_shift", "spacing", "nextafter", "gcd", "lcm"):
+    nondiff(_name, getattr(np, _name), getattr(np, _name))
+
+# --- scipy.special ------------------------------------------------------------------------------
+gammaln = _spec("gammaln", (lambda ans, x: _sp().digamma(x),))
+gamma = _spec("gamma", (lambda ans, x: ans * _sp().digamma(x),))
+digamma = _spec("digamma", (lambda ans, x: _sp().polygamma(1, x),))
+SCIPY_UFUNCS["psi"] = digamma
+zeta = _spec("zeta", (None, lambda ans, s, q: -s * _sp().zeta(s + 1, q)))
+SCIPY_UFUNCS["_zeta"] = zeta  # scipy.special.zeta is a Python function calling this ufunc
+erf = _spec("erf", (lambda ans, x: (2 / _SQRT_PI) * np.exp(-x * x),))
+erfc = _spec("erfc", (lambda ans, x: (-2 / _SQRT_PI) * np.exp(-x * x),))
+erfinv = _spec("erfinv", (lambda ans, x: (_SQRT_PI / 2) * np.exp(ans * ans),))
+expit = _spec("expit", (lambda ans, x: ans * (1 - ans),))
+logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True)
+log_expit = _spec("log_expit", (lambda ans, x: _sp().expit(-x),))
+xlogy = _spec("xlogy", (lambda ans, x, y: _sp().xlogy(1, y), lambda ans, x, y: x / y), safe=True)
+xlog1py = _spec("xlog1py", (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)),
+                safe=True)
+ndtr = _spec("ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI),))
+log_ndtr = _spec("log_ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),))
+ndtri = _spec("ndtri", (lambda ans, x: np.exp(0.5 * ans * ans + _LOG_SQRT_2PI),), safe=True)
+entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True)
+betaln = _spec("betaln", (lambda ans, a, b: _sp().digamma(a) - _sp().digamma(a + b),
+                          lambda ans, a, b: _sp().digamma(b) - _sp().digamma(a + b)))
+for _alias in ("expm1", "log1p", "exp2", "cbrt"):
+    SCIPY_UFUNCS[_alias] = globals()[_alias]
+SCIPY_UFUNCS["exp10"] = _spec("exp10", (lambda ans, x: ans * _LN10,))

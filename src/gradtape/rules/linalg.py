@@ -1,0 +1,1 @@
+"""Linear algebra primitives (matmul, einsum, solve, inv, cholesky, ...): being written."""

@@ -1,0 +1,259 @@
+"""Reductions and scans: sum, prod, max, min, cumsum, cumprod, and the composites built on them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..primitives import Primitive, implements
+from ..trace import GradtapeError, bind
+from ._util import dtype_of, expand_reduced, ndim_of, normalize_axis, shape_of
+
+
+def _no_out(out, name):
+    if out is not None:
+        raise GradtapeError(f"np.{name}(..., out=...) cannot be traced; assign the result instead.")
+
+
+# --- sum ------------------------------------------------------------------------------
+def _sum_vjp(g, ans, x, axes, keepdims):
+    return np.broadcast_to(expand_reduced(g, shape_of(x), axes, keepdims), shape_of(x))
+
+
+reduce_sum = Primitive(
+    "reduce_sum",
+    lambda x, axes, keepdims: np.sum(x, axis=axes, keepdims=keepdims),
+    vjps=(_sum_vjp,),
+    jvp=lambda ts, ans, x, axes, keepdims: reduce_sum(ts[0], axes=axes, keepdims=keepdims),
+    linear=True,
+)
+
+
+@implements(np.sum)
+def sum_(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
+    _no_out(out, "sum")
+    if where is not True or initial is not None:
+        raise GradtapeError("np.sum with where= or initial= cannot be traced; use np.where first.")
+    axes = normalize_axis(axis, ndim_of(a))
+    r = bind(reduce_sum, (a,), {"axes": axes, "keepdims": bool(keepdims)})
+    return np.asarray(r, dtype) if dtype is not None and not hasattr(r, "_var") else (
+        r.astype(dtype) if dtype is not None else r)
+
+
+@implements(np.mean)
+def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
+    _no_out(out, "mean")
+    shape = shape_of(a)
+    axes = normalize_axis(axis, len(shape))
+    count = 1
+    for ax in axes:
+        count *= shape[ax]
+    r = sum_(a, axis=axes, keepdims=keepdims, where=where)
+    if dtype_of(a).kind in "iub":
+        r = r.astype(np.float64)
+    return r / count if dtype is None else (r / count).astype(dtype)
+
+
+@implements(np.var)
+def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, mean=None,
+        correction=None):
+    _no_out(out, "var")
+    if correction is not None:
+        ddof = correction
+    shape = shape_of(a)
+    axes = normalize_axis(axis, len(shape))
+    count = 1
+    for ax in axes:
+        count *= shape[ax]
+    d = a - globals()["mean"](a, axis=axes, keepdims=True)
+    return sum_(d * d, axis=axes, keepdims=keepdims) / (count - ddof)
+
+
+@implements(np.std)
+def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, mean=None,
+        correction=None):
+    return np.sqrt(var(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
+                       correction=correction))
+
+
+@implements(np.average)
+def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
+    if weights is None:
+        r = mean(a, axis=axis, keepdims=keepdims)
+        if returned:
+            shape = shape_of(a)
+            n = np.prod([shape[i] for i in normalize_axis(axis, len(shape))])
+            return r, np.broadcast_to(np.asarray(n, dtype=float), shape_of(r))
+        return r
+    wshape = shape_of(weights)
+    if wshape != shape_of(a):
+        if axis is None or len(wshape) != 1:
+            raise GradtapeError("np.average: 1-D weights need an axis (as in NumPy).")
+        bshape = [1] * ndim_of(a)
+        bshape[axis] = wshape[0]
+        weights = np.reshape(weights, bshape)
+    num = sum_(a * weights, axis=axis, keepdims=keepdims)
+    den = sum_(np.broadcast_to(weights, shape_of(a)) if shape_of(weights) != shape_of(a)
+               else weights, axis=axis, keepdims=keepdims)
+    return (num / den, den) if returned else num / den
+
+
+@implements(np.nansum)
+def nansum(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
+    return sum_(np.where(np.isnan(a), 0, a), axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+
+
+@implements(np.nanmean)
+def nanmean(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
+    ok = ~np.isnan(a)
+    return nansum(a, axis=axis, keepdims=keepdims) / np.sum(ok, axis=axis, keepdims=keepdims)
+
+
+# --- prod -------------------------------------------------------------------------------
+def _prod_of_others(x, axes):
+    """For each element, the product of the other elements reduced with it (exact with zeros)."""
+    shape = shape_of(x)
+    keep = [i for i in range(len(shape)) if i not in axes]
+    perm = keep + list(axes)
+    xt = np.transpose(x, perm)
+    kshape = tuple(shape[i] for i in keep)
+    flat = np.reshape(xt, kshape + (-1,))
+    ones = np.ones(kshape + (1,), dtype=dtype_of(x))
+    left = np.cumprod(np.concatenate([ones, flat[..., :-1]], axis=-1), axis=-1)
+    right = np.cumprod(np.concatenate([ones, flat[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+    others = np.reshape(left * right, shape_of(xt))
+    return np.transpose(others, np.argsort(perm))
+
+
+def _prod_vjp(g, ans, x, axes, keepdims):
+    return expand_reduced(g, shape_of(x), axes, keepdims) * _prod_of_others(x, axes)
+
+
+def _prod_jvp(ts, ans, x, axes, keepdims):
+    return reduce_sum(ts[0] * _prod_of_others(x, axes), axes=axes, keepdims=keepdims)
+
+
+reduce_prod = Primitive(
+    "reduce_prod",
+    lambda x, axes, keepdims: np.prod(x, axis=axes, keepdims=keepdims),
+    vjps=(_prod_vjp,), jvp=_prod_jvp,
+)
+
+
+@implements(np.prod)
+def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
+    _no_out(out, "prod")
+    axes = normalize_axis(axis, ndim_of(a))
+    r = bind(reduce_prod, (a,), {"axes": axes, "keepdims": bool(keepdims)})
+    return r if initial is None else r * initial
+
+
+# --- max / min ----------------------------------------------------------------------------
+def _extreme_weights(ans, x, axes, keepdims):
+    """1/k on each of the k elements that attain the extreme, 0 elsewhere (ties share)."""
+    mask = np.equal(x, expand_reduced(ans, shape_of(x), axes, keepdims))
+    return mask / np.sum(mask, axis=axes, keepdims=True)
+
+
+def _extreme_vjp(g, ans, x, axes, keepdims):
+    return expand_reduced(g, shape_of(x), axes, keepdims) * _extreme_weights(ans, x, axes,
+                                                                             keepdims)
+
+
+def _extreme_jvp(ts, ans, x, axes, keepdims):
+    return reduce_sum(ts[0] * _extreme_weights(ans, x, axes, keepdims), axes=axes,
+                      keepdims=keepdims)
+
+
+reduce_max = Primitive("reduce_max", lambda x, axes, keepdims: np.max(x, axis=axes,
+                                                                      keepdims=keepdims),
+                       vjps=(_extreme_vjp,), jvp=_extreme_jvp)
+reduce_min = Primitive("reduce_min", lambda x, axes, keepdims: np.min(x, axis=axes,
+                                                                      keepdims=keepdims),
+                       vjps=(_extreme_vjp,), jvp=_extreme_jvp)
+
+
+@implements(np.max, np.amax)
+def max_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
+    _no_out(out, "max")
+    r = bind(reduce_max, (a,), {"axes": normalize_axis(axis, ndim_of(a)),
+                                "keepdims": bool(keepdims)})
+    return r if initial is None else np.maximum(r, initial)
+
+
+@implements(np.min, np.amin)
+def min_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
+    _no_out(out, "min")
+    r = bind(reduce_min, (a,), {"axes": normalize_axis(axis, ndim_of(a)),
+                                "keepdims": bool(keepdims)})
+    return r if initial is None else np.minimum(r, initial)
+
+
+@implements(np.nanmax)
+def nanmax(a, axis=None, out=None, keepdims=False, **kw):
+    return max_(np.where(np.isnan(a), -np.inf, a), axis=axis, keepdims=keepdims)
+
+
+@implements(np.nanmin)
+def nanmin(a, axis=None, out=None, keepdims=False, **kw):
+    return min_(np.where(np.isnan(a), np.inf, a), axis=axis, keepdims=keepdims)
+
+
+# --- cumulative ----------------------------------------------------------------------------
+def _reverse_cumsum(g, axis):
+    idx = (slice(None),) * axis + (slice(None, None, -1),)
+    return np.cumsum(g[idx], axis=axis)[idx]
+
+
+cumsum_p = Primitive(
+    "cumsum", lambda x, axis: np.cumsum(x, axis=axis),
+    vjps=(lambda g, ans, x, axis: _reverse_cumsum(g, axis),),
+    jvp=lambda ts, ans, x, axis: cumsum_p(ts[0], axis=axis), linear=True,
+)
+
+
+def _cumprod_vjp(g, ans, x, axis):
+    # d ans_j / d x_i = ans_j / x_i for j >= i (x with no zeros along the axis)
+    return _reverse_cumsum(g * ans, axis) / x
+
+
+cumprod_p = Primitive(
+    "cumprod", lambda x, axis: np.cumprod(x, axis=axis),
+    vjps=(_cumprod_vjp,),
+    jvp=lambda ts, ans, x, axis: ans * cumsum_p(ts[0] / x, axis=axis),
+)
+
+
+def _cumulative(prim, a, axis):
+    if axis is None:
+        a, axis = np.ravel(a), 0
+    return bind(prim, (a,), {"axis": int(axis) % max(ndim_of(a), 1)})
+
+
+@implements(np.cumsum)
+def cumsum(a, axis=None, dtype=None, out=None):
+    _no_out(out, "cumsum")
+    return _cumulative(cumsum_p, a, axis)
+
+
+@implements(np.cumprod)
+def cumprod(a, axis=None, dtype=None, out=None):
+    _no_out(out, "cumprod")
+    return _cumulative(cumprod_p, a, axis)
+
+
+# --- no derivative: arg-reductions and predicates (recorded when staging) ----------------------
+def _nondiff_function(func, name):
+    prim = Primitive(name, func, nondiff=True)
+
+    @implements(func)
+    def impl(*args, **kwargs):
+        return bind(prim, args, kwargs)
+
+    return prim
+
+
+for _f in (np.argmax, np.argmin, np.argsort, np.any, np.all, np.count_nonzero, np.nonzero,
+           np.searchsorted, np.isclose, np.allclose, np.array_equal, np.argwhere, np.flatnonzero,
+           np.isnan, np.sign):
+    if hasattr(_f, "__name__") and not isinstance(_f, np.ufunc):
+        _nondiff_function(_f, _f.__name__)

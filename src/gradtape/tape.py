@@ -1,0 +1,138 @@
+"""The IR: variables, instructions, guards and the tape that holds them.
+
+A tape is a linear SSA program. Every var knows its shape and dtype; an
+instruction names its primitive, its inputs (a Var, or a constant value), its
+outputs and its static params. Printing a tape gives a readable listing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+_DTYPE_SHORT = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32",
+    "bool": "bool", "complex128": "c128", "complex64": "c64", "uint8": "u8", "int8": "i8",
+}
+
+
+class Var:
+    """A value on the tape: an id, a shape and a dtype."""
+
+    __slots__ = ("id", "shape", "dtype")
+
+    def __init__(self, id: int, shape: tuple, dtype: np.dtype):
+        self.id = id
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def name(self) -> str:
+        n, s = self.id, ""
+        while True:
+            s = chr(ord("a") + n % 26) + s
+            n = n // 26 - 1
+            if n < 0:
+                return s
+
+    @property
+    def type_str(self) -> str:
+        dt = _DTYPE_SHORT.get(str(self.dtype), str(self.dtype))
+        return f"{dt}[{','.join(str(d) for d in self.shape)}]"
+
+    def __repr__(self) -> str:
+        return f"{self.name}:{self.type_str}"
+
+
+class Instruction:
+    """One primitive application: `outvars = prim(args..., **params)`.
+
+    `invars[i]` is the Var of argument i when it is traced at this tape's level,
+    else None (a constant, whose value is `args[i]`). `args` and `out` hold the
+    values seen while recording; the reverse interpreter reads them.
+    """
+
+    __slots__ = ("prim", "invars", "args", "params", "outvars", "out")
+
+    def __init__(self, prim, invars, args, params, outvars, out):
+        self.prim = prim
+        self.invars = invars
+        self.args = args
+        self.params = params
+        self.outvars = outvars
+        self.out = out
+
+    def __repr__(self) -> str:
+        outs = " ".join(repr(v) for v in self.outvars)
+        ins = " ".join(
+            v.name if v is not None else _const_str(a) for v, a in zip(self.invars, self.args)
+        )
+        ps = ""
+        if self.params:
+            ps = "[" + ", ".join(f"{k}={_param_str(p)}" for k, p in self.params.items()) + "]"
+        return f"{outs} = {self.prim.name}{ps} {ins}"
+
+
+@dataclass
+class Guard:
+    """A Python value a Tracer gave to the traced function: the tape is valid while it holds."""
+
+    var: Var
+    kind: str  # "bool", "int", "index", "item", "value"
+    answer: Any
+    where: str  # "file.py:12: source line"
+
+    def __repr__(self) -> str:
+        ans = _const_str(self.answer) if isinstance(self.answer, np.ndarray) else repr(self.answer)
+        return f"guard {self.kind}({self.var.name}) == {ans}    # {self.where}"
+
+
+class Tape:
+    """A recorded program: input vars, instructions, output vars and guards."""
+
+    def __init__(self):
+        self.inputs: list[Var] = []
+        self.instructions: list[Instruction] = []
+        self.outputs: list[Var | Any] = []
+        self.guards: list[Guard] = []
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def __str__(self) -> str:
+        lines = ["{ lambda " + " ".join(repr(v) for v in self.inputs) + " ."]
+        for ins in self.instructions:
+            lines.append("    " + repr(ins))
+        for g in self.guards:
+            lines.append("    " + repr(g))
+        outs = ", ".join(v.name if isinstance(v, Var) else _const_str(v) for v in self.outputs)
+        lines.append(f"  in ({outs}) }}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _const_str(a) -> str:
+    if isinstance(a, np.ndarray) and a.size > 4:
+        dt = _DTYPE_SHORT.get(str(a.dtype), str(a.dtype))
+        return f"const:{dt}[{','.join(map(str, a.shape))}]"
+    if isinstance(a, np.ndarray):
+        return np.array2string(a, precision=4, separator=",").replace("\n", "")
+    if isinstance(a, (float, np.floating)):
+        return f"{float(a):.6g}"
+    return repr(a)
+
+
+def _param_str(p) -> str:
+    if isinstance(p, np.ndarray):
+        return _const_str(p)
+    if isinstance(p, tuple):
+        return "(" + ",".join(_param_str(x) for x in p) + ("," if len(p) == 1 else "") + ")"
+    if isinstance(p, slice):
+        parts = ["" if v is None else str(v) for v in (p.start, p.stop, p.step)]
+        return ":".join(parts[:2]) + (f":{parts[2]}" if p.step is not None else "")
+    if p is Ellipsis:
+        return "..."
+    return repr(p)

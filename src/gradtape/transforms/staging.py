@@ -1,0 +1,34 @@
+"""Staging: record a whole program (every operation that depends on the inputs) as a Tape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import trace
+from .._pytree import tree_flatten, tree_unflatten
+from ..tape import Tape
+from ..trace import new_level
+
+
+def trace_fn(f: Callable, *args, **kwargs) -> Tape:
+    """Record `f(*args)` and return its tape: print it to see what gradtape records.
+
+    Every leaf of every argument becomes a tape input. Guards (Python values the
+    function asked of traced values) are listed after the instructions.
+    """
+    with new_level("stage") as level:
+        inputs = []
+        for a in args:
+            leaves, td = tree_flatten(a)
+            inputs.append((td, [level.new_input(np.asarray(x) if isinstance(
+                x, (int, float, complex)) else x) if hasattr(x, "dtype") or isinstance(
+                x, (int, float, complex)) else x for x in leaves]))
+
+        traced = [tree_unflatten(td, leaves) for td, leaves in inputs]
+        out = f(*traced, **kwargs)
+    leaves, _ = tree_flatten(out)
+    level.tape.outputs = [x._var if type(x) is trace.Tracer and x._level is level else x
+                          for x in leaves]
+    return level.tape
