@@ -43,8 +43,10 @@ class Level:
         self._nvars = 0
 
     def new_var(self, value) -> Var:
-        v = Var(self._nvars, tuple(np.shape(value)) if not hasattr(value, "shape") else value.shape,
-                _dtype_of(value))
+        try:
+            v = Var(self._nvars, value.shape, value.dtype)
+        except AttributeError:  # a Python scalar
+            v = Var(self._nvars, np.shape(value), _dtype_of(value))
         self._nvars += 1
         return v
 
@@ -115,11 +117,20 @@ def bind(prim, args: tuple, params: dict):
         return prim.impl(*args, **params)
     if not top.active:
         raise _leaked_error(top)
-    vals = tuple(a._value if (type(a) is Tracer and a._level is top) else a for a in args)
+    vals = []
+    invars = []
+    for a in args:
+        if type(a) is Tracer and a._level is top:
+            vals.append(a._value)
+            invars.append(a._var)
+        else:
+            vals.append(a)
+            invars.append(None)
     out = prim.impl(*vals, **params)
     if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
         return out
-    invars = tuple(a._var if (type(a) is Tracer and a._level is top) else None for a in args)
+    vals = tuple(vals)
+    invars = tuple(invars)
     if prim.multiple_results:
         outvars = tuple(top.new_var(o) for o in out)
         top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out))

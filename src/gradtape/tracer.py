@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import trace
+from ._malloc import keep_freed_memory
 from .primitives import FUNCTIONS, lookup_ufunc
 from .rules import elementwise as ew
 from .rules import indexing, linalg, reductions, scipy_special, shape
@@ -421,4 +422,5 @@ _UFUNC_ACCUMULATIONS = {
 
 trace.Tracer = Tracer
 trace.level_hooks.append(scipy_special.install_if_loaded)
+trace.level_hooks.append(keep_freed_memory)
 _ = reductions, linalg  # register np.sum, np.mean, np.linalg..., for Tracer arguments

@@ -7,9 +7,11 @@ import numpy as np
 
 def unbroadcast(g, shape: tuple):
     """Sum a cotangent of a broadcast result back to an argument's `shape`."""
-    gshape = np.shape(g) if not hasattr(g, "shape") else g.shape
+    gshape = getattr(g, "shape", None)
     if gshape == shape:
         return g
+    if gshape is None:
+        gshape = np.shape(g)
     nlead = len(gshape) - len(shape)
     if nlead < 0:
         return np.broadcast_to(g, shape)

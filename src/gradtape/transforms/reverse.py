@@ -70,17 +70,18 @@ def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
             if g is None:
                 continue
             g = _resolve(g)
-        vjp_all = getattr(prim, "vjp_all", None)
+        vjp_all = prim.vjp_all
         if vjp_all is not None:
             cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
             for v, ct in zip(ins.invars, cts):
                 if v is not None and ct is not None:
                     _accumulate(acc, v, ct)
             continue
+        vjps = prim.vjps
         for i, v in enumerate(ins.invars):
             if v is None:
                 continue
-            rule = prim.vjp_rule(i)
+            rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
             if rule is None:
                 continue
             ct = rule(g, ins.out, *ins.args, **ins.params)
