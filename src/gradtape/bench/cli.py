@@ -26,7 +26,7 @@ from gradtape.bench.report import RunContext, build_tables, header_lines, write_
 from gradtape.bench.runner import RunConfig, count_steps, run_benchmark
 from gradtape.bench.workloads import PLANNED_WORKLOADS, WORKLOADS, select_workloads
 
-QUICK_REPEAT, FULL_REPEAT = 3, 7
+QUICK_REPEAT, FULL_REPEAT = 5, 7
 QUICK_BUDGET_S, FULL_BUDGET_S = 0.5, 10.0
 
 

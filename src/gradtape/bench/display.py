@@ -27,8 +27,9 @@ def rich_available() -> bool:
 class PlainProgress:
     """One line per finished measurement: '[12/144] eam N=100 torch: 41.2 µs'."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total, self.count, self.label, self.stream = total, 0, "", stream
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total, self.count, self.label = total, 0, ""
+        self.stream = stream if stream is not None else sys.stderr
 
     def begin(self, label: str) -> None:
         self.label = label

@@ -129,13 +129,12 @@ def _prepare_jax(jit: bool) -> Callable[[Workload, Problem], PreparedCall]:
     return prepare
 
 
-@functools.cache
 def _import_torch() -> Any:
     torch = require("torch")
     torch.set_num_threads(1)
     try:
         torch.set_num_interop_threads(1)
-    except RuntimeError:  # only settable before torch's first parallel work
+    except RuntimeError:  # settable once only, before torch's first parallel work
         pass
     return torch
 

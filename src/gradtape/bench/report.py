@@ -218,6 +218,7 @@ def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
         run.notes.append("matplotlib not installed: no plots written")
         return []
     markers = "os^vD<>pP*Xh"
+    colors = [*(f"C{i}" for i in range(10)), "navy", "maroon"]
     written = []
     for workload in run.workloads:
         figure = Figure(figsize=(7.5, 4.8), layout="constrained")
@@ -233,7 +234,7 @@ def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
                 sizes, times = zip(*points, strict=True)
                 axes.plot(
                     sizes, times, marker=markers[index % len(markers)], label=method.name,
-                    color="black" if method.name == "numpy" else f"C{index % 10}",
+                    color="black" if method.name == "numpy" else colors[index % len(colors)],
                     linestyle="--" if method.name == "numpy" else "-",
                 )
         axes.set(xscale="log", yscale="log", title=workload.name,

@@ -1,0 +1,175 @@
+"""Tests of ``gradtape bench``: files, statuses, references; fast, and jax/torch are optional."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradtape.bench import display
+from gradtape.bench.cli import main
+from gradtape.bench.methods import METHODS, Method, complex_step, require
+from gradtape.bench.report import RunContext, build_tables, header_lines, render_markdown
+from gradtape.bench.runner import ABSENT, ERROR, OK, WRONG, RunConfig, run_benchmark
+from gradtape.bench.workloads import WORKLOADS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TINY = RunConfig(sizes=(10,), repeat=2, min_sample_s=1e-4, budget_s=0.2)
+
+
+@pytest.fixture(autouse=True)
+def restore_environ():
+    """``gradtape bench`` pins threads through os.environ; undo that after each test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def make_method(name: str, call_factory, peer: bool = False) -> Method:
+    """A test method whose prepared call is ``call_factory(workload, problem)``."""
+    return Method(name, f"test method {name}", call_factory, peer=peer)
+
+
+def fake_context() -> RunContext:
+    return RunContext(
+        date="2000-01-01T00:00:00+00:00",
+        command="gradtape bench (test)",
+        flags={},
+        machine={"cpu": "test cpu", "logical_cores": 1, "usable_cores": 1, "platform": "test"},
+        threads={"blas": "test"},
+        versions={"python": "3", "numpy": np.__version__},
+    )
+
+
+def test_cli_writes_json_markdown_and_png(tmp_path: Path) -> None:
+    methods = ["numpy", "hand_numpy", "gradtape", "finite_diff", "complex_step"]
+    argv = ["bench", "--quick", "--sizes", "10", "--workload", "sum_exp", "--methods", *methods,
+            "--repeat", "2", "--out", tmp_path]
+    assert main(argv) == 0
+
+    document = json.loads((tmp_path / "results.json").read_text())
+    for key in ("date", "command", "flags", "machine", "threads", "versions", "timing",
+                "workloads", "methods", "absent", "results"):
+        assert key in document
+    assert document["threads"]["env"]["OMP_NUM_THREADS"] == "1"
+    assert document["workloads"]["sum_exp"]["sizes"] == [10]
+    results = {r["method"]: r for r in document["results"]}
+    assert set(results) == set(methods)
+    baseline = results["numpy"]
+    assert baseline["status"] == OK and baseline["ratio_to_numpy"] == 1.0
+    assert len(baseline["samples_s"]) >= 1 and baseline["median_s"] > 0
+    assert results["hand_numpy"]["ratio_to_best_peer"] == 1.0
+    assert results["gradtape"]["status"] in (OK, ABSENT, ERROR, WRONG)
+
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| N | method | median | ×numpy | ×best peer | 1st call | note |" in markdown
+    assert "| 10 | hand_numpy |" in markdown
+    assert "Threads: pinned to 1" in markdown
+    assert (tmp_path / "sum_exp.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_wrong_method_is_reported_and_not_timed() -> None:
+    calls = []
+
+    def wrong_gradient(workload, problem):
+        def call():
+            calls.append(1)
+            value, grad = workload.hand_value_and_grad(problem.x, *problem.consts)
+            return value, 2 * grad
+
+        return call
+
+    methods = [METHODS["numpy"], METHODS["hand_numpy"], make_method("wrong", wrong_gradient)]
+    run = run_benchmark([WORKLOADS["sum_exp"]], methods, TINY)
+
+    wrong = next(m for m in run.measurements if m.method == "wrong")
+    assert wrong.status == WRONG and "gradient off" in wrong.detail
+    assert wrong.samples_s == [] and wrong.median_s is None and wrong.number == 0
+    assert len(calls) == 1  # the checking call only
+    markdown = render_markdown(run, fake_context(), build_tables(run))
+    assert "| 10 | wrong | WRONG |" in markdown
+
+
+def test_absent_and_failing_methods_do_not_stop_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+
+    def raises(workload, problem):
+        def call():
+            raise RuntimeError("boom\nsecond line")
+
+        return call
+
+    def missing(workload, problem):
+        require("gradtape_no_such_module")
+        raise AssertionError("unreachable")
+
+    methods = [METHODS["numpy"], METHODS["torch"], make_method("missing", missing, peer=True),
+               make_method("raises", raises), METHODS["hand_numpy"]]
+    run = run_benchmark([WORKLOADS["eam"]], methods, RunConfig(sizes=(10, 20), repeat=1,
+                                                                min_sample_s=1e-4))
+
+    by_method = {(m.method, m.size): m for m in run.measurements}
+    for size in (10, 20):
+        assert by_method["torch", size].status == ABSENT
+        assert by_method["missing", size].status == ABSENT
+        assert by_method["raises", size].status == ERROR
+        assert by_method["raises", size].detail == "RuntimeError: boom"
+        assert by_method["hand_numpy", size].status == OK
+    assert "cannot import torch" in run.absent["torch"]
+    assert "gradtape_no_such_module" in run.absent["missing"]
+    header = "\n".join(header_lines(run, fake_context()))
+    assert "Absent: torch (cannot import torch" in header
+    plain = "\n".join(display.plain_table(t) for t in build_tables(run))
+    assert "error" in plain and "torch" not in plain  # absent methods are listed, not rowed
+
+
+def test_plain_text_fallback(capsys: pytest.CaptureFixture) -> None:
+    methods = [METHODS["numpy"], METHODS["hand_numpy"]]
+    progress = display.PlainProgress(total=2)
+    run = run_benchmark([WORKLOADS["sum_exp"]], methods, TINY, progress)
+    display.print_report(header_lines(run, fake_context()), build_tables(run), use_rich=False)
+    captured = capsys.readouterr()
+    assert "[2/2] sum_exp N=10 hand_numpy: " in captured.err
+    assert "Threads: pinned to 1" in captured.out
+    assert "N   method      median" in captured.out
+    assert "10  hand_numpy" in captured.out
+
+
+def test_planned_workload_is_not_faked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["bench", "--workload", "rnn_scan", "--out", str(tmp_path)]) == 2
+    assert "rnn_scan: planned" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("workload", WORKLOADS.values(), ids=WORKLOADS.keys())
+def test_references_agree_with_complex_step_and_loop_kernel(workload) -> None:
+    """The hand gradients are the yardstick of every method, so check them independently."""
+    problem = workload.problem(7)
+    value, grad = workload.hand_value_and_grad(problem.x, *problem.consts)
+    _, numeric_grad = complex_step(workload.numpy_function(problem), problem.x)
+    loop_value, loop_grad = workload.loop_kernel(problem.x, *problem.consts)
+    assert value == pytest.approx(float(workload.numpy_function(problem)(problem.x)), rel=1e-12)
+    np.testing.assert_allclose(grad, numeric_grad, rtol=1e-10)
+    assert loop_value == pytest.approx(value, rel=1e-12)
+    np.testing.assert_allclose(loop_grad, grad, rtol=1e-12)
+
+
+def test_import_does_not_load_bench_or_heavy_systems() -> None:
+    """``import gradtape`` stays light; the CLI module itself defers the heavy imports too."""
+    code = (
+        "import sys, gradtape\n"
+        "heavy = sys.argv[1:]\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "import gradtape.bench.cli\n"
+        "print([m for m in heavy[1:] if m in sys.modules])\n"
+    )
+    heavy = ["gradtape.bench", "jax", "torch", "autograd", "matplotlib", "rich"]
+    out = subprocess.run([sys.executable, "-c", code, *heavy], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["[]", "[]"]
