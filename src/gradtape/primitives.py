@@ -35,14 +35,21 @@ class Primitive:
                recorded by differentiating levels, only by staging levels (compile, trace).
     partials:  for elementwise primitives: `partials(ans, *args)` -> the local derivative of
                each argument; vjps and jvp are derived from it (and the native backend inlines it).
+    transparent: recorded as one instruction by staging levels, but differentiated by tracing
+               through `impl` (for loops whose backward pass is itself a loop primitive).
+    jvp_batched: the jvp rule also accepts tangents with extra leading (batch) axes, the same
+               on every tangent, and returns the output tangent with them: the forward
+               interpreter then pushes a whole batch of directions at once (jacfwd, hessian).
+               Without it, a batch is pushed through this primitive one direction at a time.
     """
 
     __slots__ = ("name", "impl", "vjps", "jvp", "nondiff", "multiple_results", "partials",
-                 "linear", "safe", "variadic", "vjp_all")
+                 "linear", "safe", "variadic", "vjp_all", "transparent", "jvp_batched")
 
     def __init__(self, name: str, impl: Callable, vjps=None, jvp=None, nondiff: bool = False,
                  multiple_results: bool = False, partials=None, linear: bool = False,
-                 safe: bool = False, variadic: bool = False):
+                 safe: bool = False, variadic: bool = False, transparent: bool = False,
+                 jvp_batched: bool = False):
         self.name = name
         self.impl = impl
         self.vjps = vjps
@@ -54,6 +61,9 @@ class Primitive:
         self.safe = safe
         self.variadic = variadic
         self.vjp_all = None  # optional: one call for all arguments (custom rules)
+        # differentiating levels trace through `impl` instead of recording one instruction
+        self.transparent = transparent
+        self.jvp_batched = jvp_batched
         REGISTRY[name] = self
 
     def __call__(self, *args, **params):

@@ -97,12 +97,17 @@ class Tape:
         self.instructions: list[Instruction] = []
         self.outputs: list[Var | Any] = []
         self.guards: list[Guard] = []
+        # (var, outer Tracer, value): outer traced values a loop body closed over
+        self.captured: list = []
 
     def __len__(self) -> int:
         return len(self.instructions)
 
     def __str__(self) -> str:
-        lines = ["{ lambda " + " ".join(repr(v) for v in self.inputs) + " ."]
+        head = " ".join(repr(v) for v in self.inputs)
+        if self.captured:
+            head += " ; captured " + " ".join(repr(c[0]) for c in self.captured)
+        lines = ["{ lambda " + head + " ."]
         for ins in self.instructions:
             lines.append("    " + repr(ins))
         for g in self.guards:

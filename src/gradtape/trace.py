@@ -31,13 +31,17 @@ class GradtapeError(TypeError):
 class Level:
     """One tracing level. `record_all`: also record values with no derivative (for replay)."""
 
-    __slots__ = ("id", "kind", "tape", "active", "record_all", "_nvars", "__weakref__")
+    __slots__ = ("id", "kind", "tape", "active", "record_all", "captures", "_nvars",
+                 "__weakref__")
 
     def __init__(self, kind: str):
         with _counter_lock:
             self.id = next(_level_counter)
         self.kind = kind
-        self.record_all = kind == "stage"
+        # "stage" (trace, compile) and "body" (a loop body recorded once) keep every operation
+        self.record_all = kind in ("stage", "body")
+        # a "body" level turns Tracers of outer levels into inputs of its own (closure conversion)
+        self.captures = {} if kind == "body" else None
         self.tape = Tape()
         self.active = True
         self._nvars = 0
@@ -55,6 +59,17 @@ class Level:
         var = self.new_var(value)
         self.tape.inputs.append(var)
         return Tracer(value, var, self)
+
+    def capture(self, outer):
+        """The Var standing for a Tracer of an outer level used inside a body being recorded."""
+        hit = self.captures.get(id(outer))
+        if hit is None:
+            value = outer
+            while type(value) is Tracer:
+                value = value._value
+            hit = self.captures[id(outer)] = (self.new_var(value), outer, value)
+            self.tape.captured.append(hit)
+        return hit
 
     def add_guard(self, var: Var, kind: str, answer) -> None:
         self.tape.guards.append(Guard(var, kind, answer, _user_source_line()))
@@ -117,12 +132,19 @@ def bind(prim, args: tuple, params: dict):
         return prim.impl(*args, **params)
     if not top.active:
         raise _leaked_error(top)
+    if prim.transparent and not top.record_all:
+        # differentiated through its implementation (which is written with primitives)
+        return prim.impl(*args, **params)
     vals = []
     invars = []
     for a in args:
         if type(a) is Tracer and a._level is top:
             vals.append(a._value)
             invars.append(a._var)
+        elif top.captures is not None and type(a) is Tracer:
+            var, _, value = top.capture(a)
+            vals.append(value)
+            invars.append(var)
         else:
             vals.append(a)
             invars.append(None)

@@ -12,7 +12,7 @@ import numpy as np
 from .. import trace
 from ..primitives import Primitive, implements
 from ..trace import GradtapeError, bind
-from ._util import dtype_of, ndim_of, shape_of, unbroadcast
+from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
 
 class SparseCotangent:
@@ -76,14 +76,133 @@ def _getitem_vjp(g, ans, x, idx):
     return SparseCotangent(shape_of(x), dtype_of(x), idx, g, is_basic(idx))
 
 
+# --- tangents with leading batch axes (jvp_batched) ---------------------------------------------
+def _explicit_index(idx: tuple, ndim: int) -> tuple:
+    """`idx` naming every axis of an `ndim`-dimensional array (Ellipsis expanded)."""
+    used = sum(0 if i is None or i is Ellipsis else
+               i.ndim if isinstance(i, np.ndarray) and i.dtype == bool else 1 for i in idx)
+    fill = (slice(None),) * (ndim - used)
+    for k, i in enumerate(idx):
+        if i is Ellipsis:
+            return idx[:k] + fill + idx[k + 1:]
+    return idx + fill
+
+
+def _batch_last(t, k: int):
+    return np.moveaxis(t, tuple(range(k)), tuple(range(-k, 0)))
+
+
+def _batch_first(t, k: int):
+    n = ndim_of(t)
+    return np.moveaxis(t, tuple(range(n - k, n)), tuple(range(k)))
+
+
+def _getitem_jvp(ts, ans, x, idx):
+    t = ts[0]
+    k = len(batch_shape(t, x))
+    if k == 0:
+        return t[idx]
+    if is_basic(idx):
+        return t[(slice(None),) * k + idx]
+    # advanced indices can move the axes in front of them: index with the batch axes last
+    r = _batch_last(t, k)[_explicit_index(idx, ndim_of(x)) + (slice(None),) * k]
+    return _batch_first(r, k)
+
+
+def _write_jvp(prim, ts, ans, x, v, idx):
+    """The tangent of a functional write (scatter_add, setitem): the same write on tangents."""
+    t_x, t_v = ts
+    lead = batch_shape(t_x, x) if t_x is not None else batch_shape(t_v, v)
+    if t_x is None:
+        t_x = np.zeros(lead + shape_of(ans), dtype_of(ans))
+    if t_v is None:
+        t_v = np.zeros(lead + shape_of(v), dtype_of(ans))
+    k = len(lead)
+    if k == 0:
+        return prim(t_x, t_v, idx=idx)
+    # batch axes last: the written values then broadcast against x[idx] as they did
+    idx = _explicit_index(idx, ndim_of(x)) + (slice(None),) * k
+    return _batch_first(prim(_batch_last(t_x, k), _batch_last(t_v, k), idx=idx), k)
+
+
 getitem_p = Primitive(
     "getitem", lambda x, idx: x[idx],
-    vjps=(_getitem_vjp,), jvp=lambda ts, ans, x, idx: ts[0][idx], linear=True,
+    vjps=(_getitem_vjp,), jvp=_getitem_jvp, linear=True, jvp_batched=True,
 )
 
 
 def getitem(x, idx):
+    dynamic = _split_dynamic(idx)
+    if dynamic is not None:
+        template, positions, index_values = dynamic
+        return bind(dyn_getitem_p, (x, *index_values),
+                    {"template": template, "positions": positions})
     return bind(getitem_p, (x, ), {"idx": normalize_index(idx)})
+
+
+# --- indices that are traced integers (a loop counter inside scan/fori_loop, compile) ----------
+class _Slot:
+    """Placeholder for a traced integer index in a template."""
+
+    __repr__ = lambda self: "?"  # noqa: E731
+
+
+_SLOT = _Slot()
+
+
+def _split_dynamic(idx):
+    """(template, positions, values) if the index holds traced integers recorded on the tape.
+
+    Only staging and loop-body levels record integer values; there a traced integer index
+    becomes an input of the instruction instead of a guard, so a loop counter `x[i]` does
+    not force a new recording at every step.
+    """
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    positions = tuple(k for k, e in enumerate(parts)
+                      if type(e) is trace.Tracer and e.dtype.kind in "iu")
+    if not positions:
+        return None
+    template = normalize_index(tuple(_SLOT if k in positions else e
+                                     for k, e in enumerate(parts)))
+    return template, positions, [parts[k] for k in positions]
+
+
+def _fill(template, positions, values) -> tuple:
+    idx = list(template)
+    for p, v in zip(positions, values):
+        idx[p] = v
+    return tuple(idx)
+
+
+dyn_getitem_p = Primitive(
+    "dyn_getitem", lambda x, *iv, template, positions: x[_fill(template, positions, iv)],
+    vjps=lambda i, g, ans, x, *iv, template, positions: (
+        SparseCotangent(shape_of(x), dtype_of(x), _fill(template, positions, iv), g, False)
+        if i == 0 else None),
+    jvp=lambda ts, ans, x, *iv, template, positions: ts[0][_fill(template, positions, iv)],
+    variadic=True,
+)
+
+
+def _dyn_setitem_impl(x, v, *iv, template, positions):
+    return _setitem_impl(x, v, _fill(template, positions, iv))
+
+
+dyn_setitem_p = Primitive(
+    "dyn_setitem", _dyn_setitem_impl,
+    vjps=lambda i, g, ans, x, v, *iv, template, positions: (
+        _zero_at(g, _fill(template, positions, iv)) if i == 0 else
+        unbroadcast(g[_fill(template, positions, iv)], shape_of(v)) if i == 1 else None),
+    jvp=lambda ts, ans, x, v, *iv, template, positions: _dyn_set_jvp(ts, ans, x, v, iv, template,
+                                                                    positions),
+    variadic=True,
+)
+
+
+def _dyn_set_jvp(ts, ans, x, v, iv, template, positions):
+    tx = ts[0] if ts[0] is not None else np.zeros(shape_of(ans), dtype_of(ans))
+    tv = ts[1] if ts[1] is not None else np.zeros(shape_of(v), dtype_of(ans))
+    return _setitem_impl(tx, tv, _fill(template, positions, iv))
 
 
 def _scatter_add_impl(base, vals, idx):
@@ -99,10 +218,8 @@ scatter_add_p = Primitive(
     "scatter_add", _scatter_add_impl,
     vjps=(lambda g, ans, base, vals, idx: g,
           lambda g, ans, base, vals, idx: unbroadcast(g[idx], shape_of(vals))),
-    jvp=lambda ts, ans, base, vals, idx: scatter_add_p(
-        ts[0] if ts[0] is not None else np.zeros(shape_of(ans), dtype_of(ans)),
-        ts[1] if ts[1] is not None else np.zeros(shape_of(vals), dtype_of(ans)), idx=idx),
-    linear=True,
+    jvp=lambda ts, ans, base, vals, idx: _write_jvp(scatter_add_p, ts, ans, base, vals, idx),
+    linear=True, jvp_batched=True,
 )
 
 
@@ -122,10 +239,8 @@ setitem_p = Primitive(
     "setitem", _setitem_impl,
     vjps=(lambda g, ans, x, v, idx: _zero_at(g, idx),
           lambda g, ans, x, v, idx: unbroadcast(g[idx], shape_of(v))),
-    jvp=lambda ts, ans, x, v, idx: setitem_p(
-        ts[0] if ts[0] is not None else np.zeros(shape_of(ans), dtype_of(ans)),
-        ts[1] if ts[1] is not None else np.zeros(shape_of(v), dtype_of(ans)), idx=idx),
-    linear=True,
+    jvp=lambda ts, ans, x, v, idx: _write_jvp(setitem_p, ts, ans, x, v, idx),
+    linear=True, jvp_batched=True,
 )
 
 
@@ -133,6 +248,11 @@ def setitem(x, idx, v):
     """`x[idx] = v` as a new value (the Tracer that called it is rebound to the result)."""
     if hasattr(v, "dtype") and dtype_of(v).kind == "c" and dtype_of(x).kind != "c":
         raise GradtapeError("cannot write a complex value into a real array")
+    dynamic = _split_dynamic(idx)
+    if dynamic is not None:
+        template, positions, index_values = dynamic
+        return bind(dyn_setitem_p, (x, v, *index_values),
+                    {"template": template, "positions": positions})
     return bind(setitem_p, (x, v), {"idx": normalize_index(idx)})
 
 
@@ -172,10 +292,17 @@ where_p = Primitive(
     vjps=(None,
           lambda g, ans, c, x, y: unbroadcast(np.where(c, g, 0), shape_of(x)),
           lambda g, ans, c, x, y: unbroadcast(np.where(c, 0, g), shape_of(y))),
-    jvp=lambda ts, ans, c, x, y: np.broadcast_to(np.where(
-        c, 0 if ts[1] is None else ts[1], 0 if ts[2] is None else ts[2]), shape_of(ans)),
-    linear=True,
+    jvp=lambda ts, ans, c, x, y: _where_jvp(ts, ans, c, x, y),
+    linear=True, jvp_batched=True,
 )
+
+
+def _where_jvp(ts, ans, c, x, y):
+    nd = ndim_of(ans)
+    lead = batch_shape(ts[1], x) if ts[1] is not None else batch_shape(ts[2], y)
+    tx = 0 if ts[1] is None else lift_tangent(ts[1], x, nd)
+    ty = 0 if ts[2] is None else lift_tangent(ts[2], y, nd)
+    return np.broadcast_to(np.where(c, tx, ty), lead + shape_of(ans))
 
 
 @implements(np.where)

@@ -61,10 +61,13 @@ def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
             gs = [acc.pop(v.id, None) for v in ins.outvars]
             if all(g is None for g in gs):
                 continue
-            g = tuple(
-                np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
-                for v, gi in zip(ins.outvars, gs)
-            )
+            if prim.vjp_all is not None:  # takes None for outputs with no cotangent
+                g = tuple(None if gi is None else _resolve(gi) for gi in gs)
+            else:
+                g = tuple(
+                    np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
+                    for v, gi in zip(ins.outvars, gs)
+                )
         else:
             g = acc.pop(ins.outvars[0].id, None)
             if g is None:

@@ -1,0 +1,419 @@
+"""Loops recorded once and not unrolled: scan, fori_loop, while_loop.
+
+The body is recorded once (per carry/x signature and per path through its
+guards) on a "body" level, which turns the outer traced values it closes over
+(an RNN's weights) into inputs of its own. The loop itself is one primitive:
+`scan` evaluates the recorded body on each step, and its VJP is another loop
+primitive, `scan_bwd`, that walks the stored carries backwards, differentiating
+one step at a time. Staging levels (compile) record each loop as one
+instruction; differentiating the backward loop again traces through it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import trace
+from .._pytree import tree_flatten, tree_unflatten
+from ..interpret import GuardFailure, eval_tape, guards_by_var
+from ..primitives import Primitive
+from ..tape import Var
+from ..trace import GradtapeError, bind, new_level
+from ._util import dtype_of, shape_of
+
+_MAX_BODY_VARIANTS = 32
+
+
+def _concrete(x):
+    while type(x) is trace.Tracer:
+        x = x._value
+    return x
+
+
+def _is_tracer(x) -> bool:
+    return type(x) is trace.Tracer
+
+
+def _aval(x) -> tuple:
+    return (tuple(shape_of(x)), np.dtype(dtype_of(x)))
+
+
+class BodyProgram:
+    """A loop body as recorded tapes: one variant per path through the body's guards.
+
+    `caps` are the outer traced values the body closed over (inputs of the loop
+    primitive, so gradients reach them); each variant maps its own captures to them.
+    """
+
+    def __init__(self, fn, name: str):
+        self.fn = fn
+        self.name = name
+        self.variants: list = []  # (tape, guards by var, capture positions)
+        self.caps: list = []
+        self.out_avals: list = []
+
+    def record(self, inputs) -> None:
+        """Record the body on these (concrete) inputs as a new variant."""
+        if len(self.variants) >= _MAX_BODY_VARIANTS:
+            raise GradtapeError(
+                f"the body of {self.name} took more than {_MAX_BODY_VARIANTS} different paths "
+                "through its Python control flow; use np.where for data-dependent choices "
+                "inside loop bodies."
+            )
+        with new_level("body") as level:
+            traced = [level.new_input(_concrete(x)) for x in inputs]
+            outs = self.fn(*traced)
+        tape = level.tape
+        tape.outputs = [_output_var(level, o) for o in outs]
+        positions = []
+        for _, outer, _ in tape.captured:
+            for i, c in enumerate(self.caps):
+                if c is outer:
+                    positions.append(i)
+                    break
+            else:
+                if self.variants:
+                    raise GradtapeError(
+                        f"the body of {self.name} used a new traced value from outside the loop "
+                        "on another path through its control flow; compute it before the loop."
+                    )
+                positions.append(len(self.caps))
+                self.caps.append(outer)
+        if not self.variants:
+            self.out_avals = [(o.shape, o.dtype) if isinstance(o, Var) else _aval(o)
+                              for o in tape.outputs]
+        self.variants.append((tape, guards_by_var(tape), positions))
+
+    def run(self, inputs, caps) -> list:
+        """The body's outputs for one step; a step taking a new path is recorded first."""
+        for tape, guards, positions in self.variants:
+            try:
+                return eval_tape(tape, inputs, [caps[p] for p in positions], guards)
+            except GuardFailure:
+                continue
+        self.record(inputs)
+        tape, guards, positions = self.variants[-1]
+        return eval_tape(tape, inputs, [caps[p] for p in positions], guards)
+
+    def __repr__(self) -> str:
+        n = len(self.variants[0][0]) if self.variants else 0
+        return f"{{{self.name}: {n} instructions, {len(self.variants)} variant(s)}}"
+
+
+def _output_var(level, o):
+    if type(o) is trace.Tracer:
+        if o._level is level:
+            return o._var
+        return level.capture(o)[0]
+    return np.asarray(o)
+
+
+def _zeros(aval):
+    return np.zeros(aval[0], aval[1])
+
+
+def _float(aval) -> bool:
+    return aval[1].kind in "fc"
+
+
+# --- the step VJP shared by scan and while_loop ----------------------------------------------
+def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
+    """Cotangents of one step's inputs and captures, given its output cotangents."""
+    from ..transforms.reverse import backward
+
+    with new_level("reverse") as level:
+        traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
+        traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
+        outs = program.run(traced_in, traced_caps)
+    outvars = [o._var if _is_tracer(o) and o._level is level else None for o in outs]
+    got = backward(level.tape, outvars, cts)
+
+    def pick(xs):
+        return [got.get(t._var.id) if _is_tracer(t) and t._level is level else None for t in xs]
+
+    return pick(traced_in), pick(traced_caps)
+
+
+def _add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _stack(items, aval, length):
+    if length == 0:
+        return np.zeros((0,) + aval[0], aval[1])
+    return np.stack(items)
+
+
+def _scan_bwd_impl(*args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
+                   stored_cotangents):
+    """The backward loop: from the last step to the first, one step's VJP at a time.
+
+    Arguments: cotangents of the final carry and of ys, the stored carries, xs, the
+    captured values, and (when `stored_cotangents`) cotangents of the stored carries
+    themselves, which a second differentiation sends back.
+    """
+    nc, nx = n_carry, n_x
+    g_carry = list(args[:nc])
+    g_ys = args[nc:nc + n_y]
+    stored = args[nc + n_y:2 * nc + n_y]
+    xs = args[2 * nc + n_y:2 * nc + n_y + nx]
+    rest = args[2 * nc + n_y + nx:]
+    g_stored = rest[len(rest) - nc:] if stored_cotangents else ()
+    caps = list(rest[:len(rest) - nc] if stored_cotangents else rest)
+    steps = list(range(length - 1, -1, -1)) if reverse else list(range(length))
+    g_caps = [None] * len(caps)
+    g_xs = [[None] * length for _ in range(nx)]
+    segment_start, segment = None, None
+    for k in range(length - 1, -1, -1):
+        t = steps[k]
+        x_t = [x[t] for x in xs]
+        if checkpoint is None:
+            carry = [s[k] for s in stored]
+        else:  # recompute the carries of this segment from its stored checkpoint
+            start = (k // checkpoint) * checkpoint
+            if start != segment_start:
+                segment_start = start
+                carry = [s[k // checkpoint] for s in stored]
+                segment = [carry]
+                for j in range(start, min(start + checkpoint, length) - 1):
+                    out = program.run(carry + [x[steps[j]] for x in xs], caps)
+                    carry = out[:nc]
+                    segment.append(carry)
+            carry = segment[k - start]
+        cts = g_carry + [g[t] for g in g_ys]
+        g_in, g_c = _step_vjp(program, carry + x_t, caps, cts)
+        g_carry = [g if g is not None else np.zeros_like(_concrete(c)) for g, c in
+                   zip(g_in[:nc], carry)]
+        if g_stored and (checkpoint is None or k % checkpoint == 0):
+            j = k if checkpoint is None else k // checkpoint
+            g_carry = [gc + gs[j] for gc, gs in zip(g_carry, g_stored)]
+        for i in range(nx):
+            g_xs[i][t] = g_in[nc + i]
+        g_caps = [_add(a, b) for a, b in zip(g_caps, g_c)]
+    out_xs = []
+    for i, x in enumerate(xs):
+        aval = _aval(x)
+        if not _float(aval):
+            out_xs.append(np.zeros(aval[0], np.float64))
+            continue
+        step_aval = (aval[0][1:], aval[1])
+        out_xs.append(_stack([g if g is not None else _zeros(step_aval) for g in g_xs[i]],
+                             step_aval, length))
+    out_caps = [g if g is not None else np.zeros(shape_of(c), dtype_of(c) if dtype_of(c).kind
+                                                 in "fc" else np.float64)
+                for g, c in zip(g_caps, caps)]
+    return tuple(g_carry + out_xs + out_caps)
+
+
+scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, transparent=True)
+
+
+# --- scan -----------------------------------------------------------------------------------
+def _scan_impl(*args, program, n_carry, n_x, length, reverse, checkpoint):
+    if any(_is_tracer(a) for a in args):  # values of a lower level: the loop is bound there
+        return bind(scan_p, args, dict(program=program, n_carry=n_carry, n_x=n_x,
+                                        length=length, reverse=reverse, checkpoint=checkpoint))
+    carry = list(args[:n_carry])
+    xs = args[n_carry:n_carry + n_x]
+    caps = list(args[n_carry + n_x:])
+    stored, ys = [], []
+    steps = range(length - 1, -1, -1) if reverse else range(length)
+    for k, t in enumerate(steps):
+        if checkpoint is None or k % checkpoint == 0:
+            stored.append(carry)
+        out = program.run(carry + [x[t] for x in xs], caps)
+        carry = out[:n_carry]
+        ys.append(out[n_carry:])
+    if reverse:
+        ys.reverse()
+    y_avals = program.out_avals[n_carry:]
+    ys_stacked = [_stack([np.asarray(y[i]) for y in ys], y_avals[i], length)
+                  for i in range(len(y_avals))]
+    hidden = [_stack([s[i] for s in stored], program.out_avals[i], len(stored))
+              for i in range(n_carry)]
+    return tuple(carry + ys_stacked + hidden)
+
+
+def _scan_vjp_all(g, ans, args, params, invars):
+    nc, nx = params["n_carry"], params["n_x"]
+    program = params["program"]
+    ny = len(program.out_avals) - nc
+    g_carry = [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+               for gi, a in zip(g[:nc], ans[:nc])]
+    g_ys = [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+            for gi, a in zip(g[nc:nc + ny], ans[nc:nc + ny])]
+    hidden = ans[nc + ny:]
+    g_hidden = _stored_cotangents(g[nc + ny:], hidden)
+    xs = args[nc:nc + nx]
+    caps = args[nc + nx:]
+    outs = bind(scan_bwd_p, (*g_carry, *g_ys, *hidden, *xs, *caps, *g_hidden),
+                dict(program=program, n_carry=nc, n_x=nx, n_y=ny, length=params["length"],
+                     reverse=params["reverse"], checkpoint=params["checkpoint"],
+                     stored_cotangents=bool(g_hidden)))
+    return [o if dtype_of(a).kind in "fc" else None for o, a in zip(outs, args)]
+
+
+def _stored_cotangents(g_hidden, hidden) -> list:
+    """Cotangents of the stored carries (only a second differentiation produces them)."""
+    if all(gh is None for gh in g_hidden):
+        return []
+    return [gh if gh is not None else np.zeros(shape_of(h), dtype_of(h))
+            for gh, h in zip(g_hidden, hidden)]
+
+
+scan_p = Primitive("scan", _scan_impl, multiple_results=True)
+scan_p.vjp_all = _scan_vjp_all
+
+
+def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
+         unroll: int = 1, checkpoint: int | None = None):
+    """`body(carry, x) -> (carry, y)` over the leading axis of `xs`; returns `(carry, ys)`.
+
+    JAX's semantics. The body is recorded once, not once per step, and the loop is
+    one instruction on the tape, so a new length re-records nothing. `checkpoint=k`
+    keeps every k-th carry for the backward pass and recomputes the others
+    (memory T/k + k carries instead of T). `unroll` is accepted for compatibility.
+    """
+    carry_leaves, carry_td = tree_flatten(init)
+    carry_leaves = [c if hasattr(c, "dtype") else np.asarray(c) for c in carry_leaves]
+    xs_leaves, xs_td = tree_flatten(xs)
+    xs_leaves = [x if hasattr(x, "dtype") else np.asarray(x) for x in xs_leaves]
+    n = _scan_length(xs_leaves, length)
+    x0 = [_concrete(x)[0] if n > 0 else np.zeros(shape_of(x)[1:], dtype_of(x))
+          for x in xs_leaves]
+    nc = len(carry_leaves)
+    y_td_box = []
+    name = getattr(body, "__name__", "body")
+
+    def flat_body(*leaves):
+        new_carry, y = body(tree_unflatten(carry_td, leaves[:nc]),
+                            tree_unflatten(xs_td, leaves[nc:]))
+        c_leaves, c_td = tree_flatten(new_carry)
+        if c_td != carry_td:
+            raise GradtapeError(f"scan: {name} returned a carry with structure {c_td}, but the "
+                                f"initial carry has structure {carry_td}.")
+        y_leaves, y_td = tree_flatten(y)
+        if not y_td_box:
+            y_td_box.append(y_td)
+        return c_leaves + y_leaves
+
+    program = BodyProgram(flat_body, f"scan body {name}")
+    program.record([_concrete(c) for c in carry_leaves] + x0)
+    _check_carry(program, carry_leaves, name)
+    outs = bind(scan_p, (*carry_leaves, *xs_leaves, *program.caps),
+                dict(program=program, n_carry=nc, n_x=len(xs_leaves), length=n,
+                     reverse=bool(reverse), checkpoint=checkpoint))
+    ny = len(program.out_avals) - nc
+    carry = tree_unflatten(carry_td, list(outs[:nc]))
+    ys = tree_unflatten(y_td_box[0], list(outs[nc:nc + ny]))
+    return carry, ys
+
+
+def _scan_length(xs_leaves, length) -> int:
+    lengths = []
+    for i, x in enumerate(xs_leaves):
+        s = shape_of(x)
+        if not s:
+            raise GradtapeError(f"scan: leaf {i} of xs is a scalar; every leaf of xs needs a "
+                                "leading axis to scan over.")
+        lengths.append(s[0])
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"leaf {i}: {n}" for i, n in enumerate(lengths))
+        raise GradtapeError(f"scan: the leaves of xs have different leading lengths ({detail}).")
+    if length is not None and lengths and lengths[0] != length:
+        raise GradtapeError(f"scan: length={length} but xs has leading length {lengths[0]}.")
+    if length is None and not lengths:
+        raise GradtapeError("scan: give xs or length.")
+    return int(length if length is not None else lengths[0])
+
+
+def _check_carry(program: BodyProgram, carry_leaves, name: str) -> None:
+    for i, c in enumerate(carry_leaves):
+        want = _aval(c)
+        got = program.out_avals[i]
+        if tuple(got[0]) != tuple(want[0]) or np.dtype(got[1]) != want[1]:
+            raise GradtapeError(
+                f"{name}: carry leaf {i} changes from shape {want[0]} {want[1]} to shape "
+                f"{tuple(got[0])} {np.dtype(got[1])} in one step; a loop carry must keep its "
+                "shape and dtype (cast with .astype, or initialise it with the right dtype)."
+            )
+
+
+def fori_loop(lower: int, upper: int, body, init_val):
+    """`body(i, val) -> val` for i in range(lower, upper), recorded once (a scan over i)."""
+    lower, upper = int(lower), int(upper)
+
+    def step(carry, i):
+        return body(i, carry), None
+
+    carry, _ = scan(step, init_val, np.arange(lower, max(lower, upper)))
+    return carry
+
+
+# --- while_loop -------------------------------------------------------------------------------
+def _while_impl(*args, body, cond, n_carry, n_body_caps):
+    if any(_is_tracer(a) for a in args):
+        return bind(while_p, args, dict(body=body, cond=cond, n_carry=n_carry,
+                                         n_body_caps=n_body_caps))
+    carry = list(args[:n_carry])
+    bcaps = list(args[n_carry:n_carry + n_body_caps])
+    ccaps = list(args[n_carry + n_body_caps:])
+    stored = []
+    while bool(np.asarray(cond.run(carry, ccaps)[0])):
+        stored.append(carry)
+        carry = body.run(carry, bcaps)
+    hidden = [_stack([s[i] for s in stored], body.out_avals[i], len(stored))
+              for i in range(n_carry)]
+    return tuple(carry + hidden)
+
+
+def _while_vjp_all(g, ans, args, params, invars):
+    nc, nb = params["n_carry"], params["n_body_caps"]
+    g_carry = [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+               for gi, a in zip(g[:nc], ans[:nc])]
+    hidden = ans[nc:]
+    g_hidden = _stored_cotangents(g[nc:], hidden)
+    length = shape_of(hidden[0])[0] if hidden else 0
+    outs = bind(scan_bwd_p, (*g_carry, *hidden, *args[nc:nc + nb], *g_hidden),
+                dict(program=params["body"], n_carry=nc, n_x=0, n_y=0, length=length,
+                     reverse=False, checkpoint=None, stored_cotangents=bool(g_hidden)))
+    cts = list(outs) + [None] * (len(args) - nc - nb)
+    return [o if dtype_of(a).kind in "fc" else None for o, a in zip(cts, args)]
+
+
+while_p = Primitive("while_loop", _while_impl, multiple_results=True)
+while_p.vjp_all = _while_vjp_all
+
+
+def while_loop(cond_fun, body_fun, init_val):
+    """`while cond_fun(val): val = body_fun(val)`, recorded once; differentiable in reverse mode.
+
+    The trip count is found at run time; the backward pass walks back through the
+    stored carries of the iterations that ran.
+    """
+    leaves, td = tree_flatten(init_val)
+    leaves = [c if hasattr(c, "dtype") else np.asarray(c) for c in leaves]
+    name = getattr(body_fun, "__name__", "body")
+
+    def flat_body(*ls):
+        new, new_td = tree_flatten(body_fun(tree_unflatten(td, ls)))
+        if new_td != td:
+            raise GradtapeError(f"while_loop: {name} returned structure {new_td}, but the "
+                                f"initial value has structure {td}.")
+        return new
+
+    def flat_cond(*ls):
+        return [cond_fun(tree_unflatten(td, ls))]
+
+    body = BodyProgram(flat_body, f"while_loop body {name}")
+    body.record([_concrete(c) for c in leaves])
+    _check_carry(body, leaves, name)
+    cond = BodyProgram(flat_cond, f"while_loop cond {getattr(cond_fun, '__name__', 'cond')}")
+    cond.record([_concrete(c) for c in leaves])
+    outs = bind(while_p, (*leaves, *body.caps, *cond.caps),
+                dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body.caps)))
+    return tree_unflatten(td, list(outs[:len(leaves)]))
