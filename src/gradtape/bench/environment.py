@@ -37,7 +37,7 @@ _blas_limiter: Any = None  # keeps threadpoolctl's limit alive for the whole run
 def pin_threads() -> dict[str, Any]:
     """Pin every numerical system to one thread; return what was done, for the report."""
     global _blas_limiter
-    already_imported = [m for m in HEAVY_MODULES if m in sys.modules]
+    already_imported = [m for m in HEAVY_MODULES if sys.modules.get(m) is not None]
     os.environ.update(THREAD_ENV)
     if XLA_THREAD_FLAGS not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_THREAD_FLAGS}".strip()
@@ -56,20 +56,21 @@ def pin_threads() -> dict[str, Any]:
             {"api": pool.get("internal_api"), "num_threads": pool.get("num_threads")}
             for pool in threadpoolctl.threadpool_info()
         ]
-    if "numba" in sys.modules:
-        sys.modules["numba"].set_num_threads(1)
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        numba.set_num_threads(1)
     return report
 
 
 def runtime_thread_counts() -> dict[str, int]:
     """Thread counts the loaded systems report now (after the run), as a check of the pinning."""
     counts: dict[str, int] = {}
-    if "torch" in sys.modules:
-        torch = sys.modules["torch"]
+    torch, numba = sys.modules.get("torch"), sys.modules.get("numba")
+    if torch is not None:
         counts["torch_intra_op"] = torch.get_num_threads()
         counts["torch_inter_op"] = torch.get_num_interop_threads()
-    if "numba" in sys.modules:
-        counts["numba"] = sys.modules["numba"].get_num_threads()
+    if numba is not None:
+        counts["numba"] = numba.get_num_threads()
     return counts
 
 

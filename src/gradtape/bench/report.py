@@ -118,6 +118,7 @@ def header_lines(run: BenchRun, context: RunContext) -> list[str]:
         if isinstance(blas, list)
         else str(blas)
     )
+    after_run_text = ", ".join(f"{k} {v}" for k, v in threads.get("after_run", {}).items()) or "-"
     peers = ", ".join(m.name for m in run.methods if m.peer)
     lines = [
         f"Date: {context.date}",
@@ -125,8 +126,8 @@ def header_lines(run: BenchRun, context: RunContext) -> list[str]:
         f"Machine: {machine['cpu']}, {machine['logical_cores']} logical cores "
         f"({machine['usable_cores']} usable), {machine['platform']}",
         "Threads: pinned to 1 for every system (OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1, "
-        "XLA_FLAGS single-threaded Eigen, torch.set_num_threads(1); "
-        f"BLAS via threadpoolctl: {blas_text})",
+        "XLA_FLAGS single-threaded Eigen, torch.set_num_threads(1) when loaded; "
+        f"BLAS via threadpoolctl: {blas_text}; counts read after the run: {after_run_text})",
         f"Versions: {versions}",
         f"Timing: median of up to {run.config.repeat} samples, each ≥ "
         f"{run.config.min_sample_s * 1e3:g} ms of back-to-back calls (timeit, GC off), after a "
