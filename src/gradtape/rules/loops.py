@@ -11,6 +11,9 @@ instruction; differentiating the backward loop again traces through it.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from .. import trace
@@ -51,6 +54,8 @@ class BodyProgram:
         self.variants: list = []  # (tape, guards by var, capture positions)
         self.caps: list = []
         self.out_avals: list = []
+        self.out_treedef = None
+        self._lock = threading.Lock()
 
     def record(self, inputs) -> None:
         """Record the body on these (concrete) inputs as a new variant."""
@@ -91,13 +96,88 @@ class BodyProgram:
                 return eval_tape(tape, inputs, [caps[p] for p in positions], guards)
             except GuardFailure:
                 continue
-        self.record(inputs)
-        tape, guards, positions = self.variants[-1]
+        with self._lock:
+            self.record(inputs)
+            tape, guards, positions = self.variants[-1]
         return eval_tape(tape, inputs, [caps[p] for p in positions], guards)
 
     def __repr__(self) -> str:
         n = len(self.variants[0][0]) if self.variants else 0
         return f"{{{self.name}: {n} instructions, {len(self.variants)} variant(s)}}"
+
+
+# --- recorded bodies, reused across calls ---------------------------------------------------------
+_PROGRAMS: OrderedDict = OrderedDict()
+_PROGRAMS_MAX = 256
+_programs_lock = threading.Lock()
+
+
+def _closure_key(fn):
+    """What identifies a body besides its code: its closure, traced cells by position only."""
+    cells = getattr(fn, "__closure__", None) or ()
+    key = []
+    for c in cells:
+        try:
+            v = c.cell_contents
+        except ValueError:  # an empty cell
+            key.append(None)
+            continue
+        if type(v) is trace.Tracer:
+            key.append("traced")
+        elif isinstance(v, (int, float, complex, str, bool, type(None))):
+            key.append(("value", type(v), v))
+        else:
+            key.append(id(v))
+    return tuple(key)
+
+
+def cached_program(kind: str, user_fn, flat_fn, name: str, inputs: list, avals: tuple,
+                   structure) -> tuple:
+    """(program, captured values for this call): recorded bodies are reused when the same
+    code, closure and input shapes come back (a new loop length records nothing).
+
+    A body whose captured traced values are all closure cells is reusable: this call's
+    values are read from its cells. Any other body is recorded again on each call.
+    """
+    code = getattr(user_fn, "__code__", None)
+    key = None
+    if code is not None:
+        key = (kind, code, _closure_key(user_fn), avals, structure)
+        with _programs_lock:
+            hit = _PROGRAMS.get(key)
+            if hit is not None:
+                _PROGRAMS.move_to_end(key)
+        if hit is not None:
+            program, cells = hit
+            caps = [user_fn.__closure__[i].cell_contents for i in cells]
+            with program._lock:  # a new path found during this call is recorded with these
+                program.fn, program.caps = flat_fn, list(caps)
+            return program, caps
+    program = BodyProgram(flat_fn, name)
+    program.record(inputs)
+    cells = _capture_cells(user_fn, program.caps)
+    if key is not None and cells is not None:
+        with _programs_lock:
+            _PROGRAMS[key] = (program, cells)
+            while len(_PROGRAMS) > _PROGRAMS_MAX:
+                _PROGRAMS.popitem(last=False)
+    return program, list(program.caps)
+
+
+def _capture_cells(fn, caps):
+    closure = getattr(fn, "__closure__", None) or ()
+    cells = []
+    for c in caps:
+        for i, cell in enumerate(closure):
+            try:
+                if cell.cell_contents is c:
+                    cells.append(i)
+                    break
+            except ValueError:
+                continue
+        else:
+            return None
+    return cells
 
 
 def _output_var(level, o):
@@ -286,30 +366,34 @@ def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
     x0 = [_concrete(x)[0] if n > 0 else np.zeros(shape_of(x)[1:], dtype_of(x))
           for x in xs_leaves]
     nc = len(carry_leaves)
-    y_td_box = []
     name = getattr(body, "__name__", "body")
+
+    y_treedef = []
 
     def flat_body(*leaves):
         new_carry, y = body(tree_unflatten(carry_td, leaves[:nc]),
                             tree_unflatten(xs_td, leaves[nc:]))
         c_leaves, c_td = tree_flatten(new_carry)
         if c_td != carry_td:
-            raise GradtapeError(f"scan: {name} returned a carry with structure {c_td}, but the "
-                                f"initial carry has structure {carry_td}.")
+            raise GradtapeError(f"scan: {name} returned a carry with structure {c_td}, but "
+                                f"the initial carry has structure {carry_td}.")
         y_leaves, y_td = tree_flatten(y)
-        if not y_td_box:
-            y_td_box.append(y_td)
+        y_treedef.append(y_td)
         return c_leaves + y_leaves
 
-    program = BodyProgram(flat_body, f"scan body {name}")
-    program.record([_concrete(c) for c in carry_leaves] + x0)
+    avals = tuple(_aval(c) for c in carry_leaves) + tuple(_aval(x) for x in x0)
+    program, caps = cached_program("scan", body, flat_body, f"scan body {name}",
+                                   [_concrete(c) for c in carry_leaves] + x0, avals,
+                                   (carry_td, xs_td))
+    if program.out_treedef is None:
+        program.out_treedef = y_treedef[0]
     _check_carry(program, carry_leaves, name)
-    outs = bind(scan_p, (*carry_leaves, *xs_leaves, *program.caps),
+    outs = bind(scan_p, (*carry_leaves, *xs_leaves, *caps),
                 dict(program=program, n_carry=nc, n_x=len(xs_leaves), length=n,
                      reverse=bool(reverse), checkpoint=checkpoint))
     ny = len(program.out_avals) - nc
     carry = tree_unflatten(carry_td, list(outs[:nc]))
-    ys = tree_unflatten(y_td_box[0], list(outs[nc:nc + ny]))
+    ys = tree_unflatten(program.out_treedef, list(outs[nc:nc + ny]))
     return carry, ys
 
 
@@ -409,11 +493,14 @@ def while_loop(cond_fun, body_fun, init_val):
     def flat_cond(*ls):
         return [cond_fun(tree_unflatten(td, ls))]
 
-    body = BodyProgram(flat_body, f"while_loop body {name}")
-    body.record([_concrete(c) for c in leaves])
+    avals = tuple(_aval(c) for c in leaves)
+    concrete = [_concrete(c) for c in leaves]
+    body, body_caps = cached_program("while_body", body_fun, flat_body,
+                                     f"while_loop body {name}", concrete, avals, td)
     _check_carry(body, leaves, name)
-    cond = BodyProgram(flat_cond, f"while_loop cond {getattr(cond_fun, '__name__', 'cond')}")
-    cond.record([_concrete(c) for c in leaves])
-    outs = bind(while_p, (*leaves, *body.caps, *cond.caps),
-                dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body.caps)))
+    cond, cond_caps = cached_program("while_cond", cond_fun, flat_cond,
+                                     f"while_loop cond {getattr(cond_fun, '__name__', 'cond')}",
+                                     concrete, avals, td)
+    outs = bind(while_p, (*leaves, *body_caps, *cond_caps),
+                dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body_caps)))
     return tree_unflatten(td, list(outs[:len(leaves)]))

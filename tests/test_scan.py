@@ -1,0 +1,280 @@
+"""scan, fori_loop and while_loop: gradients against the same loops in plain Python."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradtape as gt
+from gradtape import GradtapeError
+
+RNG = np.random.default_rng(42)
+
+
+def _same(a, b, rtol=1e-10):
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-12)
+
+
+# --- the seed's loop: sum(i * x_i) ------------------------------------------------------------
+def weighted_sum_scan(xs):
+    def body(s, ix):
+        i, x = ix
+        return s + i * x, s * x
+    s, ys = gt.scan(body, 0.0, (np.arange(len(xs), dtype=float), xs))
+    return s + 0.5 * np.sum(ys)
+
+
+def weighted_sum_python(xs):
+    s, tot = 0.0, 0.0
+    for i, x in enumerate(xs):
+        tot = tot + s * x
+        s = s + i * x
+    return s + 0.5 * tot
+
+
+@pytest.mark.parametrize("n", [1, 5, 50, 500])
+def test_seed_loop_matches_python_loop(n):
+    xs = RNG.random(n)
+    _same(weighted_sum_scan(xs), weighted_sum_python(xs))
+    _same(gt.grad(weighted_sum_scan)(xs), gt.grad(weighted_sum_python)(xs))
+
+
+def test_body_python_runs_a_constant_number_of_times():
+    calls = []
+
+    def body(s, x):
+        calls.append(1)
+        return s + x * x, None
+
+    def f(xs):
+        return gt.scan(body, 0.0, xs)[0]
+
+    counts = []
+    for n in (5, 50, 500):
+        calls.clear()
+        g = gt.grad(f)(np.linspace(0, 1, n))
+        _same(g, 2 * np.linspace(0, 1, n))
+        counts.append(len(calls))
+    assert max(counts) <= 1, counts  # recorded once, then reused for every length
+    assert counts[1:] == [0, 0], counts
+
+
+# --- an RNN ---------------------------------------------------------------------------------
+def rnn_scan(params, xs):
+    W, U, b, h0 = params["W"], params["U"], params["b"], params["h0"]
+
+    def step(h, x):
+        h = np.tanh(W @ h + U @ x + b)
+        return h, np.sum(h * h)
+    h, ys = gt.scan(step, h0, xs)
+    return np.sum(h) + np.sum(ys)
+
+
+def rnn_python(params, xs):
+    W, U, b, h = params["W"], params["U"], params["b"], params["h0"]
+    total = 0.0
+    for x in xs:
+        h = np.tanh(W @ h + U @ x + b)
+        total = total + np.sum(h * h)
+    return np.sum(h) + total
+
+
+def _rnn_params(hidden=6, inputs=3):
+    return {"W": RNG.normal(size=(hidden, hidden)) * 0.4, "U": RNG.normal(size=(hidden, inputs)),
+            "b": RNG.normal(size=hidden) * 0.1, "h0": RNG.normal(size=hidden) * 0.1}
+
+
+def test_rnn_gradients_reach_weights_init_and_inputs():
+    params, xs = _rnn_params(), RNG.normal(size=(12, 3))
+    g_scan = gt.grad(rnn_scan, argnums=(0, 1))(params, xs)
+    g_py = gt.grad(rnn_python, argnums=(0, 1))(params, xs)
+    for k in params:
+        _same(g_scan[0][k], g_py[0][k])
+    _same(g_scan[1], g_py[1])
+    assert gt.check_grad(lambda W: rnn_scan({**params, "W": W}, xs), params["W"]).ok
+
+
+def test_reverse_scan_matches_reversed_python_loop():
+    def f(xs):
+        c, ys = gt.scan(lambda c, x: (np.sin(c) * 0.5 + x, c * x), 1.0, xs, reverse=True)
+        return c + np.sum(ys * np.arange(len(xs)))
+
+    def f_py(xs):
+        c, ys = 1.0, [None] * len(xs)
+        for t in reversed(range(len(xs))):
+            ys[t] = c * xs[t]
+            c = np.sin(c) * 0.5 + xs[t]
+        return c + np.sum(np.stack(ys) * np.arange(len(xs)))
+
+    xs = RNG.random(9)
+    _same(f(xs), f_py(xs))
+    _same(gt.grad(f)(xs), gt.grad(f_py)(xs))
+
+
+def test_pytree_carry_and_outputs():
+    def f(a, xs):
+        def body(c, x):
+            new = {"pos": c["pos"] + c["vel"] * 0.1, "vel": c["vel"] - a * c["pos"] * 0.1 + x}
+            return new, (new["pos"], [new["vel"] * 2])
+        c, (ps, [vs]) = gt.scan(body, {"pos": np.array([1.0, 0.0]), "vel": np.zeros(2)}, xs)
+        return np.sum(c["pos"] ** 2) + np.sum(ps) + np.sum(vs**2)
+
+    xs = RNG.normal(size=(7, 2)) * 0.1
+    assert gt.check_grad(f, 0.8, xs).ok
+    assert gt.check_grad(lambda xs: f(0.8, xs), xs).ok
+
+
+def test_checkpointed_scan_gives_the_same_gradient():
+    def f(xs, checkpoint):
+        c, ys = gt.scan(lambda c, x: (np.sin(c) + x, c * x), 0.3, xs, checkpoint=checkpoint)
+        return c + np.sum(ys)
+
+    xs = RNG.random(13)
+    ref = gt.grad(lambda xs: f(xs, None))(xs)
+    for k in (1, 2, 5, 13, 20):
+        _same(gt.grad(lambda xs: f(xs, k))(xs), ref)
+
+
+def test_guarded_branch_inside_the_body():
+    def body(c, x):
+        if x > 0.5:
+            return c + x**2, x
+        return c * x, -x
+
+    def f(xs):
+        c, ys = gt.scan(body, 1.0, xs)
+        return c + np.sum(ys)
+
+    def f_py(xs):
+        c, total = 1.0, 0.0
+        for x in xs:
+            c, y = body(c, x)
+            total = total + y
+        return c + total
+
+    xs = np.array([0.1, 0.9, 0.2, 0.7, 0.6, 0.3])
+    _same(f(xs), f_py(xs))
+    _same(gt.grad(f)(xs), gt.grad(f_py)(xs))
+
+
+def test_nested_scans():
+    def f(M):
+        def outer(c, row):
+            inner, _ = gt.scan(lambda a, v: (a * 0.9 + np.sin(v), None), c, row)
+            return inner, inner
+        c, ys = gt.scan(outer, 0.0, M)
+        return c + np.sum(ys**2)
+
+    assert gt.check_grad(f, RNG.random((4, 5))).ok
+
+
+def test_second_derivative_through_scan():
+    xs = np.linspace(0, 1, 5)
+
+    def f(a):
+        return gt.scan(lambda c, x: (c * a + x, None), 1.0, xs)[0]
+
+    a = 0.7
+    # f(a) = a^5 + .25 a^3 + .5 a^2 + .75 a + 1
+    _same(gt.grad(f)(a), 5 * a**4 + 0.75 * a**2 + a + 0.75)
+    _same(gt.grad(gt.grad(f))(a), 20 * a**3 + 1.5 * a + 1)
+
+
+def test_fori_loop_with_traced_index():
+    def f(x):
+        return gt.fori_loop(0, len(x), lambda i, c: c + x[i] * i * c, 1.0)
+
+    def f_py(x):
+        c = 1.0
+        for i in range(len(x)):
+            c = c + x[i] * i * c
+        return c
+
+    x = RNG.random(6)
+    _same(f(x), f_py(x))
+    _same(gt.grad(f)(x), gt.grad(f_py)(x))
+
+
+# --- while_loop ---------------------------------------------------------------------------------
+def newton_sqrt(a):
+    def cond(c):
+        x, _ = c
+        return np.abs(x * x - a) > 1e-13 * a
+
+    def body(c):
+        x, it = c
+        return x - (x * x - a) / (2 * x), it + 1
+
+    return gt.while_loop(cond, body, (a, 0))[0]
+
+
+@pytest.mark.parametrize("a", [0.5, 2.0, 100.0, 1e4])
+def test_newton_while_loop_is_differentiable_in_reverse_mode(a):
+    _same(newton_sqrt(a), np.sqrt(a))
+    # d/da of the iterates converges to the derivative of sqrt
+    _same(gt.grad(newton_sqrt)(a), 0.5 / np.sqrt(a), rtol=1e-8)
+
+
+def test_adaptive_ode_integrator_with_data_dependent_steps():
+    """dy/dt = -k y with step size halved while the local error estimate is too large."""
+    def integrate(k, y0=1.0, t_end=1.0):
+        def cond(c):
+            return c[0] < t_end
+
+        def body(c):
+            t, y, h = c
+            h = np.minimum(h, t_end - t)
+            full = y + h * (-k * y)
+            half = y + 0.5 * h * (-k * y)
+            half = half + 0.5 * h * (-k * half)
+            err = np.abs(full - half)
+            h_next = np.where(err > 1e-4, h * 0.5, h * 1.5)
+            return t + h, half, h_next
+
+        return gt.while_loop(cond, body, (0.0, y0, 0.1))[1]
+
+    def integrate_py(k, y0=1.0, t_end=1.0):
+        t, y, h = 0.0, y0, 0.1
+        while t < t_end:
+            h = np.minimum(h, t_end - t)
+            full = y + h * (-k * y)
+            half = y + 0.5 * h * (-k * y)
+            half = half + 0.5 * h * (-k * half)
+            h_next = np.where(np.abs(full - half) > 1e-4, h * 0.5, h * 1.5)
+            t, y, h = t + h, half, h_next
+        return y
+
+    for k in (0.5, 2.0, 5.0):
+        _same(integrate(k), integrate_py(k))
+        _same(gt.grad(integrate)(k), gt.grad(integrate_py)(k))
+        assert abs(integrate(k) - np.exp(-k)) < 1e-2
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def test_carry_changing_shape_is_a_clear_error():
+    with pytest.raises(GradtapeError, match="carry leaf 0 changes from shape"):
+        gt.scan(lambda c, x: (np.concatenate([c, c]), None), np.zeros(2), np.zeros(3))
+
+
+def test_carry_changing_dtype_is_a_clear_error():
+    with pytest.raises(GradtapeError, match="float32"):
+        gt.scan(lambda c, x: (c + x, None), np.zeros(2, np.float32), np.zeros((3, 2)))
+
+
+def test_mismatched_xs_lengths_name_the_leaf():
+    with pytest.raises(GradtapeError, match="leaf 1: 4"):
+        gt.scan(lambda c, x: (c, None), 0.0, (np.zeros(3), np.zeros(4)))
+
+
+def test_carry_structure_change_is_a_clear_error():
+    with pytest.raises(GradtapeError, match="structure"):
+        gt.scan(lambda c, x: ((c, c), None), 0.0, np.zeros(3))
+
+
+def test_error_inside_a_body_leaves_no_state_behind():
+    def bad(c, x):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        gt.grad(lambda xs: gt.scan(bad, 0.0, xs)[0])(np.zeros(3))
+    _same(gt.grad(weighted_sum_scan)(np.ones(4)), gt.grad(weighted_sum_python)(np.ones(4)))
