@@ -54,3 +54,26 @@ def expand_reduced(g, shape: tuple, axes: tuple, keepdims: bool):
         return g
     kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
     return np.reshape(g, kshape)
+
+
+# --- batched tangents: jvp rules declared `jvp_batched` accept tangents with leading batch axes
+def batch_shape(t, x) -> tuple:
+    """The leading batch axes of tangent `t` of argument `x` (() for a single direction)."""
+    s = shape_of(t)
+    return s[:len(s) - ndim_of(x)]
+
+
+def shift_axes(axes: tuple, k: int) -> tuple:
+    """Axes of an argument as axes of its tangent with `k` leading batch axes."""
+    return tuple(a + k for a in axes) if k else axes
+
+
+def lift_tangent(t, x, ndim: int):
+    """Tangent `t` of `x` (with leading batch axes) shaped to broadcast against a result of
+    `ndim` dimensions: ones are inserted between the batch axes and the argument's axes."""
+    xnd = ndim_of(x)
+    s = shape_of(t)
+    k = len(s) - xnd
+    if k == 0 or xnd == ndim:
+        return t
+    return np.reshape(t, s[:k] + (1,) * (ndim - xnd) + s[k:])

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..primitives import SCIPY_UFUNCS, UFUNCS, Primitive
 from ..trace import GradtapeError
-from ._util import shape_of, unbroadcast
+from ._util import batch_shape, lift_tangent, ndim_of, shape_of, unbroadcast
 
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
@@ -51,27 +51,50 @@ def _make_vjp(i: int, partial, safe: bool, name: str):
     if isinstance(partial, (int, float)):
         return lambda g, ans, *args: unbroadcast(_scale(g, partial), shape_of(args[i]))
     if safe:
-        def vjp_safe(g, ans, *args):
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                d = g * partial(ans, *args)
-            return unbroadcast(np.where(g == 0, 0, d), shape_of(args[i]))
-        return vjp_safe
+        return lambda g, ans, *args: unbroadcast(_times_safe(g, partial, ans, args),
+                                                 shape_of(args[i]))
     return lambda g, ans, *args: unbroadcast(g * partial(ans, *args), shape_of(args[i]))
 
 
-def _make_jvp(partials, name: str):
+def _times_safe(g, partial, ans, args):
+    """g * partial, but 0 where g is 0 and the partial is infinite or NaN (a masked branch).
+
+    The mask asks only where the partial is not finite: elsewhere g * partial is kept as
+    recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        p = partial(ans, *args)
+        d = g * p
+    mask = (g == 0) & ~np.isfinite(p)
+    if isinstance(mask, (np.ndarray, np.bool_)) and not mask.any():
+        return d
+    return np.where(mask, 0, d)
+
+
+def _make_jvp(partials, safe: bool, name: str):
+    """`sum_i t_i * partial_i`; the tangents may carry leading batch axes (jvp_batched)."""
     def jvp(tangents, ans, *args):
         out = None
+        lead = None
+        nd = ndim_of(ans)
         for i, t in enumerate(tangents):
             if t is None:
                 continue
             p = partials[i]
             if p is None:
                 _make_vjp(i, None, False, name)(None, None)
-            term = _scale(t, p) if isinstance(p, (int, float)) else t * p(ans, *args)
+            if lead is None:
+                lead = batch_shape(t, args[i])
+            t = lift_tangent(t, args[i], nd)
+            if isinstance(p, (int, float)):
+                term = _scale(t, p)
+            elif safe:
+                term = _times_safe(t, p, ans, args)
+            else:
+                term = t * p(ans, *args)
             out = term if out is None else out + term
-        if out is not None and shape_of(out) != shape_of(ans):
-            out = np.broadcast_to(out, shape_of(ans))
+        if out is not None and shape_of(out) != lead + shape_of(ans):
+            out = np.broadcast_to(out, lead + shape_of(ans))
         return out
     return jvp
 
@@ -82,7 +105,7 @@ def elementwise(name: str, impl, partials, *, safe: bool = False, ufunc=None,
     prim = Primitive(
         name, impl,
         vjps=tuple(_make_vjp(i, p, safe, name) for i, p in enumerate(partials)),
-        jvp=_make_jvp(partials, name),
+        jvp=_make_jvp(partials, safe, name), jvp_batched=True,
         partials=partials, safe=safe,
         linear=all(isinstance(p, (int, float)) for p in partials),
     )

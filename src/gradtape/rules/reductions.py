@@ -6,7 +6,15 @@ import numpy as np
 
 from ..primitives import Primitive, implements
 from ..trace import GradtapeError, bind
-from ._util import dtype_of, expand_reduced, ndim_of, normalize_axis, shape_of
+from ._util import (
+    batch_shape,
+    dtype_of,
+    expand_reduced,
+    ndim_of,
+    normalize_axis,
+    shape_of,
+    shift_axes,
+)
 
 
 def _no_out(out, name):
@@ -23,9 +31,14 @@ reduce_sum = Primitive(
     "reduce_sum",
     lambda x, axes, keepdims: np.sum(x, axis=axes, keepdims=keepdims),
     vjps=(_sum_vjp,),
-    jvp=lambda ts, ans, x, axes, keepdims: reduce_sum(ts[0], axes=axes, keepdims=keepdims),
-    linear=True,
+    jvp=lambda ts, ans, x, axes, keepdims: _sum_tangent(ts[0], x, axes, keepdims),
+    linear=True, jvp_batched=True,
 )
+
+
+def _sum_tangent(t, x, axes, keepdims):
+    """Sum a tangent (of x's shape, maybe with leading batch axes) over x's `axes`."""
+    return reduce_sum(t, axes=shift_axes(axes, len(batch_shape(t, x))), keepdims=keepdims)
 
 
 @implements(np.sum)
@@ -129,13 +142,13 @@ def _prod_vjp(g, ans, x, axes, keepdims):
 
 
 def _prod_jvp(ts, ans, x, axes, keepdims):
-    return reduce_sum(ts[0] * _prod_of_others(x, axes), axes=axes, keepdims=keepdims)
+    return _sum_tangent(ts[0] * _prod_of_others(x, axes), x, axes, keepdims)
 
 
 reduce_prod = Primitive(
     "reduce_prod",
     lambda x, axes, keepdims: np.prod(x, axis=axes, keepdims=keepdims),
-    vjps=(_prod_vjp,), jvp=_prod_jvp,
+    vjps=(_prod_vjp,), jvp=_prod_jvp, jvp_batched=True,
 )
 
 
@@ -160,16 +173,15 @@ def _extreme_vjp(g, ans, x, axes, keepdims):
 
 
 def _extreme_jvp(ts, ans, x, axes, keepdims):
-    return reduce_sum(ts[0] * _extreme_weights(ans, x, axes, keepdims), axes=axes,
-                      keepdims=keepdims)
+    return _sum_tangent(ts[0] * _extreme_weights(ans, x, axes, keepdims), x, axes, keepdims)
 
 
 reduce_max = Primitive("reduce_max", lambda x, axes, keepdims: np.max(x, axis=axes,
                                                                       keepdims=keepdims),
-                       vjps=(_extreme_vjp,), jvp=_extreme_jvp)
+                       vjps=(_extreme_vjp,), jvp=_extreme_jvp, jvp_batched=True)
 reduce_min = Primitive("reduce_min", lambda x, axes, keepdims: np.min(x, axis=axes,
                                                                       keepdims=keepdims),
-                       vjps=(_extreme_vjp,), jvp=_extreme_jvp)
+                       vjps=(_extreme_vjp,), jvp=_extreme_jvp, jvp_batched=True)
 
 
 @implements(np.max, np.amax)
@@ -207,7 +219,8 @@ def _reverse_cumsum(g, axis):
 cumsum_p = Primitive(
     "cumsum", lambda x, axis: np.cumsum(x, axis=axis),
     vjps=(lambda g, ans, x, axis: _reverse_cumsum(g, axis),),
-    jvp=lambda ts, ans, x, axis: cumsum_p(ts[0], axis=axis), linear=True,
+    jvp=lambda ts, ans, x, axis: cumsum_p(ts[0], axis=axis + len(batch_shape(ts[0], x))),
+    linear=True, jvp_batched=True,
 )
 
 
@@ -219,7 +232,9 @@ def _cumprod_vjp(g, ans, x, axis):
 cumprod_p = Primitive(
     "cumprod", lambda x, axis: np.cumprod(x, axis=axis),
     vjps=(_cumprod_vjp,),
-    jvp=lambda ts, ans, x, axis: ans * cumsum_p(ts[0] / x, axis=axis),
+    jvp=lambda ts, ans, x, axis: ans * cumsum_p(ts[0] / x,
+                                                axis=axis + len(batch_shape(ts[0], x))),
+    jvp_batched=True,
 )
 
 

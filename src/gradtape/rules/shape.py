@@ -6,24 +6,33 @@ import numpy as np
 
 from ..primitives import Primitive, implements
 from ..trace import GradtapeError, bind
-from ._util import dtype_of, ndim_of, shape_of, unbroadcast
+from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
 reshape_p = Primitive(
     "reshape", lambda x, shape: np.reshape(x, shape),
     vjps=(lambda g, ans, x, shape: np.reshape(g, shape_of(x)),),
-    jvp=lambda ts, ans, x, shape: reshape_p(ts[0], shape=shape), linear=True,
+    jvp=lambda ts, ans, x, shape: reshape_p(ts[0], shape=batch_shape(ts[0], x) + shape),
+    linear=True, jvp_batched=True,
 )
 
 transpose_p = Primitive(
     "transpose", lambda x, axes: np.transpose(x, axes),
     vjps=(lambda g, ans, x, axes: np.transpose(g, tuple(np.argsort(axes))),),
-    jvp=lambda ts, ans, x, axes: transpose_p(ts[0], axes=axes), linear=True,
+    jvp=lambda ts, ans, x, axes: _transpose_tangent(ts[0], x, axes),
+    linear=True, jvp_batched=True,
 )
+
+
+def _transpose_tangent(t, x, axes):
+    k = len(batch_shape(t, x))
+    return transpose_p(t, axes=tuple(range(k)) + tuple(a + k for a in axes))
 
 broadcast_p = Primitive(
     "broadcast_to", lambda x, shape: np.broadcast_to(x, shape),
     vjps=(lambda g, ans, x, shape: unbroadcast(g, shape_of(x)),),
-    jvp=lambda ts, ans, x, shape: broadcast_p(ts[0], shape=shape), linear=True,
+    jvp=lambda ts, ans, x, shape: broadcast_p(lift_tangent(ts[0], x, len(shape)),
+                                              shape=batch_shape(ts[0], x) + shape),
+    linear=True, jvp_batched=True,
 )
 
 
@@ -34,27 +43,28 @@ def _concat_vjp(i, g, ans, *args, axis):
 
 
 def _concat_jvp(ts, ans, *args, axis):
-    parts = [t if t is not None else np.zeros(shape_of(a), dtype_of(ans))
+    lead = next(batch_shape(t, a) for t, a in zip(ts, args) if t is not None)
+    parts = [t if t is not None else np.zeros(lead + shape_of(a), dtype_of(ans))
              for t, a in zip(ts, args)]
-    return concatenate_p(*parts, axis=axis)
+    return concatenate_p(*parts, axis=axis + len(lead))
 
 
 concatenate_p = Primitive(
     "concatenate", lambda *xs, axis: np.concatenate(xs, axis=axis),
-    vjps=_concat_vjp, jvp=_concat_jvp, linear=True, variadic=True,
+    vjps=_concat_vjp, jvp=_concat_jvp, linear=True, variadic=True, jvp_batched=True,
 )
 
 astype_p = Primitive(
     "astype", lambda x, dtype: x.astype(dtype),
     vjps=(lambda g, ans, x, dtype: g.astype(dtype_of(x)),),
-    jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype), linear=True,
+    jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype), linear=True, jvp_batched=True,
 )
 
 # A fresh array shaped like a traced one: a Tracer with no derivative, so that functional
 # writes (y = np.zeros_like(x); y[1:] = ...) are recorded.
 full_like_p = Primitive(
     "full_like", lambda x, fill, dtype: np.full_like(x, fill, dtype=dtype),
-    vjps=(None,), jvp=lambda ts, ans, x, fill, dtype: None,
+    vjps=(None,), jvp=lambda ts, ans, x, fill, dtype: None, jvp_batched=True,
 )
 
 
@@ -302,8 +312,9 @@ pad_p = Primitive(
     "pad", lambda x, pad_width, value: np.pad(x, pad_width, mode="constant",
                                               constant_values=value),
     vjps=(_pad_vjp, None),
-    jvp=lambda ts, ans, x, pad_width, value: pad_p(ts[0], pad_width=pad_width, value=0),
-    linear=True,
+    jvp=lambda ts, ans, x, pad_width, value: pad_p(
+        ts[0], pad_width=((0, 0),) * len(batch_shape(ts[0], x)) + pad_width, value=0),
+    linear=True, jvp_batched=True,
 )
 
 
