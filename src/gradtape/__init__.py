@@ -2,6 +2,7 @@
 
 from . import tracer as _tracer  # noqa: F401  (installs the Tracer and the NumPy rules)
 from .check import GradCheck, check_grad
+from .compile import CompileWarning, compile
 from .rules.control import custom_vjp, stop_gradient
 from .rules.loops import fori_loop, scan, while_loop
 from .tape import Tape
@@ -10,7 +11,7 @@ from .transforms.reverse import grad, value_and_grad, vjp
 from .transforms.staging import trace_fn as trace
 
 __all__ = [
-    "GradCheck", "GradtapeError", "Tape", "check_grad", "custom_vjp", "fori_loop", "grad",
-    "scan", "stop_gradient", "trace", "value_and_grad", "vjp", "while_loop",
+    "CompileWarning", "GradCheck", "GradtapeError", "Tape", "check_grad", "compile", "custom_vjp",
+    "fori_loop", "grad", "scan", "stop_gradient", "trace", "value_and_grad", "vjp", "while_loop",
 ]
 __version__ = "0.1.0"

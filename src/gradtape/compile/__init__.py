@@ -1,0 +1,16 @@
+"""Compilation: record a function once per signature, lower the tape, replay it fast.
+
+`dispatch` keys calls by signature and keeps the guarded variants; `program`
+simplifies a recorded tape into what a backend lowers; `numpy_backend` generates
+NumPy code. Other backends register themselves with `register_backend`.
+"""
+
+from .dispatch import (
+    BACKENDS,
+    CompiledFunction,
+    CompileWarning,
+    compile,
+    register_backend,
+)
+
+__all__ = ["BACKENDS", "CompileWarning", "CompiledFunction", "compile", "register_backend"]

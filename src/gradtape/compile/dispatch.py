@@ -1,0 +1,494 @@
+"""`compile`: signatures, variants, guards, and the registry of backends.
+
+A call is keyed by its signature: the structure of the arguments, each leaf's
+shape and dtype, and the values of the static arguments. The first call with a
+signature records the whole program at a "stage" level (under `compile(grad(f))`
+the grad level sits above it, so forward and backward operations land on the
+same tape), builds a Program and lowers it with a backend. Later calls replay the
+lowered code. A replay checks every guard; when one fails, the answer it saw
+selects another variant recorded for that path, or a new variant is recorded.
+Variants of one signature form a tree keyed by guard answers, so alternating
+inputs never record again; their number is bounded, and a function that keeps
+re-recording is reported once and then runs eagerly on paths not yet recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import trace
+from .._pytree import tree_flatten, tree_unflatten
+from ..tape import Tape, Var
+from ..trace import GradtapeError, new_level
+from .program import (
+    GuardFailure,
+    Program,
+    answer_key,
+    build_program,
+    output_leaf,
+    unreplayable_reason,
+)
+
+# --- backends -------------------------------------------------------------------------------
+# name -> lower(program) -> an object with `run(leaves, out_leaves)` and `source`
+BACKENDS: dict[str, Callable[[Program], Any]] = {}
+AUTO_ORDER: list[str] = ["numpy"]  # what backend="auto" tries, first available wins
+
+
+def register_backend(name: str, lower: Callable[[Program], Any], *, auto: bool = False) -> None:
+    """Make `compile(f, backend=name)` use `lower`; `auto=True` also prefers it for "auto"."""
+    BACKENDS[name] = lower
+    if auto and name not in AUTO_ORDER:
+        AUTO_ORDER.insert(0, name)
+
+
+def _numpy_lower(program: Program):
+    from . import numpy_backend
+
+    return numpy_backend.lower(program)
+
+
+register_backend("numpy", _numpy_lower)
+
+
+def resolve_backend(name: str) -> Callable[[Program], Any]:
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            if candidate in BACKENDS:
+                return BACKENDS[candidate]
+    lower = BACKENDS.get(name)
+    if lower is None:
+        raise ValueError(f"compile: unknown backend {name!r}; available: "
+                         f"{', '.join(['auto', *BACKENDS])}")
+    return lower
+
+
+class CompileWarning(UserWarning):
+    """A compiled function could not stay compiled (it keeps taking new paths, ...)."""
+
+
+# --- signatures -----------------------------------------------------------------------------
+_PY_SCALARS = {float: np.float64, int: np.asarray(0).dtype.type, bool: np.bool_,
+               complex: np.complex128}
+
+
+def _leaf_key(x, where: str):
+    t = type(x)
+    if t is np.ndarray:
+        if x.dtype.kind not in "biufc":
+            raise GradtapeError(f"compile: {where} is an array of dtype {x.dtype}, which cannot "
+                                "be traced. Pass numeric arrays, or mark the argument static.")
+        return (x.shape, x.dtype)
+    if t in _PY_SCALARS:
+        return t
+    if isinstance(x, np.generic) and x.dtype.kind in "biufc":
+        return ("scalar", x.dtype)
+    if t is trace.Tracer:
+        raise GradtapeError(f"compile: {where} is a traced value of a finished transformation; "
+                            "it cannot be passed to a compiled function.")
+    raise GradtapeError(
+        f"compile: {where} is a {t.__module__}.{t.__qualname__}, which a compiled function "
+        "cannot take as a traced argument. Pass NumPy arrays, Python numbers, or tuples, lists "
+        "and dicts of them; mark other arguments static (static_argnums / static_argnames: "
+        "they must be hashable, and each new value records the function again).")
+
+
+def _replay_leaf(x):
+    """Python numbers are replayed as NumPy scalars (they were recorded as 0-d arrays)."""
+    conv = _PY_SCALARS.get(type(x))
+    return x if conv is None else conv(x)
+
+
+def _type_str(key) -> str:
+    from ..tape import _DTYPE_SHORT
+
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], np.dtype):
+        if key[0] == "scalar":
+            return f"{_DTYPE_SHORT.get(str(key[1]), str(key[1]))} scalar"
+        return Var(0, key[0], key[1]).type_str
+    return getattr(key, "__name__", repr(key))
+
+
+@dataclass
+class SignatureStats:
+    """Counters for one signature."""
+
+    calls: int = 0
+    replays: int = 0
+    recordings: int = 0
+    guard_failures: int = 0
+    eager_calls: int = 0
+    variants: int = 0
+
+
+class _Variant:
+    """One recorded path: its tape, Program, lowered code and the answers of its checks."""
+
+    __slots__ = ("tape", "program", "lowered", "path")
+
+    def __init__(self, tape: Tape, program: Program, lowered):
+        self.tape = tape
+        self.program = program
+        self.lowered = lowered
+        self.path = tuple(answer_key(c.kind, c.answer) for c in program.checks)
+
+
+class _Signature:
+    """The variants recorded for one signature, and the tree that selects among them."""
+
+    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason")
+
+    def __init__(self, label: str):
+        self.label = label
+        self.variants: list[_Variant] = []
+        self.by_prefix: dict[tuple, _Variant] = {}
+        self.hot: _Variant | None = None
+        self.stats = SignatureStats()
+        self.eager_reason: str | None = None
+
+    def add(self, variant: _Variant) -> _Variant:
+        for v in self.variants:
+            if v.path == variant.path:  # another thread recorded the same path first
+                return v
+        self.variants.append(variant)
+        path = variant.path
+        for i in range(len(path) + 1):
+            self.by_prefix.setdefault(path[:i], variant)
+        self.stats.variants = len(self.variants)
+        return variant
+
+
+class _CallInfo:
+    """How one call's arguments split into traced leaves and static values."""
+
+    __slots__ = ("key", "leaves", "in_tree", "args", "kwargs")
+
+    def __init__(self, key, leaves, in_tree, args, kwargs):
+        self.key = key
+        self.leaves = leaves
+        self.in_tree = in_tree
+        self.args = args
+        self.kwargs = kwargs
+
+
+# --- the compiled function ---------------------------------------------------------------------
+class CompiledFunction:
+    """`compile(f)`: records `f` once per signature and replays the lowered code."""
+
+    def __init__(self, fun: Callable, backend: str = "auto", static_argnums: Sequence[int] = (),
+                 max_variants: int = 8, static_argnames: Sequence[str] = ()):
+        if not callable(fun):
+            raise TypeError(f"compile: expected a function, got {type(fun).__name__}")
+        if max_variants < 1:
+            raise ValueError("compile: max_variants must be at least 1")
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._backend_name = backend
+        self._lower = resolve_backend(backend)
+        self._static = tuple(sorted({int(i) for i in ((static_argnums,) if isinstance(
+            static_argnums, int) else static_argnums)}))
+        self._static_names = (static_argnames,) if isinstance(static_argnames, str) else tuple(
+            static_argnames)
+        self._max_variants = int(max_variants)
+        self._signatures: dict = {}
+        self._lock = threading.Lock()
+        self._warned = False
+
+    # --- calling ---------------------------------------------------------------------------
+    def __call__(self, *args, out=None, **kwargs):
+        if getattr(trace._state, "stack", None):
+            # under an outer transformation (grad(compile(f))): it records f's operations itself
+            if out is not None:
+                raise GradtapeError("compile: out= cannot be used while the compiled function is "
+                                    "being traced by another transformation.")
+            return self._fun(*args, **kwargs)
+        return self._dispatch(self._call_info(args, kwargs), out)[0]
+
+    def _call_info(self, args: tuple, kwargs: dict) -> _CallInfo:
+        if not kwargs and not self._static:
+            for a in args:
+                if type(a) is not np.ndarray or a.dtype.kind not in "biufc":
+                    break
+            else:  # the common case: positional arrays only
+                return _CallInfo(tuple([(a.shape, a.dtype) for a in args]), list(args), None,
+                                 args, kwargs)
+        nargs = len(args)
+        static = tuple((i, type(args[i]), args[i]) for i in self._static if i < nargs)
+        static += tuple((k, type(kwargs[k]), kwargs[k]) for k in self._static_names
+                        if k in kwargs)
+        try:
+            hash(static)
+        except TypeError:
+            raise GradtapeError("compile: static arguments must be hashable (their values key "
+                                "the cache); got " + ", ".join(
+                                    f"{type(v).__name__}" for _, _, v in static)) from None
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in self._static)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        leaves, in_tree = tree_flatten((dyn_args, dyn_kwargs))
+        keys = tuple(_leaf_key(x, f"argument leaf {i}") for i, x in enumerate(leaves))
+        leaves = [_replay_leaf(x) for x in leaves]
+        return _CallInfo((in_tree, keys, nargs, static), leaves, in_tree, args, kwargs)
+
+    def _dispatch(self, info: _CallInfo, out):
+        """Replay (or record) for one call; returns (result, the variant that produced it)."""
+        sig = self._signatures.get(info.key)
+        if sig is None:
+            return self._record_and_run(None, info, out, None)
+        stats = sig.stats
+        stats.calls += 1
+        variant = sig.hot
+        failure = None
+        while variant is not None:
+            out_leaves = None if out is None else self._out_leaves(variant.program, out, info)
+            try:
+                result = variant.lowered.run(info.leaves, out_leaves)
+            except GuardFailure as gf:
+                stats.guard_failures += 1
+                check = variant.program.checks[gf.index]
+                failure = (check, gf.actual)
+                nxt = sig.by_prefix.get(variant.path[:gf.index] + (answer_key(check.kind,
+                                                                             gf.actual),))
+                variant = nxt
+                continue
+            sig.hot = variant
+            stats.replays += 1
+            return (out if out is not None else result), variant
+        if sig.eager_reason is not None:
+            return self._eager(sig, info, out), None
+        return self._record_and_run(sig, info, out, failure)
+
+    # --- recording ---------------------------------------------------------------------------
+    def _record_and_run(self, sig: _Signature | None, info: _CallInfo, out, failure):
+        if sig is not None and len(sig.variants) >= self._max_variants:
+            self._warn_once(self._too_many_variants_message(sig, failure))
+            sig.eager_reason = sig.eager_reason or "too many variants"
+            return self._eager(sig, info, out), None
+        tape, program, traced = self._record(info)
+        reason = unreplayable_reason(program)
+        lowered = None if reason else self._lower(program)
+        with self._lock:
+            if sig is None:  # a new signature: this call was not counted yet
+                sig = self._signatures.get(info.key)
+                if sig is None:
+                    sig = self._signatures[info.key] = _Signature(self._label(info))
+                sig.stats.calls += 1
+            sig.stats.recordings += 1
+            if reason is not None:
+                sig.eager_reason = reason
+            else:
+                variant = sig.add(_Variant(tape, program, lowered))
+        if reason is not None:
+            self._warn_once(f"compile: {self._name()} runs eagerly for {sig.label}: {reason}.")
+            sig.stats.eager_calls += 1
+            return self._deliver(traced, out), None
+        out_leaves = None if out is None else self._out_leaves(program, out, info)
+        try:
+            result = variant.lowered.run(info.leaves, out_leaves)
+        except GuardFailure as gf:
+            # the replay disagrees with the recording on the same inputs: the function is not
+            # a function of its arguments (random numbers, global state)
+            check = program.checks[gf.index]
+            self._warn_once(
+                f"compile: {self._name()} took a different path when replayed on the inputs it "
+                f"was recorded with ({check.where}: recorded {check.answer!r}, replay saw "
+                f"{gf.actual!r}). Does it read random numbers or global state? The result of this "
+                "call comes from the recording.")
+            return self._deliver(traced, out), variant
+        sig.hot = variant
+        return (out if out is not None else result), variant
+
+    def _record(self, info: _CallInfo):
+        """Run the function on stage Tracers; returns (tape, program, traced result)."""
+        with new_level("stage") as level:
+            tracers = [level.new_input(x) for x in info.leaves]
+            args, kwargs = self._rebuild(info, tracers)
+            result = self._fun(*args, **kwargs)
+        res_leaves, out_tree = tree_flatten(result)
+        outputs, values = [], []
+        for x in res_leaves:
+            if type(x) is trace.Tracer:
+                if x._level is not level:
+                    raise GradtapeError(
+                        f"compile: {self._name()} returned a traced value of another "
+                        "transformation (it escaped from an outer grad or a closure).")
+                outputs.append(output_leaf(x._value, x._var))
+                values.append(x._value)
+            else:
+                outputs.append(output_leaf(x, None))
+                values.append(x)
+        tape = level.tape
+        tape.outputs = [leaf.var if leaf.var is not None else leaf.const for leaf in outputs]
+        program = build_program(tape, outputs, out_tree)
+        return tape, program, tree_unflatten(out_tree, values)
+
+    def _rebuild(self, info: _CallInfo, leaves) -> tuple[list, dict]:
+        if info.in_tree is None:
+            return list(leaves), {}
+        dyn_args, dyn_kwargs = tree_unflatten(info.in_tree, leaves)
+        args, it = [], iter(dyn_args)
+        for i in range(len(info.args)):
+            args.append(info.args[i] if i in self._static else next(it))
+        kwargs = dict(dyn_kwargs)
+        kwargs.update((k, info.kwargs[k]) for k in self._static_names if k in info.kwargs)
+        return args, kwargs
+
+    # --- results -----------------------------------------------------------------------------
+    @staticmethod
+    def _out_leaves(program: Program, out, info: _CallInfo) -> list:
+        """Validate a caller's `out=` structure against the result; returns its leaves."""
+        td = program.out_tree
+        if type(out) is tuple and td.kind == "tuple" and len(out) == len(td.children) and all(
+                c.kind == "leaf" for c in td.children):
+            leaves = out  # the common case, (value, gradient): no flattening
+        else:
+            leaves, td = tree_flatten(out)
+            if td != program.out_tree:
+                raise GradtapeError(f"compile: out= has structure {td}, but the result has "
+                                    f"structure {program.out_tree}.")
+        for i, (o, spec) in enumerate(zip(leaves, program.outputs)):
+            if type(o) is not np.ndarray or o.shape != spec.shape or o.dtype != spec.dtype:
+                raise GradtapeError(
+                    f"compile: out= leaf {i} must be an ndarray of shape {spec.shape} and dtype "
+                    f"{spec.dtype}, got {type(o).__name__} {getattr(o, 'shape', '')} "
+                    f"{getattr(o, 'dtype', '')}.")
+            if not o.flags.writeable:
+                raise GradtapeError(f"compile: out= leaf {i} is read-only.")
+            for x in info.leaves:
+                if type(x) is np.ndarray and np.may_share_memory(o, x):
+                    raise GradtapeError(f"compile: out= leaf {i} shares memory with an argument;"
+                                        " pass separate arrays.")
+        return leaves
+
+    @staticmethod
+    def _deliver(result, out):
+        """Return `result`, or copy it into the caller's `out=` structure and return that."""
+        if out is None:
+            return result
+        res_leaves, res_td = tree_flatten(result)
+        out_leaves, out_td = tree_flatten(out)
+        if res_td != out_td:
+            raise GradtapeError(f"compile: out= has structure {out_td}, but the result has "
+                                f"structure {res_td}.")
+        for o, r in zip(out_leaves, res_leaves):
+            if type(o) is not np.ndarray or o.shape != np.shape(r):
+                raise GradtapeError(f"compile: out= leaf of shape {getattr(o, 'shape', None)} "
+                                    f"cannot hold a result of shape {np.shape(r)}.")
+            np.copyto(o, r)
+        return out
+
+    def _eager(self, sig: _Signature, info: _CallInfo, out):
+        sig.stats.eager_calls += 1
+        result = self._fun(*info.args, **info.kwargs)
+        if out is None:
+            return result
+        return self._deliver(result, out)
+
+    # --- reporting -----------------------------------------------------------------------------
+    def _name(self) -> str:
+        return getattr(self._fun, "__qualname__", None) or repr(self._fun)
+
+    def _label(self, info: _CallInfo) -> str:
+        if info.in_tree is None:
+            return "(" + ", ".join(_type_str(k) for k in info.key) + ")"
+        in_tree, keys, _, static = info.key
+        types = iter([_type_str(k) for k in keys])
+        text = repr(in_tree)
+        text = "".join(next(types) if ch == "*" else ch for ch in text)
+        if static:
+            text += " static " + ", ".join(f"{i}={v!r}" for i, _, v in static)
+        return text
+
+    def _too_many_variants_message(self, sig: _Signature, failure) -> str:
+        where = "a data-dependent check"
+        why = ""
+        if failure is not None:
+            check, actual = failure
+            where = check.where
+            why = (f" (its {check.kind} answer was {check.answer!r} when recorded, now "
+                   f"{actual!r})")
+        return (f"compile: {self._name()} was recorded {len(sig.variants)} times for "
+                f"{sig.label} (max_variants={self._max_variants}) because the guard at {where} "
+                f"keeps taking new values{why}: Python control flow on traced values records "
+                "one variant per path. New paths of this signature now run eagerly (exact, "
+                "uncompiled). Use np.where for data-dependent selection, or make the value a "
+                "static argument.")
+
+    def _warn_once(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(message, CompileWarning, stacklevel=5)
+
+    # --- introspection -----------------------------------------------------------------------
+    def _variant_for(self, args, kwargs) -> tuple[_Signature | None, _Variant | None]:
+        info = self._call_info(args, kwargs)
+        _, variant = self._dispatch(info, None)
+        return self._signatures.get(info.key), variant
+
+    def tape(self, *args, **kwargs) -> Tape:
+        """The recorded Tape that these arguments replay (recording it if needed)."""
+        sig, variant = self._variant_for(args, kwargs)
+        if variant is None:
+            raise GradtapeError(f"compile: these arguments run eagerly ({sig.eager_reason}); "
+                                "see .tapes() for the recorded variants.")
+        return variant.tape
+
+    def tapes(self, *args, **kwargs) -> list[Tape]:
+        """Every recorded Tape (one per variant) of the signature of these arguments."""
+        sig, _ = self._variant_for(args, kwargs)
+        return [v.tape for v in sig.variants]
+
+    def source(self, *args, **kwargs) -> str:
+        """The generated source that these arguments replay."""
+        sig, variant = self._variant_for(args, kwargs)
+        if variant is None:
+            raise GradtapeError(f"compile: these arguments run eagerly ({sig.eager_reason}).")
+        return variant.lowered.source
+
+    @property
+    def stats(self) -> dict:
+        """Totals of calls, replays, recordings, guard failures, eager calls; and per signature."""
+        per = {sig.label: asdict(sig.stats) for sig in list(self._signatures.values())}
+        totals = {k: sum(s[k] for s in per.values()) for k in asdict(SignatureStats())}
+        totals["per_signature"] = per
+        return totals
+
+    def __repr__(self) -> str:
+        return f"<compiled {self._name()} backend={self._backend_name}>"
+
+    # --- pickling: the function and the options; re-recorded and re-lowered on load -----------
+    def __reduce__(self):
+        module = sys.modules.get(getattr(self, "__module__", None) or "")
+        qualname = getattr(self, "__qualname__", "")
+        obj = module
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+        if obj is self:  # used as a decorator: the module attribute is this object
+            return qualname
+        return (_rebuild, (self._fun, self._backend_name, self._static, self._max_variants,
+                           self._static_names))
+
+
+def _rebuild(fun, backend, static_argnums, max_variants, static_argnames):
+    return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)
+
+
+def compile(fun: Callable, backend: str = "auto", static_argnums: int | Sequence[int] = (),
+            max_variants: int = 8, static_argnames: str | Sequence[str] = ()
+            ) -> CompiledFunction:
+    """Record `fun` once per call signature, lower it, and replay the lowered code.
+
+    Works on plain functions and on transforms (`compile(grad(f))` records the forward
+    and backward passes on one tape). Control flow on traced values is guarded: a call
+    that takes another path records (and keeps) another variant, at most `max_variants`
+    per signature. Call with `out=` (a structure of arrays shaped like the result) to
+    write the result without allocating.
+    """
+    return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)

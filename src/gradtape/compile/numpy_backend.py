@@ -1,0 +1,504 @@
+"""The numpy backend: a Program becomes the source of one Python function calling NumPy.
+
+Every intermediate is written into a buffer allocated once per variant and thread
+(`np.exp(a, out=b3)`); buffers are reused once their value is dead. Results are
+written straight into the caller's `out=` arrays, or into fresh arrays the caller
+owns. Guards are `if` statements right after the value they test. The generated
+function runs no Tracer and walks no tape. Primitives without a table entry below
+call their own NumPy implementation, so every primitive is supported.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..tape import Instruction, Var
+from .program import GuardFailure, Program
+
+BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output
+
+
+@dataclass(frozen=True)
+class Emitter:
+    """How to lower one primitive: `emit(gen, ins, out, args) -> lines`.
+
+    kind BUFFER writes into `out` (a preallocated array); VIEW and VALUE assign `out`
+    (a view of an input, or a value that may share memory with its inputs).
+    """
+
+    kind: str
+    emit: Callable
+
+
+# --- the generator ---------------------------------------------------------------------------
+class _Source:
+    """Source lines plus the constants they refer to (bound once, as closure variables)."""
+
+    def __init__(self):
+        self.consts: dict[str, object] = {}
+        self._by_id: dict[int, str] = {}
+
+    def const(self, value, hint: str = "c") -> str:
+        """An expression for `value`: a literal for plain Python scalars, else a bound name."""
+        t = type(value)
+        if value is None or t is bool or t is int or (t is float and math.isfinite(value)):
+            return repr(value)
+        if t is str:
+            return repr(value)
+        name = self._by_id.get(id(value))
+        if name is None:
+            if hint in ("c", "f") and callable(value):
+                hint = _ident(getattr(value, "__name__", hint)) + "_"
+            name = f"{hint}{len(self.consts)}"
+            self.consts[name] = value
+            self._by_id[id(value)] = name
+        return name
+
+
+def _call(gen: _Source, fn, args, kwargs=None, hint="f") -> str:
+    parts = list(args) + [f"{k}={gen.const(v)}" for k, v in (kwargs or {}).items()]
+    return f"{gen.const(fn, hint)}({', '.join(parts)})"
+
+
+# --- emitters ---------------------------------------------------------------------------------
+# NumPy deprecates a positional `out` for these; for the others it saves a keyword dictionary
+_KEYWORD_OUT = frozenset({np.maximum, np.minimum})
+
+
+def _ufunc_emitter(ufunc) -> Emitter:
+    out_arg = "out={}" if ufunc in _KEYWORD_OUT else "{}"
+    return Emitter(BUFFER, lambda gen, ins, out, args: [
+        f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
+        f"{out_arg.format(out)})"])
+
+
+# --- 0-d values: NumPy scalars, no buffer (a ufunc call on a 0-d array costs ~1 us) -----------
+_SCALAR_OPERATORS = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
+                     "divide": "{0} / {1}", "negative": "-{0}", "square": "{0} * {0}"}
+_F64 = np.dtype(np.float64)
+
+
+def _is_float64_operand(v, a) -> bool:
+    if v is not None:
+        return v.dtype == _F64
+    return type(a) in (int, float) or type(a) is np.float64
+
+
+def _scalar_emitter(ins: Instruction, ufunc) -> Emitter | None:
+    """For an elementwise op on 0-d values: an operator (+ - * / are exactly rounded, so
+    NumPy's scalar arithmetic equals the ufunc) or the ufunc without a buffer."""
+    if ins.outvars[0].shape != () or any(v is not None and v.shape != () for v in ins.invars):
+        return None
+    pattern = _SCALAR_OPERATORS.get(ins.prim.name)
+    if (pattern is not None and ins.outvars[0].dtype == _F64
+            and all(_is_float64_operand(v, a) for v, a in zip(ins.invars, ins.args))):
+        return Emitter(VALUE, lambda gen, ins, out, args: [f"{out} = {pattern.format(*args)}"])
+    return Emitter(VALUE, lambda gen, ins, out, args: [
+        f"{out} = {gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)})"])
+
+
+def _scalar_where(ins: Instruction) -> Emitter | None:
+    """np.where on 0-d values of the output's dtype: a conditional expression."""
+    out = ins.outvars[0]
+    if out.shape != () or any(v is not None and v.shape != () for v in ins.invars) or any(
+            v is not None and v.dtype != out.dtype for v in ins.invars[1:]):
+        return None
+
+    def emit(gen, ins, out_name, args):
+        x, y = (args[i] if ins.invars[i] is not None else gen.const(out.dtype.type(ins.args[i]))
+                for i in (1, 2))
+        return [f"{out_name} = {x} if {args[0]} else {y}"]
+    return Emitter(VALUE, emit)
+
+
+def _reduction(ufunc) -> Emitter:
+    def emit(gen, ins, out, args):
+        p = ins.params
+        call = f"{gen.const(ufunc.reduce, 'r_' + ufunc.__name__ + '_')}({args[0]}, " \
+               f"{gen.const(tuple(p['axes']), 'axes')}"
+        if ins.outvars[0].shape == ():  # a NumPy scalar: cheaper to use than a 0-d buffer
+            return [f"{out} = {call})"]
+        return [f"{call}, None, {out}, {p['keepdims']!r})"]
+    return emit
+
+
+def _cumulative(fn) -> Emitter:
+    return Emitter(BUFFER, lambda gen, ins, out, args: [
+        f"{gen.const(fn)}({args[0]}, {ins.params['axis']!r}, None, {out})"])
+
+
+def _copy_then(update: Callable) -> Emitter:
+    """Copy argument 0 into the buffer, then update it in place (functional writes)."""
+    def emit(gen, ins, out, args):
+        return [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]})"] + update(gen, ins, out,
+                                                                              args)
+    return Emitter(BUFFER, emit)
+
+
+def _setitem_update(gen, ins, out, args):
+    return [f"{out}[{gen.const(ins.params['idx'], 'idx')}] = {args[1]}"]
+
+
+def _scatter_add_update(gen, ins, out, args):
+    from ..rules.indexing import is_basic
+
+    idx = ins.params["idx"]
+    if is_basic(idx):
+        return [f"{out}[{gen.const(idx, 'idx')}] += {args[1]}"]
+    return [f"{gen.const(np.add.at, 'add_at')}({out}, {gen.const(idx, 'idx')}, {args[1]})"]
+
+
+def _emit_where(gen, ins, out, args):
+    copyto = gen.const(np.copyto, "copyto")
+    return [f"{copyto}({out}, {args[2]}, 'unsafe')",
+            f"{copyto}({out}, {args[1]}, 'unsafe', {args[0]})"]
+
+
+def _emit_pad(gen, ins, out, args):
+    shape = ins.invars[0].shape if ins.invars[0] is not None else np.shape(ins.args[0])
+    inner = tuple(slice(lo, lo + d) for (lo, _), d in zip(ins.params["pad_width"], shape))
+    return [f"{out}.fill({gen.const(ins.params['value'])})",
+            f"{out}[{gen.const(inner, 'idx')}] = {args[0]}"]
+
+
+def _take_axis(idx) -> tuple[int, np.ndarray] | None:
+    """(axis, indices) when `idx` is full slices and one integer array: a `np.take`."""
+    axis, arr = None, None
+    for k, i in enumerate(idx):
+        if isinstance(i, np.ndarray) and i.dtype.kind in "iu" and arr is None:
+            axis, arr = k, i
+        elif not (isinstance(i, slice) and i == slice(None)):
+            return None
+    return None if arr is None else (axis, arr)
+
+
+def _lower_getitem(ins: Instruction) -> Emitter:
+    from ..rules.indexing import is_basic
+
+    idx = ins.params["idx"]
+    take = _take_axis(idx)
+    if take is not None and ins.invars[0] is not None:
+        axis, arr = take
+        # the indices were valid when recorded, for this very shape: mode="wrap" equals "raise"
+        return Emitter(BUFFER, lambda gen, ins, out, args: [
+            f"{gen.const(np.take, 'take')}({args[0]}, {gen.const(arr, 'idx')}, {axis}, {out}, "
+            "'wrap')"])
+    kind = VIEW if is_basic(idx) else VALUE
+    return Emitter(kind, lambda gen, ins, out, args: [
+        f"{out} = {args[0]}[{gen.const(idx, 'idx')}]"])
+
+
+def _view(fn, param: str) -> Emitter:
+    return Emitter(VIEW, lambda gen, ins, out, args: [
+        f"{out} = {gen.const(fn)}({args[0]}, {gen.const(ins.params[param])})"])
+
+
+def _emit_concatenate(gen, ins, out, args):
+    return [f"{gen.const(np.concatenate)}(({', '.join(args)},), {ins.params['axis']!r}, {out})"]
+
+
+def _emit_astype(gen, ins, out, args):
+    return [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]}, 'unsafe')"]
+
+
+def _emit_identity(gen, ins, out, args):
+    return [f"{out} = {args[0]}"]
+
+
+_REDUCTIONS = {"reduce_sum": _reduction(np.add), "reduce_prod": _reduction(np.multiply),
+               "reduce_max": _reduction(np.maximum), "reduce_min": _reduction(np.minimum)}
+
+EMITTERS: dict[str, Emitter] = {
+    "cumsum": _cumulative(np.cumsum),
+    "cumprod": _cumulative(np.cumprod),
+    "where": Emitter(BUFFER, _emit_where),
+    "concatenate": Emitter(BUFFER, _emit_concatenate),
+    "astype": Emitter(BUFFER, _emit_astype),
+    "setitem": _copy_then(_setitem_update),
+    "scatter_add": _copy_then(_scatter_add_update),
+    "pad": Emitter(BUFFER, _emit_pad),
+    "reshape": _view(np.reshape, "shape"),
+    "transpose": _view(np.transpose, "axes"),
+    "broadcast_to": _view(np.broadcast_to, "shape"),
+    "stop_gradient": Emitter(VIEW, _emit_identity),
+}
+
+
+def _fallback(gen, ins, out, args):
+    """Call the primitive's own implementation (it may return a view: treated as one)."""
+    return [f"{out} = {_call(gen, ins.prim.impl, args, ins.params, 'p_' + _ident(ins.prim.name))}"]
+
+
+def _ident(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _as_ufunc(prim):
+    if isinstance(prim.impl, np.ufunc):
+        return prim.impl
+    if prim.partials is not None and "scipy.special" in sys.modules:
+        uf = getattr(sys.modules["scipy.special"], prim.name, None)
+        if isinstance(uf, np.ufunc):
+            return uf
+    return None
+
+
+def emitter_for(ins: Instruction) -> Emitter:
+    """The table entry for a primitive; ufuncs write into their buffer, others call impl."""
+    prim = ins.prim
+    if prim.multiple_results:
+        return Emitter(VALUE, _fallback)
+    if prim.name == "getitem":
+        return _lower_getitem(ins)
+    reduction = _REDUCTIONS.get(prim.name)
+    if reduction is not None:
+        return Emitter(VALUE if ins.outvars[0].shape == () else BUFFER, reduction)
+    if prim.name == "where":
+        e = _scalar_where(ins)
+        if e is not None:
+            return e
+    e = EMITTERS.get(prim.name)
+    if e is not None:
+        return e
+    uf = _as_ufunc(prim)
+    if uf is not None and uf.nout == 1:
+        return _scalar_emitter(ins, uf) or _ufunc_emitter(uf)
+    return Emitter(VALUE, _fallback)
+
+
+# --- storage planning --------------------------------------------------------------------------
+@dataclass
+class _Plan:
+    emitters: list[Emitter]
+    names: dict[int, str]  # var id -> the expression that holds it
+    slots: list[tuple[tuple, np.dtype]]  # pooled buffers: shape, dtype
+    direct: dict[int, int]  # var id -> output leaf index it is written into
+
+
+def _plan(program: Program, input_names: list[str]) -> _Plan:
+    instrs = program.instructions
+    end = len(instrs)
+    emitters = [emitter_for(ins) for ins in instrs]
+    names = {v.id: n for v, n in zip(program.inputs, input_names)}
+
+    # results computed into a buffer can be written straight into the result arrays
+    input_ids = {v.id for v in program.inputs}
+    buffered = {ins.outvars[0].id for ins, e in zip(instrs, emitters) if e.kind == BUFFER}
+    direct: dict[int, int] = {}
+    for k, leaf in enumerate(program.outputs):
+        v = leaf.var
+        if v is not None and v.id in buffered and v.id not in direct and v.id not in input_ids:
+            direct[v.id] = k
+
+    # which buffers each var may share memory with, and when each buffer is last needed
+    last: dict[int, int] = {}
+    for i, ins in enumerate(instrs):
+        for v in ins.invars:
+            if v is not None:
+                last[v.id] = i
+    for c in program.checks:
+        if isinstance(c.operand, Var):
+            last[c.operand.id] = max(last.get(c.operand.id, -1), c.position)
+    for leaf in program.outputs:
+        if leaf.var is not None:
+            last[leaf.var.id] = end
+    storage: dict[int, frozenset] = {}
+    owner_last: dict[int, int] = {}
+    for i, (ins, e) in enumerate(zip(instrs, emitters)):
+        if e.kind == BUFFER:
+            owners = frozenset((ins.outvars[0].id,))
+        else:
+            owners = frozenset().union(*(storage.get(v.id, frozenset())
+                                         for v in ins.invars if v is not None))
+        for v in ins.outvars:
+            storage[v.id] = owners
+            for o in owners:
+                owner_last[o] = max(owner_last.get(o, i), last.get(v.id, i))
+    frees_after: dict[int, list[int]] = {}
+    for o, i in owner_last.items():
+        frees_after.setdefault(i, []).append(o)
+
+    slots: list[tuple[tuple, np.dtype]] = []
+    free: dict[tuple, list[int]] = {}
+    slot_of: dict[int, int] = {}
+    for i, (ins, e) in enumerate(zip(instrs, emitters)):
+        for j, v in enumerate(ins.outvars):
+            if e.kind != BUFFER:
+                names[v.id] = f"v{v.id}" if len(ins.outvars) == 1 else f"v{v.id}_{j}"
+            elif v.id in direct:
+                names[v.id] = f"o{direct[v.id]}"
+            else:
+                key = (v.shape, v.dtype)
+                pool = free.get(key)
+                slot = pool.pop() if pool else None
+                if slot is None:
+                    slot = len(slots)
+                    slots.append(key)
+                slot_of[v.id] = slot
+                names[v.id] = f"b{slot}"
+        for o in frees_after.get(i, ()):
+            if o in slot_of:
+                free.setdefault(slots[slot_of[o]], []).append(slot_of[o])
+    return _Plan(emitters, names, slots, direct)
+
+
+# --- checks -------------------------------------------------------------------------------------
+def _check_lines(gen: _Source, index: int, kind: str, operand: str, answer) -> list[str]:
+    fail = gen.const(GuardFailure, "GuardFailure")
+    if kind == "bool":
+        return [f"_a = bool({operand})", f"if _a is not {answer!r}: raise {fail}({index}, _a)"]
+    raise_ = f"raise {fail}({index}, _a)"
+    if kind in ("int", "index"):
+        conv = "int" if kind == "int" else gen.const(operator.index, "index")
+        return [f"_a = {conv}({operand})", f"if _a != {gen.const(answer)}: {raise_}"]
+    if kind == "item":
+        return [f"_a = {operand}.item()",
+                f"if {gen.const(_item_differs, 'item_differs')}(_a, {gen.const(answer)}): {raise_}"]
+    if kind == "shape":
+        return [f"_a = {gen.const(np.shape, 'shape_of')}({operand})",
+                f"if _a != {gen.const(answer)}: {raise_}"]
+    # "value": the whole array the function read
+    return [f"if not {gen.const(_same_value, 'same_value')}({operand}, {gen.const(answer)}): "
+            f"raise {fail}({index}, {gen.const(np.array, 'array')}({operand}))"]
+
+
+def _item_differs(a, b) -> bool:
+    return a != b and not (a != a and b != b)
+
+
+def _same_value(x, answer: np.ndarray) -> bool:
+    return np.shape(x) == answer.shape and bool(np.array_equal(x, answer, equal_nan=answer.dtype
+                                                                .kind in "fc"))
+
+
+def _as_scalar(v):
+    return v[()] if type(v) is np.ndarray else v
+
+
+# --- lowering -------------------------------------------------------------------------------------
+class NumpyLowered:
+    """A compiled variant: `run(leaves, out_leaves)` replays it; `source` is the generated code."""
+
+    def __init__(self, program: Program):
+        gen = _Source()
+        input_names = [f"x{i}" for i in range(len(program.inputs))]
+        plan = _plan(program, input_names)
+        self.nbuffers = len(plan.slots)
+        body = self._body(gen, program, plan)
+        self.source = self._assemble(gen, program, plan, input_names, body)
+        namespace: dict = {}
+        exec(compile(self.source, f"<gradtape compiled {id(self):x}>", "exec"), namespace)
+        slots = plan.slots
+        pool: list = []
+        gen.consts.update(_pool_pop=pool.pop, _pool_push=pool.append,
+                          _alloc=lambda: [np.empty(s, d) for s, d in slots])
+        self._fn = namespace["_build"](gen.consts)
+
+    def run(self, leaves: list, out_leaves: list | None):
+        """Replay on `leaves`; fresh results, or None after writing into `out_leaves`."""
+        return self._fn(*leaves, out_leaves)
+
+    @staticmethod
+    def _body(gen: _Source, program: Program, plan: _Plan) -> list[str]:
+        names = plan.names
+
+        def operand(x) -> str:
+            return names[x.id] if isinstance(x, Var) else gen.const(x)
+
+        checks_after: dict[int, list] = {}
+        for index, c in enumerate(program.checks):
+            checks_after.setdefault(c.position, []).append((index, c))
+        lines = []
+
+        def emit_checks(pos):
+            for index, c in checks_after.get(pos, ()):
+                lines.extend(_check_lines(gen, index, c.kind, operand(c.operand), c.answer))
+
+        emit_checks(-1)
+        for i, (ins, e) in enumerate(zip(program.instructions, plan.emitters)):
+            args = [names[v.id] if v is not None else gen.const(a)
+                    for v, a in zip(ins.invars, ins.args)]
+            if len(ins.outvars) == 1:
+                out = names[ins.outvars[0].id]
+            else:
+                out = ", ".join(names[v.id] for v in ins.outvars) + ","
+            lines.extend(e.emit(gen, ins, out, args))
+            emit_checks(i)
+        return lines
+
+    @staticmethod
+    def _assemble(gen: _Source, program: Program, plan: _Plan, input_names, body) -> str:
+        names = plan.names
+        outputs = program.outputs
+        fresh_exprs, into_lines, alloc_lines = [], [], []
+        for k, leaf in enumerate(outputs):
+            if leaf.var is not None and plan.direct.get(leaf.var.id) == k:
+                alloc_lines.append(f"o{k} = {gen.const(np.empty, 'empty')}("
+                                   f"{gen.const(leaf.shape)}, {gen.const(leaf.dtype, 'dt')})")
+                fresh_exprs.append(f"o{k}[()]" if leaf.scalar else f"o{k}")
+                continue
+            src = names[leaf.var.id] if leaf.var is not None else gen.const(leaf.const)
+            into_lines.append(f"{gen.const(np.copyto, 'copyto')}(o{k}, {src})")
+            if leaf.var is not None:
+                conv = gen.const(_as_scalar, "as_scalar") if leaf.scalar else gen.const(
+                    np.array, "array")
+                fresh_exprs.append(f"{conv}({src})")
+            elif isinstance(leaf.const, np.ndarray):
+                fresh_exprs.append(f"{gen.const(np.array, 'array')}({src})")
+            else:
+                fresh_exprs.append(src)
+        result = _tree_expr(gen, program.out_tree, iter(fresh_exprs))
+
+        inner = []
+        if plan.slots:
+            inner.append(f"{', '.join(f'b{j}' for j in range(len(plan.slots)))}, = B")
+        if outputs:
+            inner.append("if O is None:")
+            inner.extend("    " + s for s in alloc_lines or ["pass"])
+            inner.append("else:")
+            inner.append(f"    {', '.join(f'o{k}' for k in range(len(outputs)))}, = O")
+        inner.extend(body)
+        inner.append("if O is None:")
+        inner.append(f"    return {result}")
+        inner.extend(into_lines)
+        inner.append("return None")
+
+        params = ", ".join(input_names + ["O"])
+        lines = ["def _build(C):"]
+        lines.extend(f"    {name} = C[{name!r}]" for name in gen.consts)
+        if plan.slots:
+            lines.extend(f"    {n} = C[{n!r}]" for n in ("_pool_pop", "_pool_push", "_alloc"))
+        lines.append(f"    def run({params}):")
+        if plan.slots:
+            lines += ["        try:", "            B = _pool_pop()", "        except IndexError:",
+                      "            B = _alloc()", "        try:"]
+            lines.extend("            " + s for s in inner)
+            lines += ["        finally:", "            _pool_push(B)"]
+        else:
+            lines.extend("        " + s for s in inner)
+        lines.append("    return run")
+        return "\n".join(lines) + "\n"
+
+
+def _tree_expr(gen: _Source, td, leaves) -> str:
+    if td.kind == "leaf":
+        return next(leaves)
+    if td.kind == "none":
+        return "None"
+    parts = [_tree_expr(gen, c, leaves) for c in td.children]
+    if td.kind == "tuple":
+        return "(" + "".join(p + ", " for p in parts) + ")"
+    if td.kind == "list":
+        return "[" + ", ".join(parts) + "]"
+    return "{" + ", ".join(f"{gen.const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"
+
+
+def lower(program: Program) -> NumpyLowered:
+    """Lower a Program to generated NumPy code (the backend entry point)."""
+    return NumpyLowered(program)

@@ -1,0 +1,345 @@
+"""The program a backend lowers: a recorded tape, simplified, with its checks placed.
+
+`build_program` turns one recorded variant (a stage-level Tape and its output
+structure) into a `Program`: common subexpressions merged, multiplications by
+one and selections on constant conditions forwarded, constant-valued ops folded,
+dead instructions dropped. Guards and shape checks become `Check`s placed right
+after the value they test (and never before an earlier check), so a replay
+verifies its assumptions in the order the recording made them. Backends share
+this module; it knows nothing about how code is generated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._pytree import TreeDef
+from ..tape import Instruction, Tape, Var
+
+# primitives whose output shape depends on input values (not fixed by the signature):
+# the replay checks the shape it got, like a guard
+DYNAMIC_SHAPE_PRIMS = frozenset({"nonzero", "argwhere", "flatnonzero"})
+# primitives whose output value depends only on shapes (fixed per signature): folded
+CONSTANT_VALUED_PRIMS = frozenset({"full_like"})
+# primitives that return their (only) input unchanged
+IDENTITY_PRIMS = frozenset({"stop_gradient"})
+
+
+class GuardFailure(Exception):
+    """Raised by a replay when check `index` saw `actual` instead of the recorded answer."""
+
+    def __init__(self, index: int, actual: Any):
+        super().__init__(index, actual)
+        self.index = index
+        self.actual = actual
+
+
+@dataclass
+class Check:
+    """A guard (or a shape check) the replay verifies right after `position`.
+
+    position: index into Program.instructions of the instruction after which it runs
+    (-1: before the first). kind: bool/int/index/item/value (guards), shape (checks of
+    data-dependent shapes). `operand` is a Var, or a constant when the value was folded.
+    """
+
+    operand: Any
+    kind: str
+    answer: Any
+    where: str
+    position: int = -1
+
+
+@dataclass
+class OutputLeaf:
+    """One leaf of the result: a Var (computed) or a constant; `scalar`: return a NumPy scalar."""
+
+    var: Var | None
+    const: Any
+    scalar: bool
+    shape: tuple
+    dtype: np.dtype
+
+
+@dataclass
+class Program:
+    """A straight-line program for one variant of one signature."""
+
+    inputs: list[Var]
+    instructions: list[Instruction]
+    checks: list[Check]
+    outputs: list[OutputLeaf]
+    out_tree: TreeDef
+    tape: Tape = field(repr=False, default=None)
+
+
+def answer_key(kind: str, answer) -> Any:
+    """A hashable, NaN-safe key for a check's answer (keys the tree of variants)."""
+    if kind in ("value", "item") and isinstance(answer, (np.ndarray, np.generic)):
+        a = np.asarray(answer)
+        return ("array", a.shape, a.dtype.str, a.tobytes())
+    if isinstance(answer, float):
+        return ("float", answer.hex())
+    if isinstance(answer, complex):
+        return ("complex", answer.real.hex(), answer.imag.hex())
+    if isinstance(answer, list):  # tolist() of a 0-d array is a scalar; of others a list
+        return ("list", repr(answer))
+    return (type(answer).__name__, answer)
+
+
+def output_leaf(value, var: Var | None) -> OutputLeaf:
+    """Describe a result leaf from the value seen while recording."""
+    if var is not None:
+        return OutputLeaf(var, None, not isinstance(value, np.ndarray), var.shape, var.dtype)
+    return OutputLeaf(None, value, False, np.shape(value), np.result_type(value)
+                      if _is_array_like(value) else np.dtype(object))
+
+
+def _is_array_like(value) -> bool:
+    return isinstance(value, (np.ndarray, np.generic, bool, int, float, complex))
+
+
+# --- building ------------------------------------------------------------------------------
+def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> Program:
+    """Simplify a recorded tape into the Program a backend lowers (see the module docstring)."""
+    checks = _ordered_checks(tape)
+    subst: dict[int, tuple] = {}  # var id -> ("var", Var) | ("const", value)
+    cse: dict = {}
+    kept: list[tuple[int, Instruction]] = []
+    defs: dict[int, Instruction] = {}  # var id -> the kept instruction that computes it
+    for pos, ins in enumerate(tape.instructions):
+        ins = _forward_broadcasts(_substituted(ins, subst), defs)
+        replacement = _peephole(ins)
+        if replacement is not None:
+            subst[ins.outvars[0].id] = replacement
+            continue
+        key = _cse_key(ins)
+        if key is not None:
+            prev = cse.get(key)
+            if prev is not None:
+                for mine, theirs in zip(ins.outvars, prev.outvars):
+                    subst[mine.id] = ("var", theirs)
+                continue
+            cse[key] = ins
+        kept.append((pos, ins))
+        for v in ins.outvars:
+            defs[v.id] = ins
+
+    for c in checks:
+        c.operand = _resolve_operand(c.operand, subst)
+    outs = []
+    for leaf in outputs:
+        if leaf.var is not None:
+            r = _resolve_operand(leaf.var, subst)
+            if not isinstance(r, Var):
+                leaf = OutputLeaf(None, r, leaf.scalar, leaf.shape, leaf.dtype)
+            else:
+                leaf = OutputLeaf(r, None, leaf.scalar, leaf.shape, leaf.dtype)
+        outs.append(leaf)
+
+    kept = _dead_code_eliminated(kept, checks, outs)
+    # map each check from a position in the recorded tape to one in the kept instructions
+    orig_positions = [pos for pos, _ in kept]
+    j = 0
+    for c in checks:
+        while j < len(orig_positions) and orig_positions[j] <= c.position:
+            j += 1
+        c.position = j - 1
+    return Program(list(tape.inputs), [ins for _, ins in kept], checks, outs, out_tree, tape)
+
+
+def _ordered_checks(tape: Tape) -> list[Check]:
+    """Guards and shape checks in replay order, positioned in the recorded tape."""
+    produced_at = {}
+    shape_checks = []
+    for pos, ins in enumerate(tape.instructions):
+        for v in ins.outvars:
+            produced_at[v.id] = pos
+        if ins.prim.name in DYNAMIC_SHAPE_PRIMS:
+            for v, o in zip(ins.outvars, ins.out if ins.prim.multiple_results else (ins.out,)):
+                shape_checks.append(Check(v, "shape", tuple(np.shape(o)),
+                                          f"data-dependent shape of {ins.prim.name}", pos))
+    guards = []
+    last = -1
+    for g in tape.guards:
+        last = max(last, produced_at.get(g.var.id, -1))
+        guards.append(Check(g.var, g.kind, _normalized_answer(g.kind, g.answer), g.where, last))
+    # stable merge: at equal positions the shape check (right after its instruction) comes first
+    merged, i = [], 0
+    for sc in shape_checks:
+        while i < len(guards) and guards[i].position < sc.position:
+            merged.append(guards[i])
+            i += 1
+        merged.append(sc)
+    merged.extend(guards[i:])
+    return merged
+
+
+def _normalized_answer(kind: str, answer):
+    """Python scalars for bool/int/index guards (indexing records them as 0-d arrays)."""
+    if kind in ("bool", "int", "index") and isinstance(answer, (np.ndarray, np.generic)):
+        return answer.item()
+    return answer
+
+
+def unreplayable_reason(program: Program) -> str | None:
+    """Why a replay could not check this program's guards (None when it can)."""
+    for c in program.checks:
+        if c.kind == "item" and isinstance(c.operand, Var) and math.prod(c.operand.shape) != 1:
+            return (f"x.item(i) on an array of shape {c.operand.shape} ({c.where}) cannot be "
+                    "checked on replay; write x[i].item() instead")
+    return None
+
+
+def _resolve_operand(x, subst):
+    if isinstance(x, Var):
+        r = subst.get(x.id)
+        if r is not None:
+            return r[1]
+    return x
+
+
+def _substituted(ins: Instruction, subst: dict) -> Instruction:
+    if not subst or not any(v is not None and v.id in subst for v in ins.invars):
+        return ins
+    invars, args = list(ins.invars), list(ins.args)
+    for i, v in enumerate(ins.invars):
+        if v is not None and v.id in subst:
+            kind, val = subst[v.id]
+            if kind == "var":
+                invars[i] = val
+            else:
+                invars[i], args[i] = None, val
+    return Instruction(ins.prim, tuple(invars), tuple(args), ins.params, ins.outvars, ins.out)
+
+
+def _is_elementwise(prim) -> bool:
+    return prim.partials is not None or isinstance(prim.impl, np.ufunc) or prim.name == "where"
+
+
+def _strip_ones(shape: tuple) -> tuple:
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+def _broadcast_source(ins: Instruction | None) -> Var | None:
+    """The input of a broadcast_to, or of a reshape that only adds or drops leading 1s."""
+    if ins is None or ins.invars[0] is None:
+        return None
+    name = ins.prim.name
+    src = ins.invars[0]
+    if name == "broadcast_to" or (name == "reshape" and _strip_ones(src.shape) == _strip_ones(
+            ins.outvars[0].shape)):
+        return src
+    return None
+
+
+def _forward_broadcasts(ins: Instruction, defs: dict) -> Instruction:
+    """Elementwise ops broadcast by themselves: read the unbroadcast value (same numbers)."""
+    if len(ins.outvars) != 1 or not _is_elementwise(ins.prim):
+        return ins
+    invars = list(ins.invars)
+    changed = False
+    for i, v in enumerate(invars):
+        while v is not None:
+            src = _broadcast_source(defs.get(v.id))
+            if src is None:
+                break
+            shapes = [(src if j == i else w).shape if (src if j == i else w) is not None
+                      else np.shape(a) for j, (w, a) in enumerate(zip(invars, ins.args))]
+            if np.broadcast_shapes(*shapes) != ins.outvars[0].shape:
+                break
+            v = invars[i] = src
+            changed = True
+    if not changed:
+        return ins
+    return Instruction(ins.prim, tuple(invars), ins.args, ins.params, ins.outvars, ins.out)
+
+
+def _same_type(v: Var, other: Var) -> bool:
+    return v.shape == other.shape and v.dtype == other.dtype
+
+
+def _is_one(c) -> bool:
+    if isinstance(c, (bool, int, float, complex, np.generic)):
+        return c == 1
+    if isinstance(c, np.ndarray) and c.dtype.kind in "biufc":
+        return bool(np.all(c == 1))
+    return False
+
+
+def _constant_truth(c):
+    """True/False when a constant condition is all true/all false, else None."""
+    if isinstance(c, (bool, np.bool_, np.ndarray)) and np.asarray(c).dtype == bool:
+        a = np.asarray(c)
+        if a.all():
+            return True
+        if not a.any():
+            return False
+    return None
+
+
+def _peephole(ins: Instruction):
+    """A replacement for an instruction's single output that needs no computation, or None."""
+    if len(ins.outvars) != 1:
+        return None
+    out = ins.outvars[0]
+    name = ins.prim.name
+    if name in CONSTANT_VALUED_PRIMS:
+        return ("const", ins.out)
+    if name in IDENTITY_PRIMS and ins.invars[0] is not None and _same_type(ins.invars[0], out):
+        return ("var", ins.invars[0])
+    if name == "multiply" and len(ins.invars) == 2:
+        for mine, other in ((0, 1), (1, 0)):
+            v = ins.invars[mine]
+            if (v is not None and ins.invars[other] is None and _is_one(ins.args[other])
+                    and _same_type(v, out)):
+                return ("var", v)
+    if name == "where" and ins.invars[0] is None:
+        truth = _constant_truth(ins.args[0])
+        if truth is not None:
+            pick = 1 if truth else 2
+            v = ins.invars[pick]
+            if v is None:
+                return ("const", ins.out)
+            if _same_type(v, out):
+                return ("var", v)
+    return None
+
+
+def _const_key(c):
+    if isinstance(c, (bool, int, float, complex, np.generic, str)) or c is None:
+        if isinstance(c, float) and math.isnan(c):
+            return ("nan", id(c))
+        return (type(c), c)
+    return ("id", id(c))
+
+
+def _cse_key(ins: Instruction):
+    try:
+        key = (id(ins.prim),
+               tuple(("v", v.id) if v is not None else _const_key(a)
+                     for v, a in zip(ins.invars, ins.args)),
+               tuple(ins.params.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _dead_code_eliminated(kept, checks, outputs):
+    live = {leaf.var.id for leaf in outputs if leaf.var is not None}
+    live.update(c.operand.id for c in checks if isinstance(c.operand, Var))
+    result = []
+    for pos, ins in reversed(kept):
+        if any(v.id in live for v in ins.outvars):
+            result.append((pos, ins))
+            live.update(v.id for v in ins.invars if v is not None)
+    result.reverse()
+    return result

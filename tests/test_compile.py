@@ -1,0 +1,440 @@
+"""compile: record once per signature, replay the lowered NumPy code, guards on control flow.
+
+Every compiled result is compared with the eager result (first call and replayed calls),
+and gradients also with independent references: closed forms or central differences.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+import scipy.special
+
+import gradtape as gt
+from gradtape.compile import CompileWarning
+
+RNG = np.random.default_rng(20261122)
+
+
+# --- the seeds' functions (module level: the pickle test uses them) ----------------------------
+def normal_logpdf(x, mu=0.3, sigma=1.7):
+    return np.sum(-0.5 * ((x - mu) / sigma) ** 2 - np.log(sigma) - 0.5 * np.log(2 * np.pi))
+
+
+def eam(x):
+    rho = np.sum(np.exp(-3 * (x + 1)))
+    return rho**2 + rho**3 + 0.25 * rho**4
+
+
+def sum_exp(x):
+    return np.sum(np.exp(x))
+
+
+def scalar_loop(x):
+    s = 0.0
+    for i in range(len(x)):
+        s = s + (i + 1) * x[i] * x[i]
+    return s
+
+
+def branching(x):
+    return np.sum(x) ** 3 if np.sum(x) > 1 else np.sum(x) ** 2
+
+
+@gt.compile
+def decorated_logpdf(x):
+    return normal_logpdf(x)
+
+
+def finite_difference(f, x, h=1e-6):
+    x = np.asarray(x, dtype=np.float64)
+    g = np.empty_like(x)
+    for k in range(x.size):
+        e = np.zeros_like(x)
+        e.flat[k] = h * max(1.0, abs(x.flat[k]))
+        g.flat[k] = (f(x + e) - f(x - e)) / (2 * e.flat[k])
+    return g
+
+
+def assert_same(actual, expected):
+    """Compiled results equal eager ones: same structure, shapes, dtypes and (nearly) values."""
+    a_leaves, a_tree = gt._pytree.tree_flatten(actual)
+    e_leaves, e_tree = gt._pytree.tree_flatten(expected)
+    assert a_tree == e_tree
+    for a, e in zip(a_leaves, e_leaves):
+        assert np.shape(a) == np.shape(e)
+        assert np.asarray(a).dtype == np.asarray(e).dtype
+        np.testing.assert_allclose(a, e, rtol=1e-13, atol=1e-300)
+
+
+CLOSED_FORMS = {
+    normal_logpdf: lambda x: -(x - 0.3) / 1.7**2,
+    eam: lambda x: -3 * np.exp(-3 * (x + 1)) * (
+        2 * (r := np.sum(np.exp(-3 * (x + 1)))) + 3 * r**2 + r**3),
+    sum_exp: np.exp,
+    scalar_loop: lambda x: 2 * np.arange(1, len(x) + 1) * x,
+    branching: lambda x: np.full_like(x, 3 * np.sum(x) ** 2 if np.sum(x) > 1 else 2 * np.sum(x)),
+}
+
+
+@pytest.mark.parametrize("f", list(CLOSED_FORMS), ids=lambda f: f.__name__)
+def test_seed_functions_first_and_replayed_calls(f):
+    cf = gt.compile(gt.value_and_grad(f))
+    eager = gt.value_and_grad(f)
+    for n in (1, 7, 50):
+        for _ in range(3):  # the first call records, the others replay
+            x = RNG.normal(size=n) * 0.4
+            value, grad = cf(x)
+            assert_same((value, grad), eager(x))
+            np.testing.assert_allclose(value, f(x), rtol=1e-13)
+            np.testing.assert_allclose(grad, CLOSED_FORMS[f](x), rtol=1e-10, atol=1e-12)
+    # one recording per length (and per branch taken); every other call replays
+    stats = cf.stats
+    assert stats["recordings"] + stats["replays"] == 9
+    assert stats["recordings"] == 3 or f is branching
+    plain = gt.compile(f)
+    x = RNG.normal(size=9)
+    for _ in range(2):
+        np.testing.assert_allclose(plain(x), f(x), rtol=1e-13)
+
+
+# --- a broad sample of the rules, through compile(value_and_grad(f)) -------------------------
+W = RNG.normal(size=(4, 3))
+IDX = np.array([0, 2, 2, 1])
+
+
+def _setitem(x):
+    y = np.zeros_like(x)
+    y[1:3] = x[:2] * 2.0
+    y[0] = x[-1] ** 2
+    return np.sum(y * x)
+
+
+def _add_at(x):
+    acc = np.zeros_like(x)
+    np.add.at(acc, IDX, x[:4] ** 2)
+    return np.sum(acc * np.arange(x.size))
+
+
+RULES = {
+    "elementwise": lambda x: np.sum(np.sin(x) * np.exp(-x * x) + np.tanh(x) / (2 + np.cos(x))),
+    "powers_logs": lambda x: np.sum(np.log1p(x * x) + np.sqrt(1 + x**2) - np.abs(x) ** 1.5),
+    "broadcast": lambda x: np.sum(np.reshape(x, (2, 3)) * np.array([1.0, 2.0, 3.0]) + x[:3]),
+    "axes_keepdims": lambda x: np.sum(np.reshape(x, (2, 3)) / np.sum(
+        np.reshape(x, (2, 3)) ** 2, axis=1, keepdims=True)),
+    "mean_var_std": lambda x: np.mean(x) * np.var(x) + np.std(np.reshape(x, (3, 2)), axis=0)[1],
+    "max_min_prod": lambda x: np.max(x) - np.min(x) + np.prod(1 + 0.1 * x),
+    "cumsum_cumprod": lambda x: np.sum(np.cumsum(x) * np.cumprod(1 + 0.1 * x)),
+    "indexing": lambda x: x[0] * x[-1] + np.sum(x[IDX] ** 2) + np.sum(x[::2] * x[1::2]),
+    "setitem": _setitem,
+    "add_at": _add_at,
+    "concat_stack": lambda x: np.sum(np.concatenate([x, x**2]) * np.stack([x, x]).ravel()[::-1][
+        :12]),
+    "transpose": lambda x: np.sum(np.reshape(x, (2, 3)).T @ np.ones(2) * np.arange(3.0)),
+    "where": lambda x: np.sum(np.where(x > 0, x**2, -x)),
+    "clip_maximum": lambda x: np.sum(np.clip(x, -0.5, 0.5) ** 2 + np.maximum(x, 0.1) ** 2),
+    "sort": lambda x: np.sum(np.sort(x) * np.arange(x.size)),
+    "special": lambda x: np.sum(scipy.special.gammaln(2 + x * x)) + scipy.special.logsumexp(x),
+    "pad_roll": lambda x: np.sum(np.pad(x, (1, 2)) * np.arange(9.0)) + np.sum(np.roll(x, 2) * x),
+    "matmul": lambda x: np.sum(np.tanh(W @ np.reshape(x, (3, 2))) ** 2),
+    "closure_constant": lambda x: np.sum(x * W[:, :1].ravel()[:1] + np.exp(W).sum()),
+}
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_rules_through_compile(name):
+    f = RULES[name]
+    cf = gt.compile(gt.value_and_grad(f))
+    eager = gt.value_and_grad(f)
+    for _ in range(3):
+        x = RNG.normal(size=6)
+        value, grad = cf(x)
+        assert_same((value, grad), eager(x))
+        np.testing.assert_allclose(grad, finite_difference(f, x), rtol=1e-5, atol=1e-6)
+    if name != "sort":  # np.sort reads its permutation as a Python index (a guard on data)
+        assert cf.stats["recordings"] == 1
+
+
+def test_grad_of_compiled_equals_grad():
+    cf = gt.compile(eam)
+    x = RNG.random(20)
+    np.testing.assert_array_equal(gt.grad(cf)(x), gt.grad(eam)(x))
+    assert cf.stats["calls"] == 0  # under grad, the compiled function simply calls f
+
+
+def test_pytrees_static_arguments_and_python_floats():
+    def f(params, data, scale, mode):
+        a, b = params["a"], params["b"]
+        r = data - a * b
+        out = np.sum(r * r) * scale
+        return out if mode == "sum" else out / data.size
+
+    cf = gt.compile(gt.value_and_grad(f), static_argnums=(3,))
+    data = RNG.normal(size=5)
+    for mode in ("sum", "mean", "sum"):
+        for _ in range(2):
+            params = {"a": RNG.normal(), "b": RNG.normal(size=5)}
+            args = (params, data, 2.0, mode)
+            assert_same(cf(*args), gt.value_and_grad(f)(*args))
+    assert cf.stats["recordings"] == 2  # one per value of the static argument
+
+
+def test_results_are_fresh():
+    cf = gt.compile(gt.value_and_grad(normal_logpdf))
+    x1, x2 = RNG.normal(size=8), RNG.normal(size=8)
+    _, g1 = cf(x1)
+    saved = g1.copy()
+    _, g2 = cf(x2)
+    _, g3 = cf(x1)
+    np.testing.assert_array_equal(g1, saved)
+    assert not np.shares_memory(g1, g2) and not np.shares_memory(g1, g3)
+    ident = gt.compile(lambda x: (x, x * 1.0))
+    a, b = ident(x1)
+    a[0] = 123.0
+    assert x1[0] != 123.0 and b[0] != 123.0  # no result aliases an argument or another result
+
+
+def test_out_writes_in_place_and_allocates_nothing():
+    cf = gt.compile(gt.value_and_grad(eam))
+    x = RNG.random(100)
+    out = (np.empty(()), np.empty(100))
+    res = cf(x, out=out)
+    assert res is out
+    assert_same((out[0][()], out[1]), gt.value_and_grad(eam)(x))
+    for _ in range(20):
+        cf(x, out=out)
+    tracemalloc.start()
+    try:
+        for _ in range(1000):
+            cf(x, out=out)
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(1000):
+            cf(x, out=out)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - before < 512, f"{after - before} bytes more after 1000 calls"
+    with pytest.raises(gt.GradtapeError, match="shape"):
+        cf(x, out=(np.empty(()), np.empty(99)))
+    with pytest.raises(gt.GradtapeError, match="shares memory"):
+        cf(x, out=(np.empty(()), x))
+    with pytest.raises(gt.GradtapeError, match="structure"):
+        cf(x, out=[np.empty(()), np.empty(100)])
+
+
+def test_threads():
+    cf = gt.compile(gt.value_and_grad(branching))
+    eager = gt.value_and_grad(branching)
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            x = rng.random(30) * (0.01 if rng.random() < 0.5 else 1.0)
+            (v, g), (ve, ge) = cf(x), eager(x)
+            if not (v == ve and np.array_equal(g, ge)):
+                errors.append((seed, x))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert cf.stats["variants"] == 2
+
+
+def test_pickle_re_records_on_load():
+    cf = gt.compile(normal_logpdf, static_argnums=(1,), max_variants=3)
+    x = RNG.normal(size=4)
+    cf(x, 0.5)
+    loaded = pickle.loads(pickle.dumps(cf))
+    assert loaded.stats["calls"] == 0
+    np.testing.assert_allclose(loaded(x, 0.5), normal_logpdf(x, 0.5), rtol=1e-13)
+    assert loaded._static == (1,) and loaded._max_variants == 3
+    again = pickle.loads(pickle.dumps(decorated_logpdf))
+    assert again is decorated_logpdf  # a decorated module function pickles by reference
+
+
+# --- guards --------------------------------------------------------------------------------------
+def test_branch_alternating_inputs_record_once_per_path():
+    cf = gt.compile(gt.grad(branching))
+    low, high = np.array([0.1, 0.2, 0.3]), np.array([1.1, 1.2, 1.3])
+    for _ in range(4):
+        for x in (low, high):
+            np.testing.assert_allclose(cf(x), CLOSED_FORMS[branching](x), rtol=1e-13)
+    stats = cf.stats
+    assert stats["recordings"] == 2 and stats["variants"] == 2
+    assert stats["calls"] == 8
+    text = str(cf.tape(high))
+    assert "guard bool" in text and "np.sum(x) > 1" in text
+
+
+def test_loop_count_from_int_guard():
+    def f(x):
+        s = 0.0
+        for _ in range(int(x[0])):
+            s = s + np.sin(x[1] * s + x[2])
+        return s
+
+    cf = gt.compile(gt.value_and_grad(f))
+    for count in (3, 5, 3, 0, 5, 3):
+        x = np.array([count + 0.5, RNG.random(), RNG.random()])
+        value, grad = cf(x)
+        assert_same((value, grad), gt.value_and_grad(f)(x))
+        fd = finite_difference(lambda y: f(np.array([x[0], *y])), x[1:])
+        np.testing.assert_allclose(grad[1:], fd, rtol=1e-6, atol=1e-9)
+        assert grad[0] == 0.0
+    assert cf.stats["recordings"] == 3  # one per loop count
+
+
+def test_newton_while_loop():
+    def newton_sqrt(a):
+        x = a
+        while np.abs(x * x - a) > 1e-12 * a:
+            x = 0.5 * (x + a / x)
+        return x
+
+    cf = gt.compile(gt.grad(newton_sqrt))
+    values = [2.0, 30.0, 2.5, 1e4, 2.0, 30.0, 1e4]
+    for a in values:
+        g = cf(np.array(a))
+        np.testing.assert_array_equal(g, gt.grad(newton_sqrt)(np.array(a)))
+        np.testing.assert_allclose(g, 0.5 / np.sqrt(a), rtol=1e-10)
+    assert cf.stats["recordings"] <= 4  # one per number of iterations, never per call
+
+
+def test_where_records_no_guard():
+    f = RULES["where"]
+    cf = gt.compile(gt.value_and_grad(f))
+    for sign in (1, -1, 1, -1):
+        x = sign * RNG.random(6)
+        assert_same(cf(x), gt.value_and_grad(f)(x))
+    assert cf.tape(x).guards == []
+    assert cf.stats["recordings"] == 1
+
+
+def test_variant_bound_warns_once_and_stays_exact():
+    def f(x):
+        return x[1] ** int(x[0])
+
+    cf = gt.compile(gt.grad(f), max_variants=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in (1, 2, 3, 4, 5, 6, 4, 1, 7):
+            x = np.array([k + 0.25, 1.5])
+            np.testing.assert_allclose(cf(x), [0.0, k * 1.5 ** (k - 1)], rtol=1e-13)
+    mine = [w for w in caught if issubclass(w.category, CompileWarning)]
+    assert len(mine) == 1
+    message = str(mine[0].message)
+    assert "x[1] ** int(x[0])" in message and "max_variants=3" in message
+    stats = cf.stats
+    assert stats["recordings"] == 3 and stats["eager_calls"] == 5
+    assert stats["replays"] == 1  # k=1 again replays its variant
+
+
+def test_guard_on_data_dependent_slice():
+    def f(x):
+        n = int(np.sum(x > 0))
+        return np.sum(np.sort(x)[-n:] ** 2) if n else np.sum(x)
+
+    cf = gt.compile(gt.value_and_grad(f))
+    for _ in range(6):
+        x = RNG.normal(size=5)
+        assert_same(cf(x), gt.value_and_grad(f)(x))
+
+
+def test_introspection():
+    cf = gt.compile(gt.value_and_grad(eam))
+    x = RNG.random(4)
+    src = cf.source(x)
+    assert "def run" in src and "Tracer" not in src
+    assert "exp" in src
+    tape = cf.tape(x)
+    assert isinstance(tape, gt.Tape) and len(tape) > 0
+    assert len(cf.tapes(x)) == 1
+    stats = cf.stats
+    assert stats["recordings"] == 1 and stats["calls"] == 3
+    (label,) = stats["per_signature"]
+    assert "f64[4]" in label
+
+
+# --- bad input ---------------------------------------------------------------------------------
+def test_new_structure_or_dtype_records_a_new_signature():
+    f = gt.value_and_grad(lambda x: np.sum(x**3))
+    cf = gt.compile(f)
+    x64 = RNG.random(5)
+    x32 = x64.astype(np.float32)
+    assert_same(cf(x64), f(x64))
+    v32, g32 = cf(x32)
+    assert g32.dtype == np.float32
+    assert_same((v32, g32), f(x32))
+    assert_same(cf(x64.reshape(5, 1)), f(x64.reshape(5, 1)))
+    assert len(cf.stats["per_signature"]) == 3
+    g = gt.compile(lambda t: t[0] * t[1])
+    np.testing.assert_allclose(g((2.0, 3.0)), 6.0)
+    np.testing.assert_allclose(g([2.0, 3.0]), 6.0)
+    np.testing.assert_allclose(g((np.ones(2), 3.0)), [3.0, 3.0])
+    assert len(g.stats["per_signature"]) == 3
+
+
+def test_unsupported_argument_type():
+    cf = gt.compile(lambda x, s: x * 2)
+    with pytest.raises(gt.GradtapeError, match="static_argnums"):
+        cf(np.ones(2), "text")
+    with pytest.raises(gt.GradtapeError, match="dtype object"):
+        cf(np.array([None, 1]), 1.0)
+    with pytest.raises(gt.GradtapeError, match="hashable"):
+        gt.compile(lambda x, s: x, static_argnums=1)(np.ones(2), [1])
+    with pytest.raises(ValueError, match="unknown backend"):
+        gt.compile(eam, backend="nope")
+
+
+def test_raising_during_recording_leaves_no_state():
+    state = {"fail": True}
+
+    def f(x):
+        y = np.exp(x)
+        if state["fail"]:
+            raise RuntimeError("boom")
+        return np.sum(y)
+
+    cf = gt.compile(gt.grad(f))
+    x = RNG.random(3)
+    with pytest.raises(RuntimeError, match="boom"):
+        cf(x)
+    assert cf.stats["per_signature"] == {}
+    state["fail"] = False
+    np.testing.assert_allclose(cf(x), np.exp(x), rtol=1e-14)
+    np.testing.assert_allclose(cf(x), np.exp(x), rtol=1e-14)
+    assert cf.stats["recordings"] == 1
+
+
+def test_nondeterministic_function_is_caught():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return np.sum(x) if len(calls) % 2 else -np.sum(x)
+
+    cf = gt.compile(f)
+    x = RNG.random(3)
+    np.testing.assert_allclose(cf(x), np.sum(x))
+    # the Python-level state is captured at recording, as in JAX: a documented sharp bit
+    np.testing.assert_allclose(cf(x), np.sum(x))
+
+
+@pytest.mark.skipif(not hasattr(gt, "hessian"), reason="transforms/higher.py not there yet")
+def test_higher_order_transforms():
+    x = RNG.random(4)
+    for transform in (gt.hessian, gt.jacobian):
+        target = transform(eam) if transform is gt.hessian else transform(np.sin)
+        cf = gt.compile(target)
+        for _ in range(2):
+            y = x + RNG.random(4) * 0.1
+            assert_same(cf(y), target(y))
