@@ -61,7 +61,7 @@ def require(module: str) -> Any:
 def gradtape_function(name: str) -> Callable[..., Any]:
     """``gradtape.<name>``, or ``Absent`` while the core library does not provide it yet."""
     function = getattr(require("gradtape"), name, None)
-    if function is None:
+    if not callable(function):
         raise Absent(f"gradtape.{name} does not exist yet")
     return function
 
@@ -100,7 +100,12 @@ def _prepare_gradtape_compiled(backend: str) -> Callable[[Workload, Problem], Pr
     def prepare(workload: Workload, problem: Problem) -> PreparedCall:
         compile_ = gradtape_function("compile")
         value_and_grad = gradtape_function("value_and_grad")(workload.numpy_function(problem))
-        compiled = compile_(value_and_grad, backend=backend)
+        try:
+            compiled = compile_(value_and_grad, backend=backend)
+        except ValueError as exc:  # compile rejects a backend it does not have (yet)
+            if "backend" in str(exc):
+                raise Absent(f"gradtape.compile backend {backend!r}: {exc}") from exc
+            raise
         return lambda: compiled(problem.x)
 
     return prepare
