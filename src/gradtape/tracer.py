@@ -117,10 +117,11 @@ class Tracer:
     def __array_function__(self, func, types, args, kwargs):
         impl = FUNCTIONS.get(func)
         if impl is None:
-            mod = getattr(func, "__module__", "numpy") or "numpy"
-            mod = "np" if mod.startswith("numpy") and "linalg" not in mod else mod
-            mod = "np.linalg" if "linalg" in mod else mod
-            raise _no_rule_error(f"{mod}.{func.__name__}")
+            # the public spelling: np.fft.fft, np.linalg.eig, np.sum, scipy.x.y
+            parts = [p for p in (getattr(func, "__module__", None) or "numpy").split(".")
+                     if not p.startswith("_")]
+            parts[:1] = ["np"] if parts[:1] == ["numpy"] else parts[:1]
+            raise _no_rule_error(".".join(parts + [func.__name__]))
         return impl(*args, **kwargs)
 
     def __array__(self, dtype=None, copy=None):
@@ -422,5 +423,6 @@ _UFUNC_ACCUMULATIONS = {
 
 trace.Tracer = Tracer
 trace.level_hooks.append(scipy_special.install_if_loaded)
+scipy_special.install_on_import()  # so that `from scipy.special import logsumexp` is wrapped
 trace.level_hooks.append(keep_freed_memory)
 _ = reductions, linalg  # register np.sum, np.mean, np.linalg..., for Tracer arguments

@@ -65,10 +65,10 @@ def _times_safe(g, partial, ans, args):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         p = partial(ans, *args)
         d = g * p
-    mask = (g == 0) & ~np.isfinite(p)
-    if isinstance(mask, (np.ndarray, np.bool_)) and not mask.any():
+    finite = np.isfinite(p)  # the common case: one pass over the partial, no mask
+    if isinstance(finite, (np.ndarray, np.bool_)) and finite.all():
         return d
-    return np.where(mask, 0, d)
+    return np.where((g == 0) & ~finite, 0, d)
 
 
 def _make_jvp(partials, safe: bool, name: str):
@@ -152,26 +152,34 @@ def _min_dx(ans, x, y):
     return (x < y) + 0.5 * (x == y)
 
 
+def _fmax_dx(ans, x, y):
+    return _max_dx(ans, x, y) + np.isnan(y)  # fmax ignores a NaN: x is the result
+
+
+def _fmin_dx(ans, x, y):
+    return _min_dx(ans, x, y) + np.isnan(y)
+
+
 # --- arithmetic -------------------------------------------------------------------------
 add = _np("add", (1, 1))
 subtract = _np("subtract", (1, -1))
 multiply = _np("multiply", (lambda ans, x, y: y, lambda ans, x, y: x))
-divide = _np("divide", (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y))
+divide = _np("divide", (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y), safe=True)
 UFUNCS[np.true_divide] = divide
 negative = _np("negative", (-1,))
 positive = _np("positive", (1,))
 power = _np("power", (_power_dx, _power_dy), safe=True)
 float_power = _np("float_power", (_power_dx, _power_dy), safe=True)
 square = _np("square", (lambda ans, x: 2 * x,))
-reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,))
+reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,), safe=True)
 absolute = _np("absolute", (lambda ans, x: np.sign(x),))
 UFUNCS[np.fabs] = absolute
 remainder = _np("remainder", (1, lambda ans, x, y: -np.floor_divide(x, y)))
 fmod = _np("fmod", (1, lambda ans, x, y: -np.trunc(x / y)))
 maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)))
 minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)))
-fmax = _np("fmax", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)))
-fmin = _np("fmin", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)))
+fmax = _np("fmax", (_fmax_dx, lambda ans, x, y: _fmax_dx(ans, y, x)))
+fmin = _np("fmin", (_fmin_dx, lambda ans, x, y: _fmin_dx(ans, y, x)))
 copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None))
 hypot = _np("hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True)
 arctan2 = _np("arctan2", (lambda ans, y, x: x / (x * x + y * y),

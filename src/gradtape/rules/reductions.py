@@ -225,8 +225,21 @@ cumsum_p = Primitive(
 
 
 def _cumprod_vjp(g, ans, x, axis):
-    # d ans_j / d x_i = ans_j / x_i for j >= i (x with no zeros along the axis)
-    return _reverse_cumsum(g * ans, axis) / x
+    """sum_{j>=i} g_j prod_{k<=j, k!=i} x_k: exact, to every order, also where x has zeros."""
+    is_zero = x == 0
+    if not np.any(is_zero):  # the quotient form is exact (when staging: a guard)
+        return _reverse_cumsum(g * ans, axis) / x
+    # Before a lane's first zero the quotient form is exact. From that zero on, every product
+    # of the others holds its factor except its own: take the factor out (set it to 1) and
+    # recurse, with one zero fewer per lane.
+    zeros_so_far = np.cumsum(is_zero, axis=axis)
+    before = zeros_so_far == 0
+    first_zero = (zeros_so_far == 1) & is_zero
+    x1 = np.where(first_zero, 1, x)
+    zero_factor = np.sum(np.where(first_zero, x, 0), axis=axis, keepdims=True)
+    rest = _cumprod_vjp(g, np.cumprod(x1, axis=axis), x1, axis)
+    quotient = _reverse_cumsum(g * ans, axis) / np.where(before, x, 1)
+    return np.where(before, quotient, np.where(first_zero, 1, zero_factor) * rest)
 
 
 cumprod_p = Primitive(

@@ -5,11 +5,14 @@
 wraps these module attributes: a call with a Tracer argument runs the version
 below (written with NumPy calls, so it is traced); any other call goes to SciPy
 unchanged. The ufuncs of scipy.special need no wrapper (see elementwise.py).
+The wrappers are installed the moment scipy.special is imported (an import hook),
+so `from scipy.special import logsumexp` written after `import gradtape` gets them.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import sys
 
 import numpy as np
@@ -88,3 +91,37 @@ def install_if_loaded() -> None:
         original = getattr(special, name, None)
         if original is not None and not hasattr(original, "__gradtape_original__"):
             setattr(special, name, _wrap(original, traced))
+
+
+class _InstallOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: makes the loader of scipy.special install the wrappers after it."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "scipy.special" or _installed:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            install_if_loaded()
+
+        loader.exec_module = exec_then_install
+        return spec
+
+
+def install_on_import() -> None:
+    """Wrap scipy.special's functions now if it is loaded, else as soon as it is imported."""
+    install_if_loaded()
+    if not _installed and not any(isinstance(f, _InstallOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallOnImport())

@@ -1,0 +1,263 @@
+"""Shared test machinery: the hypothesis profile, numerical references and the domain table.
+
+Every gradient test compares gradtape against references that do not use gradtape:
+central finite differences (always) and the complex step (where the function accepts
+complex input and is analytic there), both computed in float64.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import gradtape as gt
+
+# Reproducible in CI: derandomized (examples derived from the test itself), no deadline
+# (the first call of a rule may import SciPy), a modest number of examples per test.
+settings.register_profile(
+    "gradtape",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much],
+)
+settings.register_profile("gradtape-thorough", parent=settings.get_profile("gradtape"),
+                          max_examples=300, derandomize=False)
+settings.load_profile(os.environ.get("GRADTAPE_HYPOTHESIS_PROFILE", "gradtape"))
+
+PYFLOAT = "pyfloat"  # a shape marker: the argument is a Python float, not an array
+
+# --- numerical references ------------------------------------------------------------------
+
+
+def _as_float64(x):
+    """The argument as float64 (a Python float stays a Python float)."""
+    return x if isinstance(x, float) else np.asarray(x, dtype=np.float64)
+
+
+def _perturbed(args: Sequence, argnum: int, flat_index: int, delta):
+    """args in float64, with element `flat_index` of argument `argnum` moved by `delta`."""
+    new = [_as_float64(a) if i == argnum or isinstance(a, np.ndarray) else a
+           for i, a in enumerate(args)]
+    x = new[argnum]
+    if isinstance(x, float):
+        new[argnum] = x + delta
+        return new
+    moved = x.astype(np.result_type(x, delta), copy=True)
+    moved.reshape(-1)[flat_index] += delta
+    new[argnum] = moved
+    return new
+
+
+def central_difference_grad(f: Callable, args: Sequence, argnum: int) -> np.ndarray:
+    """d f / d args[argnum] by central differences in float64 (step ~ eps^(1/3) * scale)."""
+    x = np.asarray(_as_float64(args[argnum]))
+    out = np.empty(x.shape, np.float64)
+    for k, xk in enumerate(x.reshape(-1)):
+        h = 6e-6 * max(1.0, abs(float(xk)))
+        hi = float(np.real(f(*_perturbed(args, argnum, k, h))))
+        lo = float(np.real(f(*_perturbed(args, argnum, k, -h))))
+        out.reshape(-1)[k] = (hi - lo) / (2 * h)
+    return out
+
+
+def complex_step_grad(f: Callable, args: Sequence, argnum: int) -> np.ndarray | None:
+    """d f / d args[argnum] by the complex step (exact to rounding), or None if f rejects it."""
+    x = np.asarray(_as_float64(args[argnum]))
+    out = np.empty(x.shape, np.float64)
+    h = 1e-30
+    try:
+        with np.errstate(all="ignore"):
+            for k in range(x.size):
+                value = f(*_perturbed(args, argnum, k, 1j * h))
+                if not np.iscomplexobj(value):
+                    return None
+                out.reshape(-1)[k] = np.imag(value) / h
+    except TypeError:
+        return None
+    return out
+
+
+def _expected_grad_dtype(arg):
+    if isinstance(arg, float):
+        return np.float64
+    return np.asarray(arg).dtype
+
+
+def assert_grad_matches(f: Callable, *args, argnums: int | Sequence[int] = 0,
+                        complex_step: bool = True, require_complex_step: bool = False,
+                        rtol: float | None = None):
+    """gradtape's gradient of scalar `f` agrees with central differences and the complex step.
+
+    Checks the gradient's shape and dtype (float32 arguments give float32 gradients), then
+    its values. Returns the gradient (a tuple when `argnums` is a tuple).
+    """
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    grads = gt.grad(f, argnums=argnums)(*args)
+    grads = (grads,) if isinstance(argnums, int) else grads
+    low_precision = any(np.asarray(a).dtype == np.float32 for a in args
+                        if not isinstance(a, (float, int)))
+    tol = rtol if rtol is not None else (2e-3 if low_precision else 1e-6)
+    for num, g in zip(nums, grads):
+        arg = args[num]
+        assert np.shape(g) == np.shape(arg), f"gradient of argument {num} has the wrong shape"
+        assert np.asarray(g).dtype == _expected_grad_dtype(arg), (
+            f"gradient of argument {num} has dtype {np.asarray(g).dtype}, "
+            f"argument has {_expected_grad_dtype(arg)}")
+        g64 = np.asarray(g, np.float64)
+        assert np.all(np.isfinite(g64)), f"non-finite gradient for argument {num}: {g64}"
+        fd = central_difference_grad(f, args, num)
+        scale = max(1.0, float(np.max(np.abs(fd), initial=0.0)))
+        np.testing.assert_allclose(g64, fd, rtol=max(tol, 1e-5), atol=max(tol, 1e-6) * scale,
+                                   err_msg=f"argument {num} vs central differences")
+        if complex_step:
+            cs = complex_step_grad(f, args, num)
+            if require_complex_step:
+                assert cs is not None, "the function should accept complex input"
+            if cs is not None:
+                np.testing.assert_allclose(g64, cs, rtol=tol, atol=tol * scale,
+                                           err_msg=f"argument {num} vs complex step")
+    return grads[0] if isinstance(argnums, int) else tuple(grads)
+
+
+# --- generated inputs -------------------------------------------------------------------------
+Interval = tuple[float, float]
+
+UNARY_SHAPES = [PYFLOAT, (), (1,), (5,), (2, 3), (2, 1, 3)]
+BINARY_SHAPES = [
+    (PYFLOAT, (3,)), ((2, 2), PYFLOAT), ((), ()), ((4,), (4,)), ((3, 1), (4,)), ((2, 3), (3,)),
+    ((), (2, 3)), ((4,), ()), ((2, 1, 3), (4, 1)),
+]
+
+
+def element_strategy(intervals: Sequence[Interval], dtype) -> st.SearchStrategy:
+    """Floats inside one of the (closed) intervals, representable in `dtype`."""
+    if np.dtype(dtype) != np.float32:
+        return st.one_of(*(st.floats(lo, hi) for lo, hi in intervals))
+    inside = [(_float32_at_least(lo), -_float32_at_least(-hi)) for lo, hi in intervals]
+    return st.one_of(*(st.floats(lo, hi, width=32) for lo, hi in inside))
+
+
+def _float32_at_least(v: float) -> float:
+    """The smallest float32 >= v."""
+    f = np.float32(v)
+    return float(f if f >= v else np.nextafter(f, np.float32(np.inf)))
+
+
+def argument_strategy(shape, intervals: Sequence[Interval], dtype) -> st.SearchStrategy:
+    """An argument of `shape` (or a Python float for PYFLOAT) with values in the intervals."""
+    if shape == PYFLOAT:
+        return element_strategy(intervals, np.float64).map(float)
+    return hnp.arrays(dtype, shape, elements=element_strategy(intervals, dtype))
+
+
+def weights_like(shape: tuple, dtype) -> np.ndarray:
+    """Fixed, distinct, non-unit weights: the cotangent of a test's output is not all ones."""
+    n = int(np.prod(shape))
+    return np.linspace(0.5, 1.5, max(n, 1))[:n].reshape(shape).astype(dtype)
+
+
+# --- the domain table: where each elementwise function is smooth ---------------------------
+@dataclass(frozen=True)
+class Domain:
+    """Intervals per argument where the function is smooth, and which arguments to differentiate.
+
+    analytic=False: the complex extension of the function does not give the real derivative
+    (absolute value, maximum, ...), so the complex step is not used.
+    """
+
+    args: tuple[tuple[Interval, ...], ...]
+    diff: tuple[int, ...] | None = None  # None: every argument
+    analytic: bool = True
+
+    @property
+    def arity(self) -> int:
+        return len(self.args)
+
+    @property
+    def diff_args(self) -> tuple[int, ...]:
+        return tuple(range(self.arity)) if self.diff is None else self.diff
+
+
+def _d(*args, diff=None, analytic=True) -> Domain:
+    """Shorthand: each argument is an interval (lo, hi) or a tuple of intervals."""
+    norm = tuple((a,) if isinstance(a[0], (int, float)) else tuple(a) for a in args)
+    return Domain(norm, diff, analytic)
+
+
+_R = (-3.0, 3.0)
+_POS = (0.1, 5.0)
+_NONZERO = ((-3.0, -0.3), (0.3, 3.0))
+_OPEN_UNIT = (-0.9, 0.9)
+_APART = (((-3.0, -1.0), (0.0, 1.0)), ((-0.8, -0.2), (1.2, 3.0)))
+
+DOMAINS: dict[str, Domain] = {
+    # arithmetic
+    "add": _d(_R, _R), "subtract": _d(_R, _R), "multiply": _d(_R, _R),
+    "divide": _d(_R, _NONZERO), "negative": _d(_R), "positive": _d(_R),
+    "power": _d((0.2, 3.0), (-2.0, 2.5)), "float_power": _d((0.2, 3.0), (-2.0, 2.5)),
+    "square": _d(_R), "reciprocal": _d(_NONZERO),
+    "absolute": _d(_NONZERO, analytic=False), "fabs": _d(_NONZERO, analytic=False),
+    # x/y stays inside (2, 3): floor and trunc of it are constant
+    "remainder": _d((5.1, 5.9), (2.0, 2.5), analytic=False),
+    "fmod": _d((5.1, 5.9), (2.0, 2.5), analytic=False),
+    # x and y never within 0.2 of each other (a kink); either can be the larger. Exact ties
+    # are tested in test_elementwise.py.
+    "maximum": _d(*_APART, analytic=False), "minimum": _d(*_APART, analytic=False),
+    "fmax": _d(*_APART, analytic=False), "fmin": _d(*_APART, analytic=False),
+    "copysign": _d(_NONZERO, _NONZERO, diff=(0,), analytic=False),
+    "hypot": _d(_R, (0.3, 3.0)), "arctan2": _d(_R, (0.3, 3.0)),
+    "logaddexp": _d(_R, _R), "logaddexp2": _d(_R, _R),
+    # exponentials and logarithms
+    "exp": _d(_R), "expm1": _d(_R), "exp2": _d(_R), "exp10": _d((-2.0, 2.0)),
+    "log": _d(_POS), "log2": _d(_POS), "log10": _d(_POS), "log1p": _d((-0.8, 4.0)),
+    "sqrt": _d(_POS), "cbrt": _d(((-5.0, -0.1), (0.1, 5.0))),
+    # trigonometric and hyperbolic
+    "sin": _d((-4.0, 4.0)), "cos": _d((-4.0, 4.0)), "tan": _d((-1.3, 1.3)),
+    "arcsin": _d(_OPEN_UNIT), "arccos": _d(_OPEN_UNIT), "arctan": _d((-4.0, 4.0)),
+    "sinh": _d(_R), "cosh": _d(_R), "tanh": _d(_R), "arcsinh": _d((-4.0, 4.0)),
+    "arccosh": _d((1.1, 5.0)), "arctanh": _d(_OPEN_UNIT),
+    "deg2rad": _d((-200.0, 200.0)), "radians": _d((-200.0, 200.0)),
+    "rad2deg": _d(_R), "degrees": _d(_R),
+    # scipy.special
+    "gammaln": _d((0.2, 6.0)), "gamma": _d((0.2, 4.0)), "psi": _d((0.3, 6.0)),
+    "_zeta": _d((1.5, 4.0), (0.5, 4.0), diff=(1,)),
+    "erf": _d((-2.5, 2.5)), "erfc": _d((-2.5, 2.5)), "erfinv": _d(_OPEN_UNIT),
+    "expit": _d((-5.0, 5.0)), "logit": _d((0.05, 0.95)), "log_expit": _d((-5.0, 5.0)),
+    "xlogy": _d(_R, (0.2, 4.0)), "xlog1py": _d(_R, (-0.8, 4.0)),
+    "ndtr": _d((-4.0, 4.0)), "log_ndtr": _d((-6.0, 4.0)), "ndtri": _d((0.02, 0.98)),
+    "entr": _d((0.05, 4.0)), "betaln": _d((0.3, 5.0), (0.3, 5.0)),
+}
+
+
+def differentiable_ufuncs() -> list:
+    """Every ufunc with a differentiable elementwise rule (NumPy's and scipy.special's)."""
+    import scipy.special
+
+    from gradtape.primitives import UFUNCS, lookup_ufunc
+
+    lookup_ufunc(scipy.special.erf)  # registers the scipy.special ufuncs
+    return [uf for uf, prim in UFUNCS.items() if prim.partials is not None and not prim.nondiff]
+
+
+def ufunc_id(uf) -> str:
+    module = "np" if getattr(np, uf.__name__, None) is uf else "sp"
+    return f"{module}.{uf.__name__}"
+
+
+@pytest.fixture(autouse=True)
+def _no_level_left_behind():
+    """Every test must leave the thread-local stack of trace levels empty."""
+    from gradtape.trace import current_levels
+
+    yield
+    assert current_levels() == [], "a test left a trace level on the stack"
