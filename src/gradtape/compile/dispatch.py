@@ -37,8 +37,12 @@ from .program import (
     unreplayable_reason,
 )
 
+_TRACE_STATE = trace._state  # the thread-local stack of levels: non-empty while tracing
+
 # --- backends -------------------------------------------------------------------------------
-# name -> lower(program) -> an object with `run(leaves, out_leaves)` and `source`
+# name -> lower(program) -> an object with `run(*leaves, out_leaves)` and `source`: run returns
+# fresh results (out_leaves None) or writes into out_leaves and returns None; a failed check
+# raises program.GuardFailure
 BACKENDS: dict[str, Callable[[Program], Any]] = {}
 AUTO_ORDER: list[str] = ["numpy"]  # what backend="auto" tries, first available wins
 
@@ -119,9 +123,8 @@ def _type_str(key) -> str:
 
 @dataclass
 class SignatureStats:
-    """Counters for one signature."""
+    """Counters for one signature; every call is one replay, one recording or one eager call."""
 
-    calls: int = 0
     replays: int = 0
     recordings: int = 0
     guard_failures: int = 0
@@ -132,12 +135,13 @@ class SignatureStats:
 class _Variant:
     """One recorded path: its tape, Program, lowered code and the answers of its checks."""
 
-    __slots__ = ("tape", "program", "lowered", "path")
+    __slots__ = ("tape", "program", "lowered", "path", "run")
 
     def __init__(self, tape: Tape, program: Program, lowered):
         self.tape = tape
         self.program = program
         self.lowered = lowered
+        self.run = lowered.run
         self.path = tuple(answer_key(c.kind, c.answer) for c in program.checks)
 
 
@@ -204,12 +208,35 @@ class CompiledFunction:
 
     # --- calling ---------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
-        if getattr(trace._state, "stack", None):
+        if _TRACE_STATE.__dict__.get("stack"):  # (getattr is slow in a thread without one)
             # under an outer transformation (grad(compile(f))): it records f's operations itself
             if out is not None:
                 raise GradtapeError("compile: out= cannot be used while the compiled function is "
                                     "being traced by another transformation.")
             return self._fun(*args, **kwargs)
+        if not kwargs and not self._static:
+            # the hot path: positional arrays, the signature's last variant still holds
+            key = []
+            for a in args:
+                if type(a) is not np.ndarray:
+                    break
+                key.append((a.shape, a.dtype))
+            else:
+                sig = self._signatures.get(tuple(key))
+                if sig is not None:
+                    variant = sig.hot
+                    try:
+                        if out is None:
+                            result = variant.run(*args, None)
+                        else:
+                            variant.run(*args, _out_leaves(variant.program, out, args))
+                            result = out
+                    except GuardFailure as gf:
+                        # another path: the general path selects or records its variant
+                        return self._dispatch(self._call_info(args, kwargs), out,
+                                              (variant, gf))[0]
+                    sig.stats.replays += 1
+                    return result
         return self._dispatch(self._call_info(args, kwargs), out)[0]
 
     def _call_info(self, args: tuple, kwargs: dict) -> _CallInfo:
@@ -237,26 +264,24 @@ class CompiledFunction:
         leaves = [_replay_leaf(x) for x in leaves]
         return _CallInfo((in_tree, keys, nargs, static), leaves, in_tree, args, kwargs)
 
-    def _dispatch(self, info: _CallInfo, out):
-        """Replay (or record) for one call; returns (result, the variant that produced it)."""
+    def _dispatch(self, info: _CallInfo, out, failed: tuple | None = None):
+        """Replay (or record) for one call; returns (result, the variant that produced it).
+
+        `failed`: (variant, GuardFailure) when the hot path already tried that variant.
+        """
         sig = self._signatures.get(info.key)
         if sig is None:
             return self._record_and_run(None, info, out, None)
         stats = sig.stats
-        stats.calls += 1
-        variant = sig.hot
-        failure = None
+        variant, failure = sig.hot, None
+        if failed is not None:
+            variant, failure = self._after_failure(sig, *failed)
         while variant is not None:
-            out_leaves = None if out is None else self._out_leaves(variant.program, out, info)
+            out_leaves = None if out is None else _out_leaves(variant.program, out, info.leaves)
             try:
-                result = variant.lowered.run(info.leaves, out_leaves)
+                result = variant.run(*info.leaves, out_leaves)
             except GuardFailure as gf:
-                stats.guard_failures += 1
-                check = variant.program.checks[gf.index]
-                failure = (check, gf.actual)
-                nxt = sig.by_prefix.get(variant.path[:gf.index] + (answer_key(check.kind,
-                                                                             gf.actual),))
-                variant = nxt
+                variant, failure = self._after_failure(sig, variant, gf)
                 continue
             sig.hot = variant
             stats.replays += 1
@@ -264,6 +289,14 @@ class CompiledFunction:
         if sig.eager_reason is not None:
             return self._eager(sig, info, out), None
         return self._record_and_run(sig, info, out, failure)
+
+    @staticmethod
+    def _after_failure(sig: _Signature, variant: _Variant, gf: GuardFailure):
+        """The variant recorded for the path the failed check took (or None), and the failure."""
+        sig.stats.guard_failures += 1
+        check = variant.program.checks[gf.index]
+        path = variant.path[:gf.index] + (answer_key(check.kind, gf.actual),)
+        return sig.by_prefix.get(path), (check, gf.actual)
 
     # --- recording ---------------------------------------------------------------------------
     def _record_and_run(self, sig: _Signature | None, info: _CallInfo, out, failure):
@@ -275,11 +308,10 @@ class CompiledFunction:
         reason = unreplayable_reason(program)
         lowered = None if reason else self._lower(program)
         with self._lock:
-            if sig is None:  # a new signature: this call was not counted yet
+            if sig is None:
                 sig = self._signatures.get(info.key)
                 if sig is None:
                     sig = self._signatures[info.key] = _Signature(self._label(info))
-                sig.stats.calls += 1
             sig.stats.recordings += 1
             if reason is not None:
                 sig.eager_reason = reason
@@ -289,9 +321,9 @@ class CompiledFunction:
             self._warn_once(f"compile: {self._name()} runs eagerly for {sig.label}: {reason}.")
             sig.stats.eager_calls += 1
             return self._deliver(traced, out), None
-        out_leaves = None if out is None else self._out_leaves(program, out, info)
+        out_leaves = None if out is None else _out_leaves(program, out, info.leaves)
         try:
-            result = variant.lowered.run(info.leaves, out_leaves)
+            result = variant.run(*info.leaves, out_leaves)
         except GuardFailure as gf:
             # the replay disagrees with the recording on the same inputs: the function is not
             # a function of its arguments (random numbers, global state)
@@ -341,32 +373,6 @@ class CompiledFunction:
         return args, kwargs
 
     # --- results -----------------------------------------------------------------------------
-    @staticmethod
-    def _out_leaves(program: Program, out, info: _CallInfo) -> list:
-        """Validate a caller's `out=` structure against the result; returns its leaves."""
-        td = program.out_tree
-        if type(out) is tuple and td.kind == "tuple" and len(out) == len(td.children) and all(
-                c.kind == "leaf" for c in td.children):
-            leaves = out  # the common case, (value, gradient): no flattening
-        else:
-            leaves, td = tree_flatten(out)
-            if td != program.out_tree:
-                raise GradtapeError(f"compile: out= has structure {td}, but the result has "
-                                    f"structure {program.out_tree}.")
-        for i, (o, spec) in enumerate(zip(leaves, program.outputs)):
-            if type(o) is not np.ndarray or o.shape != spec.shape or o.dtype != spec.dtype:
-                raise GradtapeError(
-                    f"compile: out= leaf {i} must be an ndarray of shape {spec.shape} and dtype "
-                    f"{spec.dtype}, got {type(o).__name__} {getattr(o, 'shape', '')} "
-                    f"{getattr(o, 'dtype', '')}.")
-            if not o.flags.writeable:
-                raise GradtapeError(f"compile: out= leaf {i} is read-only.")
-            for x in info.leaves:
-                if type(x) is np.ndarray and np.may_share_memory(o, x):
-                    raise GradtapeError(f"compile: out= leaf {i} shares memory with an argument;"
-                                        " pass separate arrays.")
-        return leaves
-
     @staticmethod
     def _deliver(result, out):
         """Return `result`, or copy it into the caller's `out=` structure and return that."""
@@ -454,9 +460,14 @@ class CompiledFunction:
 
     @property
     def stats(self) -> dict:
-        """Totals of calls, replays, recordings, guard failures, eager calls; and per signature."""
-        per = {sig.label: asdict(sig.stats) for sig in list(self._signatures.values())}
-        totals = {k: sum(s[k] for s in per.values()) for k in asdict(SignatureStats())}
+        """Totals of calls, replays, recordings, guard failures, eager calls, variants, and the
+        same counters per signature (`per_signature`, keyed by a readable signature)."""
+        per = {}
+        for sig in list(self._signatures.values()):
+            counts = asdict(sig.stats)
+            counts["calls"] = counts["replays"] + counts["recordings"] + counts["eager_calls"]
+            per[sig.label] = counts
+        totals = {k: sum(s[k] for s in per.values()) for k in ("calls", *asdict(SignatureStats()))}
         totals["per_signature"] = per
         return totals
 
@@ -474,6 +485,37 @@ class CompiledFunction:
             return qualname
         return (_rebuild, (self._fun, self._backend_name, self._static, self._max_variants,
                            self._static_names))
+
+
+def _out_leaves(program: Program, out, arg_leaves) -> list:
+    """Validate a caller's `out=` structure against the result; returns its leaves."""
+    spec = program.out_spec
+    if type(out) is tuple and program.out_is_flat_tuple and len(out) == len(spec):
+        leaves = out  # the common case, (value, gradient): no flattening
+    else:
+        leaves, td = tree_flatten(out)
+        if td != program.out_tree:
+            raise GradtapeError(f"compile: out= has structure {td}, but the result has "
+                                f"structure {program.out_tree}.")
+    for o, (shape, dtype) in zip(leaves, spec):
+        if type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype or not o.flags[
+                "WRITEABLE"]:
+            raise _bad_out(o, shape, dtype)
+        for x in arg_leaves:
+            # arrays that own their memory overlap only if they are the same array
+            if type(x) is np.ndarray and (x is o or (x.base is not None or o.base is not None)
+                                          and np.may_share_memory(o, x)):
+                raise GradtapeError("compile: an out= array shares memory with an argument; "
+                                    "pass separate arrays.")
+    return leaves
+
+
+def _bad_out(o, shape, dtype) -> GradtapeError:
+    if type(o) is np.ndarray and o.shape == shape and o.dtype == dtype:
+        return GradtapeError("compile: an out= array is read-only.")
+    return GradtapeError(f"compile: out= leaves must be ndarrays shaped like the result: shape "
+                         f"{shape} and dtype {dtype} expected, got {type(o).__name__} "
+                         f"{getattr(o, 'shape', '')} {getattr(o, 'dtype', '')}.")
 
 
 def _rebuild(fun, backend, static_argnums, max_variants, static_argnames):

@@ -73,9 +73,36 @@ _KEYWORD_OUT = frozenset({np.maximum, np.minimum})
 
 def _ufunc_emitter(ufunc) -> Emitter:
     out_arg = "out={}" if ufunc in _KEYWORD_OUT else "{}"
-    return Emitter(BUFFER, lambda gen, ins, out, args: [
-        f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
-        f"{out_arg.format(out)})"])
+
+    def emit(gen, ins, out, args):
+        args = _scalars_as_arrays(gen, ufunc, ins, args)
+        return [f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
+                f"{out_arg.format(out)})"]
+    return Emitter(BUFFER, emit)
+
+
+def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> list:
+    """Constant scalars as 0-d arrays of the dtype the ufunc would convert them to.
+
+    A Python scalar operand is converted (and for floats, cast by a slower loop) on every
+    call; a 0-d array of the resolved dtype gives the same numbers and runs the fast loop.
+    """
+    consts = [i for i, v in enumerate(ins.invars) if v is None and (
+        type(ins.args[i]) in (int, float, complex) or isinstance(ins.args[i], np.generic))]
+    if not consts:
+        return args
+    try:
+        dtypes = ufunc.resolve_dtypes(tuple(
+            v.dtype if v is not None else type(a) if type(a) in (int, float, complex)
+            else np.asarray(a).dtype for v, a in zip(ins.invars, ins.args)) + (None,) * ufunc.nout)
+        args = list(args)
+        for i in consts:
+            a = np.array(ins.args[i], dtype=dtypes[i])
+            a.flags.writeable = False
+            args[i] = gen.const(a, "k")
+    except (TypeError, ValueError, OverflowError):
+        return args
+    return args
 
 
 # --- 0-d values: NumPy scalars, no buffer (a ufunc call on a 0-d array costs ~1 us) -----------
@@ -377,13 +404,13 @@ def _same_value(x, answer: np.ndarray) -> bool:
                                                                 .kind in "fc"))
 
 
-def _as_scalar(v):
-    return v[()] if type(v) is np.ndarray else v
-
-
 # --- lowering -------------------------------------------------------------------------------------
 class NumpyLowered:
-    """A compiled variant: `run(leaves, out_leaves)` replays it; `source` is the generated code."""
+    """A compiled variant: `run(*leaves, out_leaves)` replays it; `source` is the generated code.
+
+    `out_leaves` is None (return fresh results) or the caller's result arrays (return None).
+    A failed guard raises GuardFailure.
+    """
 
     def __init__(self, program: Program):
         gen = _Source()
@@ -398,11 +425,8 @@ class NumpyLowered:
         pool: list = []
         gen.consts.update(_pool_pop=pool.pop, _pool_push=pool.append,
                           _alloc=lambda: [np.empty(s, d) for s, d in slots])
-        self._fn = namespace["_build"](gen.consts)
-
-    def run(self, leaves: list, out_leaves: list | None):
-        """Replay on `leaves`; fresh results, or None after writing into `out_leaves`."""
-        return self._fn(*leaves, out_leaves)
+        # run(*leaves, out_leaves): fresh results, or None after writing into out_leaves
+        self.run = namespace["_build"](gen.consts)
 
     @staticmethod
     def _body(gen: _Source, program: Program, plan: _Plan) -> list[str]:
@@ -444,11 +468,12 @@ class NumpyLowered:
                 fresh_exprs.append(f"o{k}[()]" if leaf.scalar else f"o{k}")
                 continue
             src = names[leaf.var.id] if leaf.var is not None else gen.const(leaf.const)
-            into_lines.append(f"{gen.const(np.copyto, 'copyto')}(o{k}, {src})")
-            if leaf.var is not None:
-                conv = gen.const(_as_scalar, "as_scalar") if leaf.scalar else gen.const(
-                    np.array, "array")
-                fresh_exprs.append(f"{conv}({src})")
+            into_lines.append(f"o{k}[...] = {src}")
+            if leaf.var is not None and leaf.scalar:
+                fresh_exprs.append(f"({src}[()] if {src}.__class__ is "
+                                   f"{gen.const(np.ndarray, 'ndarray')} else {src})")
+            elif leaf.var is not None:
+                fresh_exprs.append(f"{gen.const(np.array, 'array')}({src})")
             elif isinstance(leaf.const, np.ndarray):
                 fresh_exprs.append(f"{gen.const(np.array, 'array')}({src})")
             else:

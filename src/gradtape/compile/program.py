@@ -76,6 +76,12 @@ class Program:
     out_tree: TreeDef
     tape: Tape = field(repr=False, default=None)
 
+    def __post_init__(self):
+        # what an out= structure must hold: one (shape, dtype) per result leaf
+        self.out_spec = [(leaf.shape, leaf.dtype) for leaf in self.outputs]
+        td = self.out_tree
+        self.out_is_flat_tuple = td.kind == "tuple" and all(c.kind == "leaf" for c in td.children)
+
 
 def answer_key(kind: str, answer) -> Any:
     """A hashable, NaN-safe key for a check's answer (keys the tree of variants)."""
@@ -240,26 +246,47 @@ def _broadcast_source(ins: Instruction | None) -> Var | None:
     return None
 
 
+def _uniform_constant(a):
+    """A 0-d array for a constant array whose elements are all equal (e.g. a broadcast seed)."""
+    if isinstance(a, np.ndarray) and a.ndim and a.size and a.dtype.kind in "biufc":
+        first = a.reshape(-1)[0] if a.flags.c_contiguous else a.flat[0]
+        if (a == first).all():
+            return np.array(first, dtype=a.dtype)
+    return None
+
+
 def _forward_broadcasts(ins: Instruction, defs: dict) -> Instruction:
-    """Elementwise ops broadcast by themselves: read the unbroadcast value (same numbers)."""
+    """Elementwise ops broadcast by themselves: read the unbroadcast value (same numbers).
+
+    Applies to traced inputs made by broadcast_to (or a reshape adding leading 1s), and to
+    constant arrays holding one repeated value, whenever the output shape stays the same.
+    """
     if len(ins.outvars) != 1 or not _is_elementwise(ins.prim):
         return ins
-    invars = list(ins.invars)
+    invars, args = list(ins.invars), list(ins.args)
+    out_shape = ins.outvars[0].shape
+
+    def keeps_shape(i: int, shape: tuple) -> bool:
+        shapes = [shape if j == i else w.shape if w is not None else np.shape(b)
+                  for j, (w, b) in enumerate(zip(invars, args))]
+        return np.broadcast_shapes(*shapes) == out_shape
+
     changed = False
     for i, v in enumerate(invars):
+        if v is None:
+            small = _uniform_constant(args[i])
+            if small is not None and keeps_shape(i, ()):
+                args[i] = small
+                changed = True
         while v is not None:
             src = _broadcast_source(defs.get(v.id))
-            if src is None:
-                break
-            shapes = [(src if j == i else w).shape if (src if j == i else w) is not None
-                      else np.shape(a) for j, (w, a) in enumerate(zip(invars, ins.args))]
-            if np.broadcast_shapes(*shapes) != ins.outvars[0].shape:
+            if src is None or not keeps_shape(i, src.shape):
                 break
             v = invars[i] = src
             changed = True
     if not changed:
         return ins
-    return Instruction(ins.prim, tuple(invars), ins.args, ins.params, ins.outvars, ins.out)
+    return Instruction(ins.prim, tuple(invars), tuple(args), ins.params, ins.outvars, ins.out)
 
 
 def _same_type(v: Var, other: Var) -> bool:
@@ -285,6 +312,11 @@ def _constant_truth(c):
     return None
 
 
+# boolean ops with a constant operand: the value that decides the result alone
+_BOOLEAN_FOLDS = {"logical_and": False, "bitwise_and": False, "logical_or": True,
+                  "bitwise_or": True}
+
+
 def _peephole(ins: Instruction):
     """A replacement for an instruction's single output that needs no computation, or None."""
     if len(ins.outvars) != 1:
@@ -301,6 +333,16 @@ def _peephole(ins: Instruction):
             if (v is not None and ins.invars[other] is None and _is_one(ins.args[other])
                     and _same_type(v, out)):
                 return ("var", v)
+    if name in _BOOLEAN_FOLDS and out.dtype == bool and len(ins.invars) == 2:
+        absorbing = _BOOLEAN_FOLDS[name]  # False for and, True for or
+        for mine, other in ((0, 1), (1, 0)):
+            if ins.invars[mine] is None:
+                truth = _constant_truth(ins.args[mine])
+                if truth is absorbing:
+                    return ("const", ins.out)
+                v = ins.invars[other]
+                if truth is (not absorbing) and v is not None and _same_type(v, out):
+                    return ("var", v)
     if name == "where" and ins.invars[0] is None:
         truth = _constant_truth(ins.args[0])
         if truth is not None:
