@@ -393,6 +393,8 @@ def test_unsupported_argument_type():
         gt.compile(lambda x, s: x, static_argnums=1)(np.ones(2), [1])
     with pytest.raises(ValueError, match="unknown backend"):
         gt.compile(eam, backend="nope")
+    with pytest.raises(ValueError, match="non-negative"):
+        gt.compile(eam, static_argnums=-1)
 
 
 def test_raising_during_recording_leaves_no_state():
@@ -427,6 +429,76 @@ def test_nondeterministic_function_is_caught():
     np.testing.assert_allclose(cf(x), np.sum(x))
     # the Python-level state is captured at recording, as in JAX: a documented sharp bit
     np.testing.assert_allclose(cf(x), np.sum(x))
+
+
+def test_constants_are_captured_when_recorded():
+    weights = np.array([1.0, 2.0, 3.0])
+    offset = np.exp(weights)  # computed outside, closed over
+
+    def f(x):
+        return np.sum(x * weights + offset + np.log(weights + 1.0))
+
+    cf = gt.compile(gt.value_and_grad(f))
+    x = RNG.random(3)
+    expected = gt.value_and_grad(f)(x)
+    assert_same(cf(x), expected)
+    weights[:] = -7.0  # as in JAX: the compiled function keeps the values it was recorded with
+    assert_same(cf(x), expected)
+
+
+def test_float32_weak_scalars_are_exact():
+    def f(x):
+        y = np.exp(x * 0.1 + 0.3) / (x * x + 1.5)
+        return np.sum(np.where(y > 0.7, y, 2.0 * y) - 1e-3 * x**3)
+
+    cf = gt.compile(gt.value_and_grad(f))
+    for _ in range(3):
+        x = RNG.normal(size=7).astype(np.float32)
+        value, grad = cf(x)
+        assert grad.dtype == np.float32
+        assert_same((value, grad), gt.value_and_grad(f)(x))
+
+
+def test_data_dependent_mask_guards():
+    f = gt.value_and_grad(lambda x: np.sum(x[x > 0.5] ** 2))
+    cf = gt.compile(f, max_variants=64)
+    for _ in range(6):
+        x = RNG.random(4)
+        assert_same(cf(x), f(x))
+    stats = cf.stats
+    assert stats["recordings"] == len({tuple(v.program.checks[0].answer)
+                                       for v in cf._signatures[((x.shape, x.dtype),)].variants})
+
+
+def test_item_of_an_element_runs_eagerly_with_a_warning():
+    def f(x):
+        return x * 2.0 if x.item(1) > 0 else x * 3.0
+
+    cf = gt.compile(f)
+    with pytest.warns(CompileWarning, match="x.item"):
+        np.testing.assert_array_equal(cf(np.array([1.0, -1.0])), [3.0, -3.0])
+    np.testing.assert_array_equal(cf(np.array([1.0, 1.0])), [2.0, 2.0])
+    assert cf.stats["eager_calls"] == 2
+
+
+def test_loops_and_custom_rules_through_compile():
+    @gt.custom_vjp
+    def square(x):
+        return x * x
+
+    square.defvjp(lambda x: (x * x, x), lambda r, g: (2 * r * g,))
+
+    def f(x):
+        h, ys = gt.scan(lambda h, xi: (np.tanh(h + xi), h * xi), 0.0, x)
+        c = gt.fori_loop(0, 3, lambda i, c: c * 0.9 + np.sin(c), x)
+        return h + np.sum(ys) + np.sum(square(c))
+
+    cf = gt.compile(gt.value_and_grad(f))
+    for _ in range(3):
+        x = RNG.random(5)
+        assert_same(cf(x), gt.value_and_grad(f)(x))
+        np.testing.assert_allclose(cf(x)[1], finite_difference(f, x), rtol=1e-6)
+    assert cf.stats["recordings"] == 1
 
 
 @pytest.mark.skipif(not hasattr(gt, "hessian"), reason="transforms/higher.py not there yet")

@@ -105,6 +105,19 @@ def _leaf_key(x, where: str):
         "they must be hashable, and each new value records the function again).")
 
 
+def _array_key(args: tuple):
+    """The signature of positional ndarray arguments (the common case), else None."""
+    if len(args) == 1:
+        a = args[0]
+        return ((a.shape, a.dtype),) if type(a) is np.ndarray else None
+    key = []
+    for a in args:
+        if type(a) is not np.ndarray:
+            return None
+        key.append((a.shape, a.dtype))
+    return tuple(key)
+
+
 def _replay_leaf(x):
     """Python numbers are replayed as NumPy scalars (they were recorded as 0-d arrays)."""
     conv = _PY_SCALARS.get(type(x))
@@ -199,6 +212,8 @@ class CompiledFunction:
         self._lower = resolve_backend(backend)
         self._static = tuple(sorted({int(i) for i in ((static_argnums,) if isinstance(
             static_argnums, int) else static_argnums)}))
+        if any(i < 0 for i in self._static):
+            raise ValueError("compile: static_argnums must be non-negative positions")
         self._static_names = (static_argnames,) if isinstance(static_argnames, str) else tuple(
             static_argnames)
         self._max_variants = int(max_variants)
@@ -216,15 +231,11 @@ class CompiledFunction:
             return self._fun(*args, **kwargs)
         if not kwargs and not self._static:
             # the hot path: positional arrays, the signature's last variant still holds
-            key = []
-            for a in args:
-                if type(a) is not np.ndarray:
-                    break
-                key.append((a.shape, a.dtype))
-            else:
-                sig = self._signatures.get(tuple(key))
-                if sig is not None:
-                    variant = sig.hot
+            key = _array_key(args)
+            if key is not None:
+                sig = self._signatures.get(key)
+                variant = sig.hot if sig is not None else None
+                if variant is not None:
                     try:
                         if out is None:
                             result = variant.run(*args, None)
@@ -241,12 +252,9 @@ class CompiledFunction:
 
     def _call_info(self, args: tuple, kwargs: dict) -> _CallInfo:
         if not kwargs and not self._static:
-            for a in args:
-                if type(a) is not np.ndarray or a.dtype.kind not in "biufc":
-                    break
-            else:  # the common case: positional arrays only
-                return _CallInfo(tuple([(a.shape, a.dtype) for a in args]), list(args), None,
-                                 args, kwargs)
+            key = _array_key(args)
+            if key is not None and all(a.dtype.kind in "biufc" for a in args):
+                return _CallInfo(key, list(args), None, args, kwargs)
         nargs = len(args)
         static = tuple((i, type(args[i]), args[i]) for i in self._static if i < nargs)
         static += tuple((k, type(kwargs[k]), kwargs[k]) for k in self._static_names

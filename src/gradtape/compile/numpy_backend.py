@@ -29,11 +29,13 @@ class Emitter:
     """How to lower one primitive: `emit(gen, ins, out, args) -> lines`.
 
     kind BUFFER writes into `out` (a preallocated array); VIEW and VALUE assign `out`
-    (a view of an input, or a value that may share memory with its inputs).
+    (a view of an input, or a value that may share memory with its inputs). `inplace`: the
+    output may be the buffer of an input that dies here (elementwise ufuncs).
     """
 
     kind: str
     emit: Callable
+    inplace: bool = False
 
 
 # --- the generator ---------------------------------------------------------------------------
@@ -78,7 +80,7 @@ def _ufunc_emitter(ufunc) -> Emitter:
         args = _scalars_as_arrays(gen, ufunc, ins, args)
         return [f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
                 f"{out_arg.format(out)})"]
-    return Emitter(BUFFER, emit)
+    return Emitter(BUFFER, emit, inplace=True)
 
 
 def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> list:
@@ -354,6 +356,7 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
     slots: list[tuple[tuple, np.dtype]] = []
     free: dict[tuple, list[int]] = {}
     slot_of: dict[int, int] = {}
+    handed_on: set[int] = set()  # buffers taken over in place by the instruction's output
     for i, (ins, e) in enumerate(zip(instrs, emitters)):
         for j, v in enumerate(ins.outvars):
             if e.kind != BUFFER:
@@ -362,17 +365,37 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
                 names[v.id] = f"o{direct[v.id]}"
             else:
                 key = (v.shape, v.dtype)
-                pool = free.get(key)
-                slot = pool.pop() if pool else None
+                slot = _in_place_slot(ins, i, key, slot_of, storage, owner_last) if \
+                    e.inplace else None
+                if slot is not None:
+                    handed_on.add(slot)
+                else:
+                    pool = free.get(key)
+                    slot = pool.pop() if pool else None
                 if slot is None:
                     slot = len(slots)
                     slots.append(key)
                 slot_of[v.id] = slot
                 names[v.id] = f"b{slot}"
         for o in frees_after.get(i, ()):
-            if o in slot_of:
-                free.setdefault(slots[slot_of[o]], []).append(slot_of[o])
+            slot = slot_of.get(o)
+            if slot is not None and slot not in handed_on:
+                free.setdefault(slots[slot], []).append(slot)
+        handed_on.clear()
     return _Plan(emitters, names, slots, direct)
+
+
+def _in_place_slot(ins: Instruction, i: int, key: tuple, slot_of, storage, owner_last):
+    """The buffer of an input that dies at instruction i and that the output can overwrite:
+    same shape and dtype, a whole buffer (not a view), and not read through another operand
+    (an exact overlap is safe for a ufunc; a partial one would make NumPy copy)."""
+    for w in ins.invars:
+        if (w is not None and w.id in slot_of and (w.shape, w.dtype) == key
+                and storage.get(w.id) == frozenset((w.id,)) and owner_last.get(w.id) == i
+                and not any(u is not None and u.id != w.id and w.id in storage.get(u.id, ())
+                            for u in ins.invars)):
+            return slot_of[w.id]
+    return None
 
 
 # --- checks -------------------------------------------------------------------------------------

@@ -117,8 +117,9 @@ def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> P
     cse: dict = {}
     kept: list[tuple[int, Instruction]] = []
     defs: dict[int, Instruction] = {}  # var id -> the kept instruction that computes it
+    snapshots: dict[int, np.ndarray] = {}
     for pos, ins in enumerate(tape.instructions):
-        ins = _forward_broadcasts(_substituted(ins, subst), defs)
+        ins = _forward_broadcasts(_substituted(_captured(ins, snapshots), subst), defs)
         replacement = _peephole(ins)
         if replacement is not None:
             subst[ins.outvars[0].id] = replacement
@@ -139,7 +140,10 @@ def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> P
         c.operand = _resolve_operand(c.operand, subst)
     outs = []
     for leaf in outputs:
-        if leaf.var is not None:
+        if leaf.var is None:
+            leaf = OutputLeaf(None, _snapshot(leaf.const, snapshots), leaf.scalar, leaf.shape,
+                              leaf.dtype)
+        else:
             r = _resolve_operand(leaf.var, subst)
             if not isinstance(r, Var):
                 leaf = OutputLeaf(None, r, leaf.scalar, leaf.shape, leaf.dtype)
@@ -183,6 +187,30 @@ def _ordered_checks(tape: Tape) -> list[Check]:
         merged.append(sc)
     merged.extend(guards[i:])
     return merged
+
+
+def _snapshot(value, memo: dict):
+    """A read-only copy of a writable array constant: the program keeps the values it was
+    recorded with, even if the caller later changes an array the function closed over."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        copy = memo.get(id(value))
+        if copy is None:
+            copy = memo[id(value)] = value.copy()
+            copy.flags.writeable = False
+        return copy
+    if type(value) is tuple and any(isinstance(v, np.ndarray) for v in value):
+        return tuple(_snapshot(v, memo) for v in value)
+    return value
+
+
+def _captured(ins: Instruction, memo: dict) -> Instruction:
+    """The instruction with its array constants (arguments and params) snapshotted."""
+    args = tuple(_snapshot(a, memo) if v is None else a for v, a in zip(ins.invars, ins.args))
+    params = {k: _snapshot(p, memo) for k, p in ins.params.items()}
+    if all(a is b for a, b in zip(args, ins.args)) and all(
+            params[k] is ins.params[k] for k in params):
+        return ins
+    return Instruction(ins.prim, ins.invars, args, params, ins.outvars, ins.out)
 
 
 def _normalized_answer(kind: str, answer):
