@@ -1,15 +1,18 @@
-"""stop_gradient and user-defined rules (custom_vjp)."""
+"""stop_gradient and user-defined rules (custom_vjp, custom_jvp)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 
+import numpy as np
+
 from .. import trace
 from .._pytree import tree_flatten, tree_unflatten
 from ..primitives import Primitive
 from ..tape import Instruction
-from ..trace import GradtapeError, bind
+from ..trace import GradtapeError, bind, new_level
+from ._util import dtype_of, shape_of
 
 
 def _stop_impl(x):
@@ -37,6 +40,8 @@ class custom_vjp:
 
     Under `grad`/`vjp` gradtape calls `fwd` and records one instruction whose VJP is
     `bwd`; elsewhere (plain calls, `trace`, `compile` without differentiation) it calls `f`.
+    Forward mode (jvp, jacfwd, hessian, hvp) uses the rule given with `f.defjvp(rule)`,
+    `rule(primals, tangents) -> (out, tangent_out)`, and is an error without one.
     """
 
     def __init__(self, fun: Callable):
@@ -46,7 +51,7 @@ class custom_vjp:
         self.bwd = None
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_vjp[{name}]", self._impl)
+        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp)
         self._prim.vjp_all = self._vjp_all
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> custom_vjp:
@@ -60,6 +65,15 @@ class custom_vjp:
 
     def _impl(self, *args, res=None):
         return self.fun(*args)
+
+    def _jvp(self, tangents, ans, *args, res=None):
+        if self.jvp_rule is None:
+            raise GradtapeError(
+                f"custom_vjp function {self.fun.__name__} has no forward-mode rule, so forward "
+                "mode (jvp, jacfwd, hessian, hvp) cannot differentiate it. Give one with "
+                f"{self.fun.__name__}.defjvp(rule), rule(primals, tangents) -> "
+                "(out, tangent_out), or use reverse mode (grad, vjp, jacrev).")
+        return _rule_tangent(self.jvp_rule, args, tangents, self.fun.__name__)
 
     def _vjp_all(self, g, ans, args, params, invars):
         cts = self.bwd(params["res"], g)
@@ -93,3 +107,89 @@ class custom_vjp:
         top.tape.instructions.append(
             Instruction(self._prim, invars, vals, {"res": res}, (var,), out))
         return trace.Tracer(out, var, top)
+
+
+def _zero_tangent(a):
+    dt = dtype_of(a)
+    return np.zeros(shape_of(a), dt if dt.kind in "fc" else np.float64)
+
+
+def _rule_tangent(rule: Callable, args: tuple, tangents, name: str):
+    """The tangent part of a user's `rule(primals, tangents) -> (out, tangent_out)`."""
+    tangents = tuple(_zero_tangent(a) if t is None else t for t, a in zip(tangents, args))
+    result = rule(tuple(args), tangents)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise GradtapeError(f"the jvp rule of {name} must return a pair (out, tangent_out), "
+                            f"got {type(result).__name__}.")
+    return result[1]
+
+
+class custom_jvp:
+    """A function with a user-supplied forward-mode rule (JAX's convention).
+
+        @custom_jvp
+        def f(x, y): ...
+
+        @f.defjvp
+        def f_jvp(primals, tangents):
+            x, y = primals
+            tx, ty = tangents
+            return f(x, y), tangent_out
+
+    Under differentiation gradtape records one instruction for f. Forward mode (jvp,
+    jacfwd, hessian, hvp) calls the rule. Reverse mode (grad, vjp, jacrev) transposes it:
+    the tangent the rule returns is linear in the tangents, so gradtape records the rule
+    once with traced tangents and runs the reverse interpreter over that recording. So the
+    rule, not f's body, gives the gradient too; it must be NumPy code linear in the
+    tangents. An argument that is not differentiated gets a zero tangent. Elsewhere (plain
+    calls, trace, compile) f is called. f returns a single array.
+    """
+
+    def __init__(self, fun: Callable):
+        functools.update_wrapper(self, fun)
+        self.fun = fun
+        self.jvp_rule = None
+        name = getattr(fun, "__name__", "custom")
+        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp)
+        self._prim.vjp_all = self._vjp_all
+
+    def defjvp(self, rule: Callable) -> Callable:
+        """Give the rule `rule(primals, tangents) -> (out, tangent_out)`; returns the rule,
+        so that `@f.defjvp` works as a decorator."""
+        self.jvp_rule = rule
+        return rule
+
+    def __call__(self, *args):
+        if self.jvp_rule is None:
+            raise GradtapeError(f"custom_jvp function {self.fun.__name__} has no rule: call "
+                                f"{self.fun.__name__}.defjvp(rule) first.")
+        top = None
+        for a in args:
+            if type(a) is trace.Tracer and (top is None or a._level.id > top.id):
+                top = a._level
+        if top is None or top.kind != "reverse":
+            return self.fun(*args)
+        return bind(self._prim, args, {})
+
+    def _impl(self, *args):
+        out = self(*args)  # one level down: recorded there too when that level differentiates
+        if not (type(out) is trace.Tracer or isinstance(out, (np.ndarray, np.generic, float))):
+            raise GradtapeError(f"custom_jvp function {self.fun.__name__} must return a single "
+                                f"array, got {type(out).__name__}.")
+        return out
+
+    def _jvp(self, tangents, ans, *args):
+        return _rule_tangent(self.jvp_rule, args, tangents, self.fun.__name__)
+
+    def _vjp_all(self, g, ans, args, params, invars):
+        # the reverse interpreter transposes the (linear) tangent map of the rule
+        from ..transforms.reverse import backward
+
+        with new_level("reverse") as level:
+            ts = tuple(None if v is None else level.new_input(_zero_tangent(a))
+                       for a, v in zip(args, invars))
+            t_out = _rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)
+        if type(t_out) is not trace.Tracer or t_out._level is not level:
+            return (None,) * len(args)  # the rule's tangent does not depend on the tangents
+        cts = backward(level.tape, [t_out._var], [g])
+        return tuple(None if t is None else cts.get(t._var.id) for t in ts)

@@ -206,6 +206,9 @@ def _dyn_set_jvp(ts, ans, x, v, iv, template, positions):
 
 
 def _scatter_add_impl(base, vals, idx):
+    if type(base) is trace.Tracer or type(vals) is trace.Tracer:
+        # values of a lower level (higher-order derivatives): the write is recorded there
+        return bind(scatter_add_p, (base, vals), {"idx": idx})
     out = base.copy()
     if is_basic(idx):
         out[idx] = out[idx] + vals
@@ -224,6 +227,8 @@ scatter_add_p = Primitive(
 
 
 def _setitem_impl(x, v, idx):
+    if type(x) is trace.Tracer or type(v) is trace.Tracer:
+        return bind(setitem_p, (x, v), {"idx": idx})  # recorded at the lower level
     out = x.copy()
     out[idx] = v
     return out

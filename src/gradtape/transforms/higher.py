@@ -1,0 +1,155 @@
+"""Jacobians by reverse mode, the choice of mode, and second order: hessian and hvp.
+
+jacrev records f once, then records its backward pass once more as a function of the
+output cotangent. That pass is linear in the cotangent, so pushing every cotangent
+direction through its tape as one batch (the forward interpreter) gives all rows of
+the Jacobian in one pass. hessian and hvp are forward-over-reverse: grad(f) is
+recorded once and the forward interpreter runs over that tape.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..rules.control import custom_vjp
+from ..tape import Tape, Var
+from ..trace import GradtapeError, new_level
+from ..tracer import Tracer
+from .forward import (
+    Recording,
+    basis_rows,
+    batched_sweep,
+    jacfwd,
+    jacobian_by_columns,
+    jacobian_transform,
+    jvp,
+)
+from .reverse import backward, grad
+
+_MODES = ("auto", "forward", "reverse")
+
+
+def _size(shape: tuple) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _uses_user_vjp(tape: Tape) -> bool:
+    """True when the tape calls a custom_vjp `bwd`: user code that may not be traceable."""
+    return any(isinstance(getattr(ins.prim.vjp_all, "__self__", None), custom_vjp)
+               for ins in tape.instructions)
+
+
+def _generic_seed(var: Var) -> np.ndarray:
+    """A cotangent with distinct non-zero entries: the backward pass is recorded at it.
+
+    The recording is linear in the cotangent and does not depend on its value, except
+    that a rule may drop a term whose cotangent is exactly zero where its local derivative
+    is infinite (np.where(x > 0, np.sqrt(x), 0)): distinct non-zero seeds keep the zeros
+    that are there for every cotangent and no others.
+    """
+    n = _size(var.shape)
+    seed = 1.0 + (np.arange(n) * 0.6180339887498949) % 1.0
+    return seed.reshape(var.shape).astype(var.dtype)
+
+
+def jacobian_by_rows(rec: Recording) -> list:
+    """blocks[i][j] = d out_i / d in_j, shape out_i.shape + in_j.shape, by reverse mode."""
+    invars = rec.invars
+    out_like = [Var(-1, tuple(s), _output_dtype(x)) for s, x in zip(rec.out_shapes,
+                                                                      rec.out_leaves)]
+    if _uses_user_vjp(rec.level.tape):
+        rows = _rows_one_by_one(rec, out_like)
+    else:
+        with new_level("reverse") as level:
+            seeds = [level.new_input(_generic_seed(v)) for v in out_like]
+            cts = backward(rec.level.tape, rec.outvars, seeds)
+            in_cts = [cts.get(v.id) for v in invars]
+        read = [c._var if type(c) is Tracer and c._level is level else None for c in in_cts]
+        rows = batched_sweep(level.tape, [s._var for s in seeds], read, invars)
+    offs = np.cumsum([0] + [_size(s) for s in rec.out_shapes])
+    return [[np.reshape(r[lo:hi], oshape + v.shape) for r, v in zip(rows, invars)]
+            for lo, hi, oshape in zip(offs[:-1], offs[1:], rec.out_shapes)]
+
+
+def _output_dtype(x) -> np.dtype:
+    return x.dtype if hasattr(x, "dtype") else np.result_type(x)
+
+
+def _rows_one_by_one(rec: Recording, out_like: list) -> list:
+    """One backward pass per output element, over the single recorded tape (for tapes
+    with custom_vjp rules, whose user code is called with plain arrays)."""
+    m = int(sum(_size(v.shape) for v in out_like))
+    rows: list = [[] for _ in rec.invars]
+    for r in range(m):
+        basis = basis_rows(out_like, r, r + 1)
+        cts = backward(rec.level.tape, rec.outvars, [None if b is None else b[0] for b in basis])
+        for row, v in zip(rows, rec.invars):
+            ct = cts.get(v.id)
+            row.append(np.zeros(v.shape, v.dtype) if ct is None else ct)
+    return [np.stack(row) if row else np.zeros((0,) + v.shape, v.dtype)
+            for row, v in zip(rows, rec.invars)]
+
+
+def _auto(rec: Recording) -> list:
+    """Forward mode when there are no more inputs than outputs, else reverse mode."""
+    n = sum(_size(v.shape) for v in rec.invars)
+    m = sum(_size(s) for s in rec.out_shapes)
+    return jacobian_by_columns(rec) if n <= m else jacobian_by_rows(rec)
+
+
+def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """The Jacobian by reverse mode: f and its backward pass recorded once, all output
+    directions pushed as a batch. Best when the output is smaller than the input."""
+    return jacobian_transform(f, argnums, has_aux, jacobian_by_rows, "jacrev")
+
+
+def jacobian(f: Callable, argnums: int | Sequence[int] = 0, mode: str = "auto",
+             has_aux: bool = False) -> Callable:
+    """The Jacobian of f; mode "forward", "reverse" or "auto" (by input and output sizes).
+
+    Each block has shape out.shape + in.shape, laid out as JAX's jacfwd/jacrev do.
+    """
+    if mode not in _MODES:
+        raise GradtapeError(f"jacobian: mode={mode!r}; use one of {', '.join(_MODES)}.")
+    method = {"auto": _auto, "forward": jacobian_by_columns, "reverse": jacobian_by_rows}[mode]
+    return jacobian_transform(f, argnums, has_aux, method, "jacobian")
+
+
+def _scalar_checked(f: Callable, who: str, has_aux: bool = False) -> Callable:
+    """f, raising a clear error when its (main) output is not a scalar."""
+    fname = getattr(f, "__name__", "the function")
+
+    @functools.wraps(f)
+    def checked(*args, **kwargs):
+        out = f(*args, **kwargs)
+        value = out[0] if has_aux and isinstance(out, (tuple, list)) and len(out) == 2 else out
+        shape = getattr(value, "shape", None)
+        if shape is None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return out
+        if shape != ():
+            what = f"shape {shape}" if shape is not None else f"a {type(value).__name__}"
+            raise GradtapeError(
+                f"{who} of {fname} needs a scalar output, but it returned {what}. Reduce it "
+                "to a scalar (np.sum), or use jacobian for the derivatives of every output.")
+        return out
+
+    return checked
+
+
+def hessian(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+    """The Hessian of a scalar function: forward over reverse (grad recorded once, then all
+    input directions pushed through that tape as a batch). Layout as JAX's hessian."""
+    g = grad(_scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux)
+    return jacfwd(g, argnums, has_aux=has_aux)
+
+
+def hvp(f: Callable, x, v):
+    """The Hessian of scalar f at x times v, without forming the Hessian.
+
+    Forward over reverse: one jvp of grad(f), so it costs a few gradients. x may be a
+    pytree; v has its structure, shapes and dtypes.
+    """
+    return jvp(grad(_scalar_checked(f, "hvp")), (x,), (v,))[1]
