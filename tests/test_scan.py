@@ -278,3 +278,43 @@ def test_error_inside_a_body_leaves_no_state_behind():
     with pytest.raises(ValueError, match="boom"):
         gt.grad(lambda xs: gt.scan(bad, 0.0, xs)[0])(np.zeros(3))
     _same(gt.grad(weighted_sum_scan)(np.ones(4)), gt.grad(weighted_sum_python)(np.ones(4)))
+
+
+# --- forward mode -----------------------------------------------------------------------------
+def test_jvp_through_scan_matches_the_python_loop():
+    params, xs = _rnn_params(), RNG.normal(size=(5, 3))
+    v = RNG.normal(size=params["W"].shape)
+
+    def f_scan(W):
+        return rnn_scan({**params, "W": W}, xs)
+
+    def f_py(W):
+        return rnn_python({**params, "W": W}, xs)
+
+    out, t = gt.jvp(f_scan, (params["W"],), (v,))
+    out_py, t_py = gt.jvp(f_py, (params["W"],), (v,))
+    _same(out, out_py)
+    _same(t, t_py)
+
+
+def test_hessian_through_scan():
+    xs = np.linspace(0, 1, 4)
+
+    def f(a):
+        c, ys = gt.scan(lambda c, x: (np.sin(c * a[0]) + a[1] * x, c * c), 0.5, xs)
+        return c + np.sum(ys)
+
+    def f_py(a):
+        c, tot = 0.5, 0.0
+        for x in xs:
+            tot = tot + c * c
+            c = np.sin(c * a[0]) + a[1] * x
+        return c + tot
+
+    a = np.array([0.8, 1.3])
+    _same(gt.hessian(f)(a), gt.hessian(f_py)(a), rtol=1e-9)
+
+
+def test_jvp_through_while_loop():
+    t_out = gt.jvp(newton_sqrt, (2.0,), (1.0,))[1]
+    _same(t_out, 0.5 / np.sqrt(2.0), rtol=1e-8)

@@ -214,6 +214,60 @@ def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
     return pick(traced_in), pick(traced_caps)
 
 
+def _step_jvp(program: BodyProgram, inputs: list, caps: list, t_inputs: list, t_caps: list):
+    """(outputs, output tangents) of one step, by the forward interpreter on its tape."""
+    from ..transforms.forward import forward
+
+    with new_level("reverse") as level:
+        traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
+        traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
+        outs = program.run(traced_in, traced_caps)
+    seeds = {tr._var.id: t for tr, t in zip(traced_in + traced_caps, t_inputs + t_caps)
+             if _is_tracer(tr) and tr._level is level and t is not None}
+    got = forward(level.tape, seeds)
+    values, tangents = [], []
+    for o in outs:
+        mine = _is_tracer(o) and o._level is level
+        values.append(o._value if mine else o)
+        tangents.append(got.get(o._var.id) if mine else None)
+    return values, tangents
+
+
+def _zero_tangent(t, like):
+    if t is not None:
+        return t
+    return np.zeros(shape_of(like), dtype_of(like) if dtype_of(like).kind in "fc" else np.float64)
+
+
+def _scan_jvp(ts, ans, *args, program, n_carry, n_x, length, reverse, checkpoint):
+    """Forward mode through scan: each step's tangents pushed through its recorded tape."""
+    nc, nx = n_carry, n_x
+    carry = list(args[:nc])
+    xs = args[nc:nc + nx]
+    caps = list(args[nc + nx:])
+    t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:nc], carry)]
+    t_xs = ts[nc:nc + nx]
+    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx:], caps)]
+    t_stored, t_ys = [], []
+    steps = range(length - 1, -1, -1) if reverse else range(length)
+    for k, t in enumerate(steps):
+        if checkpoint is None or k % checkpoint == 0:
+            t_stored.append(t_carry)
+        x_t = [x[t] for x in xs]
+        tx_t = [_zero_tangent(None if tx is None else tx[t], xt) for tx, xt in zip(t_xs, x_t)]
+        out, t_out = _step_jvp(program, carry + x_t, caps, t_carry + tx_t, t_caps)
+        carry = out[:nc]
+        t_carry = [_zero_tangent(tt, o) for tt, o in zip(t_out[:nc], carry)]
+        t_ys.append([_zero_tangent(tt, o) for tt, o in zip(t_out[nc:], out[nc:])])
+    if reverse:
+        t_ys.reverse()
+    y_avals = program.out_avals[nc:]
+    ys = [_stack([y[i] for y in t_ys], y_avals[i], length) for i in range(len(y_avals))]
+    hidden = [_stack([s[i] for s in t_stored], program.out_avals[i], len(t_stored))
+              for i in range(nc)]
+    return tuple(t_carry + ys + hidden)
+
+
 def _add(a, b):
     if a is None:
         return b
@@ -345,7 +399,7 @@ def _stored_cotangents(g_hidden, hidden) -> list:
             for gh, h in zip(g_hidden, hidden)]
 
 
-scan_p = Primitive("scan", _scan_impl, multiple_results=True)
+scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp)
 scan_p.vjp_all = _scan_vjp_all
 
 
@@ -469,7 +523,23 @@ def _while_vjp_all(g, ans, args, params, invars):
     return [o if dtype_of(a).kind in "fc" else None for o, a in zip(cts, args)]
 
 
-while_p = Primitive("while_loop", _while_impl, multiple_results=True)
+def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
+    carry = list(args[:n_carry])
+    bcaps = list(args[n_carry:n_carry + n_body_caps])
+    ccaps = list(args[n_carry + n_body_caps:])
+    t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:n_carry], carry)]
+    t_bcaps = [_zero_tangent(t, c) for t, c in zip(ts[n_carry:n_carry + n_body_caps], bcaps)]
+    t_stored = []
+    while bool(np.asarray(_concrete(cond.run(carry, ccaps)[0]))):
+        t_stored.append(t_carry)
+        carry, t_out = _step_jvp(body, carry, bcaps, t_carry, t_bcaps)
+        t_carry = [_zero_tangent(tt, o) for tt, o in zip(t_out, carry)]
+    hidden = [_stack([s[i] for s in t_stored], body.out_avals[i], len(t_stored))
+              for i in range(n_carry)]
+    return tuple(t_carry + hidden)
+
+
+while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp)
 while_p.vjp_all = _while_vjp_all
 
 
