@@ -56,6 +56,10 @@ class BodyProgram:
         self.out_avals: list = []
         self.out_treedef = None
         self._lock = threading.Lock()
+        # per variant: generated NumPy code of the step and of its VJP (built on first use)
+        self._fwd: list = []
+        self._bwd: list = []
+        self._lowering_failed = False
 
     def record(self, inputs) -> None:
         """Record the body on these (concrete) inputs as a new variant."""
@@ -88,6 +92,8 @@ class BodyProgram:
             self.out_avals = [(o.shape, o.dtype) if isinstance(o, Var) else _aval(o)
                               for o in tape.outputs]
         self.variants.append((tape, guards_by_var(tape), positions))
+        self._fwd.append(None)
+        self._bwd.append(None)
 
     def run(self, inputs, caps) -> list:
         """The body's outputs for one step; a step taking a new path is recorded first."""
@@ -100,6 +106,67 @@ class BodyProgram:
             self.record(inputs)
             tape, guards, positions = self.variants[-1]
         return eval_tape(tape, inputs, [caps[p] for p in positions], guards)
+
+    # --- the fast path: each variant lowered to generated NumPy code (concrete values only) ----
+    def run_fast(self, inputs, caps) -> list:
+        """`run` for concrete arrays, through the numpy backend's generated code of the step."""
+        if self._lowering_failed:
+            return self.run(inputs, caps)
+        ReplayGuardFailure = _replay_guard_failure()
+        for i, (tape, _, positions) in enumerate(self.variants):
+            args = list(inputs) + [caps[p] for p in positions]
+            fwd = self._fwd[i]
+            if fwd is None:
+                fwd = self._fwd[i] = self._lower_or_none(
+                    lambda: _lower_tape(tape, tape.inputs + [c[0] for c in tape.captured]))
+                if fwd is None:
+                    return self.run(inputs, caps)
+            try:
+                return list(fwd(*args, None))
+            except ReplayGuardFailure:
+                continue
+        with self._lock:
+            self.record(inputs)
+        return self.run_fast(inputs, caps)
+
+    def vjp_fast(self, inputs, caps, cts):
+        """(input cotangents, capture cotangents) of one step, by generated code of its VJP."""
+        if self._lowering_failed:
+            return _step_vjp(self, inputs, caps, cts)
+        ReplayGuardFailure = _replay_guard_failure()
+        for i, (tape, guards, positions) in enumerate(self.variants):
+            vcaps = [caps[p] for p in positions]
+            bwd = self._bwd[i]
+            if bwd is None:
+                try:
+                    bwd = self._lower_or_none(lambda: _lower_step_vjp(tape, guards, inputs,
+                                                                      vcaps, cts))
+                except GuardFailure:  # these inputs take another path than this variant
+                    continue
+                if bwd is None:
+                    return _step_vjp(self, inputs, caps, cts)
+                self._bwd[i] = bwd
+            try:
+                out = bwd(*inputs, *vcaps, *cts, None)
+            except ReplayGuardFailure:
+                continue
+            g_in = list(out[:len(inputs)])
+            g_caps = [None] * len(caps)
+            for p, g in zip(positions, out[len(inputs):]):
+                g_caps[p] = _add(g_caps[p], g)
+            return g_in, g_caps
+        with self._lock:
+            self.record(inputs)
+        return self.vjp_fast(inputs, caps, cts)
+
+    def _lower_or_none(self, build):
+        try:
+            return build()
+        except GuardFailure:
+            raise
+        except Exception:  # pragma: no cover - a primitive the backend cannot lower
+            self._lowering_failed = True
+            return None
 
     def __repr__(self) -> str:
         n = len(self.variants[0][0]) if self.variants else 0
@@ -178,6 +245,62 @@ def _capture_cells(fn, caps):
         else:
             return None
     return cells
+
+
+_REPLAY_GUARD_FAILURE = []
+
+
+def _replay_guard_failure():
+    """The exception generated code raises on a failed guard (imported on first use)."""
+    if not _REPLAY_GUARD_FAILURE:
+        from ..compile.program import GuardFailure as ReplayGuardFailure
+
+        _REPLAY_GUARD_FAILURE.append(ReplayGuardFailure)
+    return _REPLAY_GUARD_FAILURE[0]
+
+
+def _lower_tape(tape, inputs: list):
+    """The `run(*inputs, out)` of generated NumPy code for `tape` with these input vars."""
+    from ..compile.numpy_backend import lower
+    from ..compile.program import build_program, output_leaf
+    from ..tape import Tape
+
+    flat = Tape()
+    flat.inputs = list(inputs)
+    flat.instructions = tape.instructions
+    flat.guards = tape.guards
+    flat.outputs = tape.outputs
+    leaves = [output_leaf(None, o) if isinstance(o, Var) else output_leaf(o, None)
+              for o in tape.outputs]
+    leaves = [output_leaf(np.empty(o.shape, o.dtype), o) if isinstance(o, Var) else leaf
+              for o, leaf in zip(tape.outputs, leaves)]
+    td = tree_flatten(tuple(range(len(leaves))))[1]
+    return lower(build_program(flat, leaves, td)).run
+
+
+def _lower_step_vjp(tape, guards, inputs, caps, cts):
+    """Record the VJP of one step of `tape` on a staging level, and lower it to NumPy code."""
+    from ..transforms.reverse import backward
+
+    with new_level("stage") as stage:
+        s_in = [stage.new_input(np.asarray(x)) for x in inputs]
+        s_caps = [stage.new_input(np.asarray(c)) for c in caps]
+        s_cts = [stage.new_input(np.asarray(g)) for g in cts]
+        with new_level("reverse") as level:
+            r_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in s_in]
+            r_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in s_caps]
+            outs = eval_tape(tape, r_in, r_caps, guards)
+        outvars = [o._var if _is_tracer(o) and o._level is level else None for o in outs]
+        got = backward(level.tape, outvars, s_cts)
+        results = []
+        for r, x in zip(r_in + r_caps, s_in + s_caps):
+            g = got.get(r._var.id) if _is_tracer(r) and r._level is level else None
+            results.append(g if g is not None else np.zeros(shape_of(x), dtype_of(x) if
+                                                             dtype_of(x).kind in "fc" else
+                                                             np.float64))
+    stage.tape.outputs = [o._var if _is_tracer(o) and o._level is stage else np.asarray(o)
+                          for o in results]
+    return _lower_tape(stage.tape, stage.tape.inputs)
 
 
 def _output_var(level, o):
@@ -299,6 +422,8 @@ def _scan_bwd_impl(*args, program, n_carry, n_x, n_y, length, reverse, checkpoin
     g_stored = rest[len(rest) - nc:] if stored_cotangents else ()
     caps = list(rest[:len(rest) - nc] if stored_cotangents else rest)
     steps = list(range(length - 1, -1, -1)) if reverse else list(range(length))
+    concrete = not any(_is_tracer(a) for a in args)
+    run = program.run_fast if concrete else program.run
     g_caps = [None] * len(caps)
     g_xs = [[None] * length for _ in range(nx)]
     segment_start, segment = None, None
@@ -314,12 +439,15 @@ def _scan_bwd_impl(*args, program, n_carry, n_x, n_y, length, reverse, checkpoin
                 carry = [s[k // checkpoint] for s in stored]
                 segment = [carry]
                 for j in range(start, min(start + checkpoint, length) - 1):
-                    out = program.run(carry + [x[steps[j]] for x in xs], caps)
+                    out = run(carry + [x[steps[j]] for x in xs], caps)
                     carry = out[:nc]
                     segment.append(carry)
             carry = segment[k - start]
         cts = g_carry + [g[t] for g in g_ys]
-        g_in, g_c = _step_vjp(program, carry + x_t, caps, cts)
+        if concrete:
+            g_in, g_c = program.vjp_fast(carry + x_t, caps, cts)
+        else:
+            g_in, g_c = _step_vjp(program, carry + x_t, caps, cts)
         g_carry = [g if g is not None else np.zeros_like(_concrete(c)) for g, c in
                    zip(g_in[:nc], carry)]
         if g_stored and (checkpoint is None or k % checkpoint == 0):
@@ -359,7 +487,7 @@ def _scan_impl(*args, program, n_carry, n_x, length, reverse, checkpoint):
     for k, t in enumerate(steps):
         if checkpoint is None or k % checkpoint == 0:
             stored.append(carry)
-        out = program.run(carry + [x[t] for x in xs], caps)
+        out = program.run_fast(carry + [x[t] for x in xs], caps)
         carry = out[:n_carry]
         ys.append(out[n_carry:])
     if reverse:
@@ -501,9 +629,9 @@ def _while_impl(*args, body, cond, n_carry, n_body_caps):
     bcaps = list(args[n_carry:n_carry + n_body_caps])
     ccaps = list(args[n_carry + n_body_caps:])
     stored = []
-    while bool(np.asarray(cond.run(carry, ccaps)[0])):
+    while bool(np.asarray(cond.run_fast(carry, ccaps)[0])):
         stored.append(carry)
-        carry = body.run(carry, bcaps)
+        carry = body.run_fast(carry, bcaps)
     hidden = [_stack([s[i] for s in stored], body.out_avals[i], len(stored))
               for i in range(n_carry)]
     return tuple(carry + hidden)
