@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gradtape as gt
 from gradtape.bench import display
 from gradtape.bench.cli import main
 from gradtape.bench.methods import METHODS, Method, complex_step, require
 from gradtape.bench.report import RunContext, build_tables, header_lines, render_markdown
-from gradtape.bench.runner import ABSENT, ERROR, OK, WRONG, RunConfig, run_benchmark
-from gradtape.bench.workloads import WORKLOADS
+from gradtape.bench.runner import ABSENT, ERROR, OK, SKIPPED, WRONG, RunConfig, run_benchmark
+from gradtape.bench.workloads import GRADTAPE, PLANNED_WORKLOADS, WORKLOADS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = RunConfig(sizes=(10,), repeat=2, min_sample_s=1e-4, budget_s=0.2)
@@ -145,10 +146,37 @@ def test_plain_text_fallback(capsys: pytest.CaptureFixture) -> None:
     assert "10  hand_numpy" in captured.out
 
 
-def test_planned_workload_is_not_faked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["bench", "--workload", "rnn_scan", "--out", str(tmp_path)]) == 2
-    assert "rnn_scan: planned" in capsys.readouterr().err
+def test_planned_workload_is_not_faked(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(PLANNED_WORKLOADS, "future_model", "planned: waits for a feature")
+    assert main(["bench", "--workload", "future_model", "--out", str(tmp_path)]) == 2
+    assert "future_model: planned" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_rnn_scan_runs_each_system_with_its_own_loop() -> None:
+    """gradtape and JAX run their scan, the rest the Python loop; every gradient checks out."""
+    workload = WORKLOADS["rnn_scan"]
+    problem = workload.problem(6)
+    scan_tape = str(gt.trace(workload.numpy_function(problem, GRADTAPE), problem.x))
+    loop_tape = str(gt.trace(workload.numpy_function(problem), problem.x))
+    assert " scan" in scan_tape and loop_tape.count(" tanh ") == 6
+    assert " scan" not in loop_tape and scan_tape.count(" tanh ") == 0
+
+    names = ["numpy", "hand_numpy", "gradtape", "gradtape_compiled", "gradtape_unrolled",
+             "jax_jit", "torch", "autograd", "finite_diff"]
+    methods = [METHODS[name] for name in names]
+    run = run_benchmark([workload, WORKLOADS["sum_exp"]], methods,
+                        RunConfig(sizes=(6,), repeat=1, min_sample_s=1e-4, budget_s=0.1))
+    status = {(m.workload, m.method): m.status for m in run.measurements}
+    for name in ("numpy", "hand_numpy", "gradtape", "gradtape_compiled", "gradtape_unrolled"):
+        assert status["rnn_scan", name] == OK
+    for name in ("jax_jit", "torch", "autograd"):  # optional peers
+        assert status["rnn_scan", name] in (OK, ABSENT)
+    assert status["rnn_scan", "finite_diff"] == SKIPPED  # len(x) = 1024
+    assert ("sum_exp", "gradtape_unrolled") not in status  # only where there is a loop variant
+    assert status["sum_exp", "gradtape"] == OK
 
 
 @pytest.mark.parametrize("workload", WORKLOADS.values(), ids=WORKLOADS.keys())

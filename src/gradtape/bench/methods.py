@@ -6,6 +6,10 @@ zero-argument callable; each call of it computes the value and the gradient at `
 is what gets timed.  Heavy systems (jax, torch, numba, autograd) are imported here lazily, on
 first use, so the CLI can pin their threads first.  A system that cannot be imported, or a
 gradtape function that does not exist yet, raises ``Absent`` and the method is reported absent.
+
+gradtape's and JAX's methods run a workload's variant written with their own loop primitive
+when it has one (``Workload.body_for``); ``gradtape_unrolled`` runs the plain Python loop under
+gradtape instead, and only on such workloads (``Method.needs_variant``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gradtape.bench.workloads import Problem, Workload
+from gradtape.bench.workloads import GRADTAPE, JAX, Problem, Workload
 
 ValueAndGrad = tuple[Any, Any]
 PreparedCall = Callable[[], ValueAndGrad]
@@ -48,6 +52,12 @@ class Method:
     """Distributions whose versions the report lists when this method ran."""
     rtol: float = 1e-6
     """Tolerance of the check against the hand gradient (relative to the largest entry)."""
+    needs_variant: str | None = None
+    """Run only on workloads with a variant for this system (a comparison meaningless elsewhere)."""
+
+    def applies_to(self, workload: Workload) -> bool:
+        """Whether this method is measured on ``workload`` at all."""
+        return self.needs_variant is None or self.needs_variant in workload.variants
 
 
 def require(module: str) -> Any:
@@ -92,6 +102,12 @@ def prepare_hand_numba(workload: Workload, problem: Problem) -> PreparedCall:
 
 
 def prepare_gradtape(workload: Workload, problem: Problem) -> PreparedCall:
+    f = workload.numpy_function(problem, GRADTAPE)
+    value_and_grad = gradtape_function("value_and_grad")(f)
+    return lambda: value_and_grad(problem.x)
+
+
+def prepare_gradtape_unrolled(workload: Workload, problem: Problem) -> PreparedCall:
     value_and_grad = gradtape_function("value_and_grad")(workload.numpy_function(problem))
     return lambda: value_and_grad(problem.x)
 
@@ -99,7 +115,8 @@ def prepare_gradtape(workload: Workload, problem: Problem) -> PreparedCall:
 def _prepare_gradtape_compiled(backend: str) -> Callable[[Workload, Problem], PreparedCall]:
     def prepare(workload: Workload, problem: Problem) -> PreparedCall:
         compile_ = gradtape_function("compile")
-        value_and_grad = gradtape_function("value_and_grad")(workload.numpy_function(problem))
+        f = workload.numpy_function(problem, GRADTAPE)
+        value_and_grad = gradtape_function("value_and_grad")(f)
         try:
             compiled = compile_(value_and_grad, backend=backend)
         except ValueError as exc:  # compile rejects a backend it does not have (yet)
@@ -125,7 +142,8 @@ def _prepare_jax(jit: bool) -> Callable[[Workload, Problem], PreparedCall]:
         jax = _import_jax()
         jnp = jax.numpy
         consts = tuple(jnp.asarray(c) for c in problem.consts)
-        value_and_grad = jax.value_and_grad(lambda x: workload.body(jnp, x, *consts))
+        body = workload.body_for(JAX)
+        value_and_grad = jax.value_and_grad(lambda x: body(jnp, x, *consts))
         if jit:
             value_and_grad = jax.jit(value_and_grad)
         x = jax.device_put(problem.x)
@@ -219,6 +237,9 @@ METHODS: dict[str, Method] = {
                _prepare_gradtape_compiled("numpy"), systems=("gradtape",)),
         Method("gradtape_numba", "gradtape.compile(value_and_grad(f), backend='numba')",
                _prepare_gradtape_compiled("numba"), systems=("gradtape", "numba")),
+        Method("gradtape_unrolled", "gradtape.value_and_grad(f), eager, on the plain Python loop "
+               "(loop workloads only; gradtape runs their scan)", prepare_gradtape_unrolled,
+               systems=("gradtape",), needs_variant=GRADTAPE),
         Method("jax_jit", "jax.jit(jax.value_and_grad(f)), float64", _prepare_jax(jit=True),
                peer=True, systems=("jax", "jaxlib")),
         Method("jax", "jax.value_and_grad(f) without jit, float64", _prepare_jax(jit=False),

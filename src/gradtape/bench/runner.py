@@ -97,7 +97,10 @@ def planned_sizes(workload: Workload, config: RunConfig) -> tuple[list[int], lis
 
 def count_steps(workloads: Sequence[Workload], methods: Sequence[Method], config: RunConfig) -> int:
     """How many measurements ``run_benchmark`` will make (for a progress bar)."""
-    return sum(len(planned_sizes(w, config)[0]) for w in workloads) * len(methods)
+    return sum(
+        len(planned_sizes(w, config)[0]) * sum(m.applies_to(w) for m in methods)
+        for w in workloads
+    )
 
 
 def short_error(exc: BaseException, limit: int = 160) -> str:
@@ -225,7 +228,7 @@ def run_benchmark(
             problem = workload.problem(size, config.seed)
             reference = workload.hand_value_and_grad(problem.x, *problem.consts)
             row = []
-            for method in methods:
+            for method in (m for m in methods if m.applies_to(workload)):
                 if progress is not None:
                     progress.begin(f"{workload.name} N={size} {method.name}")
                 measurement = measure(method, workload, problem, reference, config, run.absent)
