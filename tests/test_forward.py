@@ -352,6 +352,38 @@ def dynamic_index_case(draw, write):
 
 
 @st.composite
+def scan_case(draw):
+    """A scan with a carry, per-step outputs and a closed-over traced value; fori_loop too."""
+    dtype = draw(DTYPES)
+    c0 = _values(draw, (2,), dtype, 0.5, 1.5)
+    xs = _values(draw, (draw(st.integers(1, 4)), 2), dtype)
+
+    def f(c0, xs):
+        def body(c, x):
+            return c * np.sin(x) + 0.5 * x * c0, np.sum(c * x)
+
+        carry, ys = gt.scan(body, c0, xs)
+        return carry, ys, gt.fori_loop(0, len(xs), lambda i, c: np.cos(c) * xs[i], c0)
+
+    return f, (c0, xs), dtype
+
+
+@st.composite
+def while_case(draw):
+    dtype = draw(DTYPES)
+    x = _values(draw, (2,), dtype, 0.5, 1.5)
+
+    def f(x):
+        def body(c):
+            v, k = c
+            return np.sin(v) * x + v, k + 1.0
+
+        return gt.while_loop(lambda c: c[1] < 3.0, body, (x * x, 0.0))[0]
+
+    return f, (x,), dtype
+
+
+@st.composite
 def where_case(draw):
     dtype = draw(DTYPES)
     shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=3, max_dims=3, max_side=3))
@@ -468,6 +500,8 @@ CASES = {
     "where": where_case(),
     "dyn_getitem": dynamic_index_case(write=False),
     "dyn_setitem": dynamic_index_case(write=True),
+    "scan": scan_case(),
+    "while_loop": while_case(),
     "custom_jvp": custom_case(softplus),
     "custom_vjp": custom_case(cube),
     **{k: v for k, v in _linalg_cases().items() if k in REGISTRY},
@@ -475,12 +509,14 @@ CASES = {
 
 
 def test_every_primitive_has_a_case():
-    """Every differentiable primitive of the rule modules has a case above (or is elementwise)."""
-    from gradtape.rules import linalg
+    """Every differentiable primitive of the rule modules has a case above (or is elementwise;
+    transparent primitives are differentiated through their implementation)."""
+    from gradtape.rules import linalg, loops
 
-    names = {p.name for mod in (reductions, shape, indexing, linalg)
+    names = {p.name for mod in (reductions, shape, indexing, linalg, loops)
              for p in vars(mod).values()
-             if isinstance(p, Primitive) and not p.nondiff and p.partials is None}
+             if isinstance(p, Primitive) and not p.nondiff and p.partials is None
+             and not p.transparent}
     covered = {k.split()[0] for k in CASES}
     assert names - covered == set(), "add a case to CASES for these primitives"
 

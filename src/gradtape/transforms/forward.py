@@ -277,7 +277,8 @@ def record(f: Callable, args: tuple, kwargs: dict, argnums, has_aux: bool,
     return Recording(level, in_trees, single, out_leaves, out_td, outvars, has_aux, aux)
 
 
-def _size(shape: tuple) -> int:
+def num_elements(shape: tuple) -> int:
+    """The number of elements of an array of `shape`."""
     n = 1
     for d in shape:
         n *= d
@@ -288,7 +289,7 @@ def _offsets(shapes: list) -> list:
     offs, total = [], 0
     for s in shapes:
         offs.append(total)
-        total += _size(s)
+        total += num_elements(s)
     return offs + [total]
 
 
@@ -310,7 +311,8 @@ def basis_rows(vars_: list, lo: int, hi: int) -> list:
 
 def chunk_size(tape: Tape, n: int) -> int:
     """How many directions to push at once so that no batched tangent gets too large."""
-    largest = max((_size(v.shape) for ins in tape.instructions for v in ins.outvars), default=1)
+    largest = max((num_elements(v.shape) for ins in tape.instructions for v in ins.outvars),
+                  default=1)
     return max(1, min(n, _MAX_BATCH_ELEMENTS // max(largest, 1)))
 
 
@@ -346,7 +348,7 @@ def jacobian_by_columns(rec: Recording) -> list:
     for col, oshape in zip(cols, rec.out_shapes):
         row = []
         for v, off, end in zip(invars, offs, offs[1:]):
-            b = np.reshape(col[off:end], (end - off, _size(oshape)))
+            b = np.reshape(col[off:end], (end - off, num_elements(oshape)))
             row.append(np.reshape(np.transpose(b), oshape + v.shape))
         blocks.append(row)
     return blocks

@@ -26,14 +26,11 @@ from .forward import (
     jacobian_by_columns,
     jacobian_transform,
     jvp,
+    num_elements,
 )
 from .reverse import backward, grad
 
 _MODES = ("auto", "forward", "reverse")
-
-
-def _size(shape: tuple) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 def _uses_user_vjp(tape: Tape) -> bool:
@@ -50,7 +47,7 @@ def _generic_seed(var: Var) -> np.ndarray:
     is infinite (np.where(x > 0, np.sqrt(x), 0)): distinct non-zero seeds keep the zeros
     that are there for every cotangent and no others.
     """
-    n = _size(var.shape)
+    n = num_elements(var.shape)
     seed = 1.0 + (np.arange(n) * 0.6180339887498949) % 1.0
     return seed.reshape(var.shape).astype(var.dtype)
 
@@ -60,8 +57,8 @@ def jacobian_by_rows(rec: Recording) -> list:
     invars = rec.invars
     out_like = [Var(-1, tuple(s), _output_dtype(x)) for s, x in zip(rec.out_shapes,
                                                                       rec.out_leaves)]
-    if _uses_user_vjp(rec.level.tape):
-        rows = _rows_one_by_one(rec, out_like)
+    if sum(num_elements(v.shape) for v in out_like) == 1 or _uses_user_vjp(rec.level.tape):
+        rows = _rows_one_by_one(rec, out_like)  # one backward pass per row
     else:
         with new_level("reverse") as level:
             seeds = [level.new_input(_generic_seed(v)) for v in out_like]
@@ -69,7 +66,7 @@ def jacobian_by_rows(rec: Recording) -> list:
             in_cts = [cts.get(v.id) for v in invars]
         read = [c._var if type(c) is Tracer and c._level is level else None for c in in_cts]
         rows = batched_sweep(level.tape, [s._var for s in seeds], read, invars)
-    offs = np.cumsum([0] + [_size(s) for s in rec.out_shapes])
+    offs = np.cumsum([0] + [num_elements(s) for s in rec.out_shapes])
     return [[np.reshape(r[lo:hi], oshape + v.shape) for r, v in zip(rows, invars)]
             for lo, hi, oshape in zip(offs[:-1], offs[1:], rec.out_shapes)]
 
@@ -79,9 +76,10 @@ def _output_dtype(x) -> np.dtype:
 
 
 def _rows_one_by_one(rec: Recording, out_like: list) -> list:
-    """One backward pass per output element, over the single recorded tape (for tapes
-    with custom_vjp rules, whose user code is called with plain arrays)."""
-    m = int(sum(_size(v.shape) for v in out_like))
+    """One backward pass per output element, over the single recorded tape: for a scalar
+    output (a gradient), and for tapes with custom_vjp rules, whose user code expects
+    plain arrays."""
+    m = int(sum(num_elements(v.shape) for v in out_like))
     rows: list = [[] for _ in rec.invars]
     for r in range(m):
         basis = basis_rows(out_like, r, r + 1)
@@ -95,8 +93,8 @@ def _rows_one_by_one(rec: Recording, out_like: list) -> list:
 
 def _auto(rec: Recording) -> list:
     """Forward mode when there are no more inputs than outputs, else reverse mode."""
-    n = sum(_size(v.shape) for v in rec.invars)
-    m = sum(_size(s) for s in rec.out_shapes)
+    n = sum(num_elements(v.shape) for v in rec.invars)
+    m = sum(num_elements(s) for s in rec.out_shapes)
     return jacobian_by_columns(rec) if n <= m else jacobian_by_rows(rec)
 
 
