@@ -315,6 +315,7 @@ class CompiledFunction:
         tape, program, traced = self._record(info)
         reason = unreplayable_reason(program)
         lowered = None if reason else self._lower(program)
+        _release_recorded_values(tape, program)
         with self._lock:
             if sig is None:
                 sig = self._signatures.get(info.key)
@@ -493,6 +494,15 @@ class CompiledFunction:
             return qualname
         return (_rebuild, (self._fun, self._backend_name, self._static, self._max_variants,
                            self._static_names))
+
+
+def _release_recorded_values(tape: Tape, program: Program) -> None:
+    """Drop the values seen while recording (every intermediate of the recording call): the
+    lowered code no longer needs them. Constants stay, so the tape still prints in full."""
+    for ins in (*tape.instructions, *program.instructions):
+        if ins.out is not None:
+            ins.args = tuple(None if v is not None else a for v, a in zip(ins.invars, ins.args))
+            ins.out = None
 
 
 def _out_leaves(program: Program, out, arg_leaves) -> list:
