@@ -3,54 +3,64 @@
 LLVM turns a Numba loop over `np.exp` into `llvm.exp.v4f64` and then into one libm call per
 element (PyPI's llvmlite has no SVML), so a fused loop is several times slower than NumPy.
 These functions are plain arithmetic on the value and its bits (Cody-Waite range reduction,
-minimax polynomials, powers of two built from exponent bits, clamping and selects instead
-of branches), so LLVM inlines them into the caller and vectorizes the loop.
+Remez minimax polynomials, powers of two built from exponent bits, clamps and selects
+instead of branches), so they inline into the caller's loop and LLVM vectorizes it.
 
-Use them inside `@njit` code: `s += fast_exp(x[i])`. Each name is one generic function
-dispatched by argument type with `numba.extending.overload`: float32 arguments use float32
-arithmetic with shorter polynomials (twice the lanes per vector), everything else (float64,
-integers, booleans, mixed) uses float64, like NumPy's ufuncs. One algorithm text serves both
-formats: `_make_kernels` closes over a table of constants per format, so the float32 kernels
-contain no float64 operation. (`generated_jit` is gone from Numba; a single `@njit` body
-cannot choose constants by type; `overload` compiles each format once, on first use.)
+Use them inside `@njit` code: `s += fast_exp(x[i])` (from Python they work on scalars).
+Each name is one generic function dispatched by argument type with
+`numba.extending.overload`: float32 arguments get float32 arithmetic with shorter
+polynomials (twice the lanes per vector), everything else (float64, integers, booleans,
+float32 mixed with float64) gets float64, like NumPy's ufuncs. One algorithm text serves
+both formats: `_make_kernels` closes over a table of constants per format, so a float32
+kernel contains no float64 operation. (`generated_jit` is gone from Numba, and one `@njit`
+body cannot choose its constants by type; `overload` compiles each format once, on first
+use, and converting wrappers send other argument types to the float64 kernel.)
 
-Floating-point flags. A kernel is compiled with fastmath `{"contract"}` only (FMA allowed)
-and is NOT inlined at the Numba-IR level: it stays a separate function that LLVM inlines,
-and LLVM keeps each instruction's own flags when it does. The calling loop may therefore use
-`{"reassoc", "contract", "nsz", "arcp"}` for its reduction. Do not wrap these functions with
-`inline="always"` in a loop compiled with `reassoc`: Numba-IR inlining gives the body the
-caller's flags, LLVM then folds the rounding steps of the range reduction, and exp is off by
-up to 40%. Flags `nnan`/`ninf` in the caller allow LLVM to assume no NaN or infinity flows
-through, which defeats the special-value handling below.
+Inlining and floating-point flags. A kernel is compiled with fastmath `{"contract"}` only
+(FMA allowed, no reassociation) and with Numba's `forceinline=True`: it stays a function of
+its own that LLVM must inline (`alwaysinline`), and LLVM keeps each instruction's own flags
+when it does. The calling loop may therefore allow `{"reassoc", "contract", "nsz", "arcp"}`
+for its reduction. Numba's `inline="always"` would be wrong here: it inlines at the Numba-IR
+level, the body then takes the caller's flags, LLVM folds `(t + shift) - shift` and
+reassociates the range reduction, and exp is off by up to 40% (measured). Without any
+forced inlining LLVM leaves the larger kernels (tanh, softplus) as scalar calls and the loop
+does not vectorize. Flags `nnan`/`ninf` in a caller let LLVM assume that no NaN or infinity
+flows through, which defeats the special-value handling below.
 
 Special values follow NumPy: NaN propagates; exp(+inf) = inf, exp(-inf) = 0, overflow gives
 inf and underflow 0; log(0) = -inf, log(x < 0) = nan, log(inf) = inf; log1p(-1) = -inf,
-log1p(x < -1) = nan; expm1(-inf) = -1; tanh(+-inf) = +-1; signed zeros are kept.
-Subnormals are handled, not flushed: subnormal results of exp (and of expit, softplus,
-logaddexp) are rounded once from the full-precision result (the power of two is applied in
-two factors), and subnormal arguments of log and log1p are normalized first.
+log1p(x < -1) = nan; expm1(-inf) = -1; tanh(+-inf) = +-1; logaddexp(inf, inf) = inf;
+signed zeros are kept (expm1, log1p, tanh of -0.0 are -0.0). Subnormals are handled, not
+flushed: exp applies 2**n in two exact factors, so a subnormal result is rounded from the
+full-precision one (double rounding: up to 0.75 ulp of the subnormal, measured), and
+subnormal arguments of log and log1p are scaled into the normal range first.
 
-Accuracy, measured by tests/test_fastmath.py against np.longdouble (80-bit) references
-(float32 against float64 references) over the whole finite range, the branch points, the
-overflow and underflow thresholds and the special values; max error in ulps of the result:
+Accuracy. exp is the plain fast version (< 1 ulp); the composite functions use exp as an
+unevaluated sum hi + lo and correct their divisions with an FMA residual (`llvm.fma`: one
+instruction on x86-64 CPUs with AVX2 and on AArch64), so their error stays near half an ulp
+plus that of their last step instead of adding up the errors of their parts. Maximum error
+in ulps of the exact result, measured by tests/test_fastmath.py against np.longdouble
+references over the whole finite range, the branch points, the overflow and underflow
+thresholds and the special values (run it as a script for this table):
 
-    function     float64   float32   (NumPy 2.4 on this AVX-512 machine, float64 / float32)
-    exp          0.80      0.74      (0.51 / 0.52)
-    expm1        0.93      0.94      (0.72 / 0.52)
-    log          0.87      0.88      (0.51 / 0.52)
-    log1p        0.88      0.81      (0.72 / 0.52)
-    tanh         1.95      1.86      (1.97 / 0.52)
-    expit        1.38      1.36      (scipy 1.13 / 0.51)
-    softplus     1.41      1.42      (np.logaddexp(0, x): 1.02 / 0.52)
-    log_expit    1.41      1.42
-    logaddexp    1.44      1.42      (1.02 / 0.52)  -- relative to the exact result of the
-                                    rounded difference x - y, as NumPy computes it
+    function     float64  float32   NumPy 2.4 on the same inputs (AVX-512), float64 float32
+    exp            0.93     0.95                                             0.68    2.12
+    expm1          0.84     0.82                                             0.52    2.51
+    log            0.76     0.76                                             0.59    3.15
+    log1p          0.82     0.82                                             0.59    1.75
+    tanh           0.70     0.70                                             1.14    1.36
+    expit          0.75     0.75    (scipy.special.expit flushes subnormal results to 0)
+    softplus       1.11     1.15    np.logaddexp(0, x)                       1.35    1.36
+    log_expit      1.00     1.15    scipy.special.log_expit                  1.30    1.41
+    logaddexp      1.16     1.44                                             1.47    1.79
 
-The tests assert these bounds rounded up to the next 0.25 ulp.
+logaddexp(x, y) = max(x, y) + log1p(exp(-|x - y|)) cancels when max(x, y) < 0 (NumPy's
+formula too), so its error is in ulps of max(|result|, |x|, |y|), the scale of its
+sensitivity to its arguments. The tests assert these bounds rounded up to 0.25 ulp.
 
-`FAST_FUNCTIONS` maps ufunc names (gradtape's primitive names) to these functions, for the
-numba backend's code generator. Importing this module imports Numba: only the numba backend
-imports it.
+`FAST_FUNCTIONS` maps ufunc names (gradtape's primitive names, plus "softplus" for the
+log1p(exp(x)) pattern) to these functions, for the numba backend's code generator. Importing
+this module imports Numba: only the numba backend imports it.
 """
 
 from __future__ import annotations
@@ -177,8 +187,9 @@ def _int_bits(value: float, dtype: type) -> int:
 def _make_kernels(fmt: _Format) -> dict[str, Callable]:
     """Python kernels for one format, closing over its constants; `overload` compiles them.
 
-    Every float constant is of the format's type, so float32 kernels stay in float32.
-    Integer work happens on the bits (Numba widens it to int64; only the low bits are used).
+    A kernel is only called with arguments of its format. Every float constant is of the
+    format's type, so float32 kernels stay in float32. Integer work happens on the bits
+    (Numba widens it to int64; only the low bits are used).
     Helpers are inlined into each kernel at the Numba-IR level (they share its flags).
     Composite functions carry exp's result as an unevaluated sum hi + lo and correct their
     divisions with an FMA residual, so their error stays near half an ulp instead of adding
@@ -256,7 +267,7 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
 
     @helper
     def exp_pair(x):
-        """(hi, lo, n) with e**x = (hi + lo) 2**n, hi + lo good to ~2**-(MANT + 6)."""
+        """(hi, lo, n) with e**x = (hi + lo) 2**n, hi + lo good to ~2**-(MANT + 5)."""
         x = EXP_HI if x > EXP_HI else x
         x = EXP_LO if x < EXP_LO else x
         r, c, n = reduce_exp(x)
@@ -274,11 +285,8 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
         return hi, residual * hi
 
     @helper
-    def log_plus(u, c):
-        """log(u) + c for u > 0 finite and a small correction c (garbage elsewhere)."""
-        subnormal = u < MIN_NORMAL
-        u = u * SUBNORMAL_SCALE if subnormal else u
-        k_offset = SUBNORMAL_SHIFT if subnormal else ZERO
+    def log_normal_plus(u, c, k_offset):
+        """log(u) + c - k_offset ln2 for a normal u > 0 and a small c (garbage elsewhere)."""
         bits = _bits(u) + (ONE_BITS - SQRT_HALF_BITS)  # carries into the exponent if m >= sqrt2
         k = (_from_bits((bits >> MANT) | MAGIC_BITS, u) - MAGIC_PLUS_BIAS) - k_offset
         f = _from_bits((bits & MANT_MASK) + SQRT_HALF_BITS, u) - ONE
@@ -287,6 +295,13 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
         z = s * s
         tail = z * polynomial(LOG_POLY, z)
         return k * LN2_HI - ((half_f2 - (s * (half_f2 + tail) + (k * LN2_LO + c))) - f)
+
+    @helper
+    def log_plus(u, c):
+        """log(u) + c for u > 0 finite, subnormals included (garbage elsewhere)."""
+        subnormal = u < MIN_NORMAL
+        return log_normal_plus(u * SUBNORMAL_SCALE if subnormal else u, c,
+                               SUBNORMAL_SHIFT if subnormal else ZERO)
 
     @helper
     def log_special(u, value):
@@ -304,20 +319,22 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
 
     @helper
     def softplus_of(x):
-        """log(1 + e**x) = max(x, 0) + log1p(e**-|x|)."""
+        """log(1 + e**x) = max(x, 0) + log1p(e) with e = e**-|x| in [0, 1]."""
         hi, lo, n = exp_pair(-abs(x))
-        e_hi = scaled(hi, n)
-        e_lo = scaled(lo, n)
+        e_hi, e_lo = scaled(hi, n), scaled(lo, n)
         e = e_hi + e_lo
-        return (x if x > ZERO else ZERO) + log1p_pair(e, (e_hi - e) + e_lo)
+        u = ONE + e  # in [1, 2]: no special case of log1p applies
+        c = ((e - (u - ONE)) + ((e_hi - e) + e_lo)) / u  # 1 + e_hi + e_lo - u, over u
+        value = (x if x > ZERO else ZERO) + log_normal_plus(u, c, ZERO)
+        return value if x == x else x
 
     def exp(x):
-        x = F(x)
-        hi, lo, n = exp_pair(x)
-        return scaled(hi + lo, n)
+        x = EXP_HI if x > EXP_HI else x
+        x = EXP_LO if x < EXP_LO else x
+        r, _, n = reduce_exp(x)  # without the correction c and the pair: 1.5x faster, < 1 ulp
+        return scaled(ONE + (r * r * polynomial(EXP_POLY, r) + r), n)
 
     def expm1(x):
-        x = F(x)
         clamped = EXPM1_HI if x > EXPM1_HI else x
         clamped = EXPM1_LO if clamped < EXPM1_LO else clamped
         r, c, n = reduce_exp(clamped)
@@ -334,16 +351,13 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
         return x if abs(x) < EXPM1_TINY else value
 
     def log(x):
-        x = F(x)
         return log_special(x, log_plus(x, ZERO))
 
     def log1p(x):
-        x = F(x)
         value = log1p_pair(x, ZERO)
         return x if x == ZERO else value  # keeps -0.0
 
     def tanh(x):
-        x = F(x)
         a = abs(x)
         a = TANH_HI if a > TANH_HI else a
         z = a * a
@@ -361,7 +375,6 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
         return math.copysign(small if a < TANH_POLY_BELOW else large, x)
 
     def expit(x):
-        x = F(x)
         # e = e**-|x|; x >= 0: 1 / (1 + e); x < 0: e / (1 + e)
         hi, lo, n = exp_pair(-abs(x))
         e_hi = scaled(hi, n)
@@ -374,13 +387,12 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
         return g_hi + g_lo if x >= ZERO else p + p_lo
 
     def softplus(x):
-        return softplus_of(F(x))
+        return softplus_of(x)
 
     def log_expit(x):
-        return -softplus_of(-F(x))  # -0.0 where it underflows, like scipy's
+        return -softplus_of(-x)  # -0.0 where it underflows, like scipy's
 
     def logaddexp(x, y):
-        x, y = F(x), F(y)
         larger = x if x > y else y
         value = larger + softplus_of(-abs(x - y))
         return x + LN2_F if x == y else value  # equal infinities: x - y is nan
@@ -472,15 +484,27 @@ def _format_of(*args) -> int | None:
 
 
 def _register(name: str, function: Callable) -> None:
-    """Numba: calls of `function` compile the kernel of the arguments' format."""
+    """Numba: calls of `function` compile the kernel of the arguments' format, once per format.
+
+    Arguments already of that format get the kernel; others (integers, booleans, a float32
+    next to a float64) get a wrapper converting them, so the kernel is not compiled again.
+    """
+    def implementation(*args):
+        bits = _format_of(*args)
+        if bits is None:
+            return None
+        if all(a == types.float64 if bits == 64 else a == types.float32 for a in args):
+            return _KERNELS[bits][name]
+        if len(args) == 1:
+            return lambda x: function(np.float64(x))
+        return lambda x, y: function(np.float64(x), np.float64(y))
+
     if name == "logaddexp":
         def select(x, y):
-            bits = _format_of(x, y)
-            return None if bits is None else _KERNELS[bits][name]
+            return implementation(x, y)
     else:
         def select(x):
-            bits = _format_of(x)
-            return None if bits is None else _KERNELS[bits][name]
+            return implementation(x)
 
     overload(function, jit_options=KERNEL_OPTIONS)(select)
 
