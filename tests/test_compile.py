@@ -14,6 +14,8 @@ import warnings
 import numpy as np
 import pytest
 import scipy.special
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gradtape as gt
 from gradtape.compile import CompileWarning
@@ -158,6 +160,52 @@ def test_rules_through_compile(name):
         np.testing.assert_allclose(grad, finite_difference(f, x), rtol=1e-5, atol=1e-6)
     if name != "sort":  # np.sort reads its permutation as a Python index (a guard on data)
         assert cf.stats["recordings"] == 1
+
+
+# random straight-line programs: the lowering (buffer reuse, in-place writes, views, folding)
+# must give exactly what eager evaluation gives
+def _op_menu(rng):
+    def setitem_full(a, b):
+        y = np.zeros_like(a)
+        y[:] = np.sin(b)  # the written value dies here, shaped like the result
+        return y * a
+
+    def setitem_chain(a, b):
+        y = a * 1.5
+        y[1:3] = b[:2] ** 2
+        y[0] = y[-1] + b[2]
+        return y
+
+    unary = [np.sin, np.exp, np.tanh, lambda a: a * a, lambda a: -a, lambda a: np.cumsum(a),
+             lambda a: a[::-1] * 2.0, lambda a: np.sort(a) + a,
+             lambda a: np.reshape(np.reshape(a, (2, 3)).T, (6,)), lambda a: np.abs(a) ** 1.5,
+             lambda a: a - np.max(a), lambda a: a / (1.0 + np.sum(a * a, keepdims=True))]
+    binary = [np.add, np.multiply, np.subtract, lambda a, b: a / (2.0 + np.cos(b)),
+              lambda a, b: np.where(a > b, a, b * 0.5), np.maximum, setitem_full, setitem_chain,
+              lambda a, b: np.concatenate([a[:3], b[3:]]) * a,
+              lambda a, b: a * np.sum(b) + np.mean(a) * b]
+    return unary, binary
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 11), st.integers(0, 9), st.integers(0, 30),
+                          st.booleans()), min_size=1, max_size=8))
+def test_random_programs_compile_exactly(steps):
+    unary, binary = _op_menu(None)
+
+    def f(x):
+        values = [x, np.cos(x)]
+        for u, b, pick, use_binary in steps:
+            a = values[pick % len(values)]
+            c = values[(pick // 2) % len(values)]
+            values.append(binary[b](a, c) if use_binary else unary[u](a))
+        return np.sum(values[-1] * values[-2]) + np.sum(values[len(values) // 2])
+
+    cf = gt.compile(gt.value_and_grad(f))
+    for seed in range(3):
+        x = np.random.default_rng(seed).normal(size=6)
+        with np.errstate(all="ignore"):
+            assert_same(cf(x), gt.value_and_grad(f)(x))
 
 
 def test_grad_of_compiled_equals_grad():

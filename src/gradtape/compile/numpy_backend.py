@@ -29,13 +29,17 @@ class Emitter:
     """How to lower one primitive: `emit(gen, ins, out, args) -> lines`.
 
     kind BUFFER writes into `out` (a preallocated array); VIEW and VALUE assign `out`
-    (a view of an input, or a value that may share memory with its inputs). `inplace`: the
-    output may be the buffer of an input that dies here (elementwise ufuncs).
+    (a view of an input, or a value that may share memory with its inputs). `inplace`: which
+    arguments' buffers the output may take over when they die here: ANY (elementwise
+    ufuncs), FIRST (copy argument 0, then write into it), or NONE.
     """
 
     kind: str
     emit: Callable
-    inplace: bool = False
+    inplace: str = "none"
+
+
+ANY, FIRST, NONE = "any", "first", "none"  # Emitter.inplace
 
 
 # --- the generator ---------------------------------------------------------------------------
@@ -80,7 +84,7 @@ def _ufunc_emitter(ufunc) -> Emitter:
         args = _scalars_as_arrays(gen, ufunc, ins, args)
         return [f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
                 f"{out_arg.format(out)})"]
-    return Emitter(BUFFER, emit, inplace=True)
+    return Emitter(BUFFER, emit, inplace=ANY)
 
 
 def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> list:
@@ -163,11 +167,12 @@ def _cumulative(fn) -> Emitter:
 
 
 def _copy_then(update: Callable) -> Emitter:
-    """Copy argument 0 into the buffer, then update it in place (functional writes)."""
+    """Copy argument 0 into the buffer (unless it is that buffer, dying here: y[i] = v on a
+    temporary updates it in place), then update it (functional writes)."""
     def emit(gen, ins, out, args):
-        return [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]})"] + update(gen, ins, out,
-                                                                              args)
-    return Emitter(BUFFER, emit)
+        copy = [] if out == args[0] else [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]})"]
+        return copy + update(gen, ins, out, args)
+    return Emitter(BUFFER, emit, inplace=FIRST)
 
 
 def _setitem_update(gen, ins, out, args):
@@ -365,8 +370,8 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
                 names[v.id] = f"o{direct[v.id]}"
             else:
                 key = (v.shape, v.dtype)
-                slot = _in_place_slot(ins, i, key, slot_of, storage, owner_last) if \
-                    e.inplace else None
+                slot = None if e.inplace == NONE else _in_place_slot(
+                    ins, i, key, e.inplace, slot_of, storage, owner_last)
                 if slot is not None:
                     handed_on.add(slot)
                 else:
@@ -385,11 +390,12 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
     return _Plan(emitters, names, slots, direct)
 
 
-def _in_place_slot(ins: Instruction, i: int, key: tuple, slot_of, storage, owner_last):
+def _in_place_slot(ins: Instruction, i: int, key: tuple, which: str, slot_of, storage,
+                   owner_last):
     """The buffer of an input that dies at instruction i and that the output can overwrite:
     same shape and dtype, a whole buffer (not a view), and not read through another operand
     (an exact overlap is safe for a ufunc; a partial one would make NumPy copy)."""
-    for w in ins.invars:
+    for w in ins.invars[:1] if which == FIRST else ins.invars:
         if (w is not None and w.id in slot_of and (w.shape, w.dtype) == key
                 and storage.get(w.id) == frozenset((w.id,)) and owner_last.get(w.id) == i
                 and not any(u is not None and u.id != w.id and w.id in storage.get(u.id, ())
