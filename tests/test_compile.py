@@ -323,6 +323,34 @@ def test_branch_alternating_inputs_record_once_per_path():
     assert "guard bool" in text and "np.sum(x) > 1" in text
 
 
+def test_nested_branches_select_variants_by_guard_answers():
+    def f(x):
+        y = np.sin(x)
+        if np.sum(y) > 0:
+            y = y * x
+        else:
+            y = np.exp(y)
+        for _ in range(int(x[0] > 0) + 1):  # an int guard after the bool one
+            y = y + np.tanh(y)
+        return np.sum(y**2) if y[1] > y[2] else np.sum(y)
+
+    cf = gt.compile(gt.value_and_grad(f), max_variants=16)
+    eager = gt.value_and_grad(f)
+    paths = set()
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        x = rng.normal(size=4)
+        assert_same(cf(x), eager(x))
+        y = np.sin(x)
+        y = y * x if np.sum(y) > 0 else np.exp(y)
+        for _ in range(int(x[0] > 0) + 1):
+            y = y + np.tanh(y)
+        paths.add((np.sum(np.sin(x)) > 0, x[0] > 0, y[1] > y[2]))
+    stats = cf.stats
+    assert stats["recordings"] == len(paths) == stats["variants"]
+    assert stats["eager_calls"] == 0
+
+
 def test_loop_count_from_int_guard():
     def f(x):
         s = 0.0

@@ -134,6 +134,19 @@ def _type_str(key) -> str:
     return getattr(key, "__name__", repr(key))
 
 
+def _render(td, types) -> str:
+    """A pytree structure with each leaf shown as its type."""
+    if td.kind == "leaf":
+        return next(types)
+    if td.kind == "none":
+        return "None"
+    inner = [_render(c, types) for c in td.children]
+    if td.kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(td.meta, inner)) + "}"
+    text = ", ".join(inner)
+    return f"[{text}]" if td.kind == "list" else f"({text}{',' if len(inner) == 1 else ''})"
+
+
 @dataclass
 class SignatureStats:
     """Counters for one signature; every call is one replay, one recording or one eager call."""
@@ -231,7 +244,11 @@ class CompiledFunction:
             return self._fun(*args, **kwargs)
         if not kwargs and not self._static:
             # the hot path: positional arrays, the signature's last variant still holds
-            key = _array_key(args)
+            if len(args) == 1:
+                a = args[0]
+                key = ((a.shape, a.dtype),) if type(a) is np.ndarray else None
+            else:
+                key = _array_key(args)
             if key is not None:
                 sig = self._signatures.get(key)
                 variant = sig.hot if sig is not None else None
@@ -411,12 +428,16 @@ class CompiledFunction:
         return getattr(self._fun, "__qualname__", None) or repr(self._fun)
 
     def _label(self, info: _CallInfo) -> str:
+        """A readable signature: "(f64[1000], {'w': f32[3]}, scale=f64 scalar) static 3='sum'"."""
         if info.in_tree is None:
             return "(" + ", ".join(_type_str(k) for k in info.key) + ")"
         in_tree, keys, _, static = info.key
         types = iter([_type_str(k) for k in keys])
-        text = repr(in_tree)
-        text = "".join(next(types) if ch == "*" else ch for ch in text)
+        args_tree, kwargs_tree = in_tree.children
+        parts = [_render(c, types) for c in args_tree.children]
+        parts += [f"{k}={_render(c, types)}" for k, c in zip(kwargs_tree.meta,
+                                                              kwargs_tree.children)]
+        text = "(" + ", ".join(parts) + ")"
         if static:
             text += " static " + ", ".join(f"{i}={v!r}" for i, _, v in static)
         return text
