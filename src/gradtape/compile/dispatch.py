@@ -233,6 +233,7 @@ class CompiledFunction:
         self._signatures: dict = {}
         self._lock = threading.Lock()
         self._warned = False
+        self._last_single: tuple = (None, None, None)
 
     # --- calling ---------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
@@ -244,14 +245,23 @@ class CompiledFunction:
             return self._fun(*args, **kwargs)
         if not kwargs and not self._static:
             # the hot path: positional arrays, the signature's last variant still holds
+            sig = None
             if len(args) == 1:
                 a = args[0]
-                key = ((a.shape, a.dtype),) if type(a) is np.ndarray else None
+                if type(a) is np.ndarray:
+                    last = self._last_single  # (shape, dtype, signature) of the last such call
+                    if a.shape == last[0] and a.dtype is last[1]:
+                        sig = last[2]
+                    else:
+                        sig = self._signatures.get(((a.shape, a.dtype),))
+                        if sig is not None:
+                            self._last_single = (a.shape, a.dtype, sig)
             else:
                 key = _array_key(args)
-            if key is not None:
-                sig = self._signatures.get(key)
-                variant = sig.hot if sig is not None else None
+                if key is not None:
+                    sig = self._signatures.get(key)
+            if sig is not None:
+                variant = sig.hot
                 if variant is not None:
                     try:
                         if out is None:
@@ -570,6 +580,11 @@ def compile(fun: Callable, backend: str = "auto", static_argnums: int | Sequence
     and backward passes on one tape). Control flow on traced values is guarded: a call
     that takes another path records (and keeps) another variant, at most `max_variants`
     per signature. Call with `out=` (a structure of arrays shaped like the result) to
-    write the result without allocating.
+    write the result without allocating; `out` is therefore reserved as a keyword.
+
+    Sharp bits: Python-level state the function reads (random numbers, globals, arrays it
+    closes over) is captured when a variant is recorded, as in JAX; `static_argnames` name
+    keyword arguments; pickling needs a picklable `fun` (a module-level function, not the
+    closure `grad(f)` returns).
     """
     return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)
