@@ -23,6 +23,8 @@ from ..tape import Instruction, Tape, Var
 # primitives whose output shape depends on input values (not fixed by the signature):
 # the replay checks the shape it got, like a guard
 DYNAMIC_SHAPE_PRIMS = frozenset({"nonzero", "argwhere", "flatnonzero"})
+# what a replay can check: the guards the Tracer records, and shapes of DYNAMIC_SHAPE_PRIMS
+CHECK_KINDS = frozenset({"bool", "int", "index", "item", "value", "shape"})
 # primitives whose output value depends only on shapes (fixed per signature): folded
 CONSTANT_VALUED_PRIMS = frozenset({"full_like"})
 # primitives that return their (only) input unchanged
@@ -223,6 +225,8 @@ def _normalized_answer(kind: str, answer):
 def unreplayable_reason(program: Program) -> str | None:
     """Why a replay could not check this program's guards (None when it can)."""
     for c in program.checks:
+        if c.kind not in CHECK_KINDS:
+            return f"a guard of kind {c.kind!r} ({c.where}) that compile cannot check"
         if c.kind == "item" and isinstance(c.operand, Var) and math.prod(c.operand.shape) != 1:
             return (f"x.item(i) on an array of shape {c.operand.shape} ({c.where}) cannot be "
                     "checked on replay; write x[i].item() instead")
