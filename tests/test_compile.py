@@ -144,6 +144,9 @@ RULES = {
     "special": lambda x: np.sum(scipy.special.gammaln(2 + x * x)) + scipy.special.logsumexp(x),
     "pad_roll": lambda x: np.sum(np.pad(x, (1, 2)) * np.arange(9.0)) + np.sum(np.roll(x, 2) * x),
     "matmul": lambda x: np.sum(np.tanh(W @ np.reshape(x, (3, 2))) ** 2),
+    # matmul is a generalized ufunc: broadcast inputs and uniform constants are not elementwise
+    "matmul_broadcast": lambda x: np.sum(np.tanh(np.broadcast_to(x[:3], (3, 3)) @ np.reshape(
+        x, (3, 2)))) + np.sum(np.full((2, 3), 2.0) @ np.reshape(x, (3, 2)) ** 2),
     "closure_constant": lambda x: np.sum(x * W[:, :1].ravel()[:1] + np.exp(W).sum()),
 }
 

@@ -78,13 +78,15 @@ _KEYWORD_OUT = frozenset({np.maximum, np.minimum})
 
 
 def _ufunc_emitter(ufunc) -> Emitter:
+    """A ufunc writing into its buffer; an elementwise one may overwrite a dying input (a
+    generalized ufunc such as matmul reads whole rows: never in place)."""
     out_arg = "out={}" if ufunc in _KEYWORD_OUT else "{}"
 
     def emit(gen, ins, out, args):
         args = _scalars_as_arrays(gen, ufunc, ins, args)
         return [f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
                 f"{out_arg.format(out)})"]
-    return Emitter(BUFFER, emit, inplace=ANY)
+    return Emitter(BUFFER, emit, inplace=ANY if ufunc.signature is None else NONE)
 
 
 def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> list:
@@ -302,7 +304,7 @@ def emitter_for(ins: Instruction) -> Emitter:
         return e
     uf = _as_ufunc(prim)
     if uf is not None and uf.nout == 1:
-        return _scalar_emitter(ins, uf) or _ufunc_emitter(uf)
+        return (_scalar_emitter(ins, uf) if uf.signature is None else None) or _ufunc_emitter(uf)
     return Emitter(VALUE, _fallback)
 
 

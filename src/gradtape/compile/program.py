@@ -256,7 +256,10 @@ def _substituted(ins: Instruction, subst: dict) -> Instruction:
 
 
 def _is_elementwise(prim) -> bool:
-    return prim.partials is not None or isinstance(prim.impl, np.ufunc) or prim.name == "where"
+    """Broadcasting elementwise ops (not generalized ufuncs such as matmul, with core dims)."""
+    impl = prim.impl
+    return prim.partials is not None or prim.name == "where" or (
+        isinstance(impl, np.ufunc) and impl.signature is None)
 
 
 def _strip_ones(shape: tuple) -> tuple:
