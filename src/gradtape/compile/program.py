@@ -69,7 +69,12 @@ class OutputLeaf:
 
 @dataclass
 class Program:
-    """A straight-line program for one variant of one signature."""
+    """A straight-line program for one variant of one signature.
+
+    A backend reads each instruction's prim, invars, params, outvars and, where invars[i]
+    is None, the constant args[i]. Values seen while recording (args of traced inputs,
+    `out`) are dropped once the variant is lowered.
+    """
 
     inputs: list[Var]
     instructions: list[Instruction]
