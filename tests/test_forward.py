@@ -337,13 +337,16 @@ def write_case(draw, indices, add_at):
 
 
 @st.composite
-def dynamic_index_case(draw, write):
+def dynamic_index_case(draw, write, scatter=False):
     """x[i, 1:] with i a traced integer (as in a loop body): the dyn_* primitives."""
     dtype = draw(DTYPES)
     x = _values(draw, X_SHAPE, dtype)
     v = _values(draw, X_SHAPE[1:], dtype)
     i = np.int64(draw(st.integers(0, X_SHAPE[0] - 1)))
     template = indexing.normalize_index((indexing._SLOT, slice(1, None)))
+    if scatter:
+        return (lambda x, v: indexing.dyn_scatter_add_p(x, v[1:] ** 2, i, template=template,
+                                                        positions=(0,))), (x, v), dtype
     if write:
         return (lambda x, v: indexing.dyn_setitem_p(x, v[1:] ** 2, i, template=template,
                                                     positions=(0,))), (x, v), dtype
@@ -500,6 +503,7 @@ CASES = {
     "where": where_case(),
     "dyn_getitem": dynamic_index_case(write=False),
     "dyn_setitem": dynamic_index_case(write=True),
+    "dyn_scatter_add": dynamic_index_case(write=True, scatter=True),
     "scan": scan_case(),
     "while_loop": while_case(),
     "custom_jvp": custom_case(softplus),

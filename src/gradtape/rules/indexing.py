@@ -273,14 +273,39 @@ def add_at(a, indices, b=None):
     a._value, a._var, a._level = new._value, new._var, new._level
 
 
+def _has_tracer(idx) -> bool:
+    return any(type(i) is trace.Tracer for i in idx)
+
+
+dyn_scatter_add_p = Primitive(
+    "dyn_scatter_add",
+    lambda base, vals, *iv, template, positions: _scatter_add_impl(
+        base, vals, _fill(template, positions, iv)),
+    vjps=lambda i, g, ans, base, vals, *iv, template, positions: (
+        g if i == 0 else unbroadcast(g[_fill(template, positions, iv)], shape_of(vals))
+        if i == 1 else None),
+    jvp=lambda ts, ans, base, vals, *iv, template, positions: _scatter_add_impl(
+        ts[0] if ts[0] is not None else np.zeros(shape_of(ans), dtype_of(ans)),
+        ts[1] if ts[1] is not None else np.zeros(shape_of(vals), dtype_of(ans)),
+        _fill(template, positions, iv)),
+    variadic=True,
+)
+
+
 def materialize(ct):
     """A dense array from a SparseCotangent (or a list of them)."""
     pieces = ct if isinstance(ct, list) else [ct]
     shape, dtype = pieces[0].shape, pieces[0].dtype
-    if any(type(p.values) is trace.Tracer for p in pieces):
+    if any(type(p.values) is trace.Tracer or _has_tracer(p.index) for p in pieces):
         buf = np.zeros(shape, dtype)
         for p in pieces:
-            buf = bind(scatter_add_p, (buf, p.values), {"idx": p.index})
+            dynamic = _split_dynamic(p.index)
+            if dynamic is None:
+                buf = bind(scatter_add_p, (buf, p.values), {"idx": p.index})
+            else:
+                template, positions, index_values = dynamic
+                buf = bind(dyn_scatter_add_p, (buf, p.values, *index_values),
+                           {"template": template, "positions": positions})
         return buf
     buf = np.zeros(shape, dtype)
     for p in pieces:
@@ -339,7 +364,7 @@ def _along_axis_index(arr_shape, indices, axis):
     idx = []
     for d in range(nd):
         if d == axis:
-            idx.append(_concrete(indices))
+            idx.append(indices)  # a traced index stays data (no guard)
         else:
             shp = [1] * nd
             shp[d] = ishape[d]
