@@ -60,8 +60,19 @@ def check_gradients(f, *args, holomorphic: bool = False, rtol: float | None = No
     # contiguous copies: conftest's differences perturb a flat view, which a transposed or
     # sliced array would not be
     args = tuple(np.ascontiguousarray(a) for a in args)
+    check_values(f, *args)
     assert_grad_matches(projected(f, f(*args)), *args, argnums=tuple(range(len(args))),
                         complex_step=holomorphic, require_complex_step=holomorphic, rtol=rtol)
+
+
+def check_values(f, *args):
+    """Traced, f computes what NumPy computes: same shapes, dtypes and (to rounding) values."""
+    traced, expected = _leaves(gt.vjp(f, *args)[0]), _leaves(f(*args))
+    assert len(traced) == len(expected)
+    for t, e in zip(traced, expected):
+        assert np.shape(t) == np.shape(e) and np.result_type(t) == np.result_type(e)
+        tol = 1e-5 if np.result_type(e) == np.float32 else 1e-12
+        np.testing.assert_allclose(t, e, rtol=tol, atol=tol)
 
 
 def check_float32(f, *args):
@@ -367,6 +378,16 @@ def test_results_match_numpy_and_keep_its_types():
            for r in pair] + [np.linalg.cholesky(a), np.linalg.inv(a)]
     for o, r in zip(out, ref):
         np.testing.assert_array_equal(o, r)
+
+
+def test_named_results_are_pytrees():
+    """eigh, slogdet and qr return NumPy's named tuples, also from gradtape.vjp."""
+    a = spd(np.random.default_rng(6), (), 3)
+    out, vjp_fn = gt.vjp(np.linalg.eigh, a)
+    assert type(out).__name__ == "EighResult"
+    np.testing.assert_array_equal(out.eigenvalues, np.linalg.eigh(a).eigenvalues)
+    ct = vjp_fn(type(out)(np.ones(3), np.zeros((3, 3))))[0]
+    np.testing.assert_allclose(ct, np.eye(3), atol=1e-12)  # the sum of eigenvalues is the trace
 
 
 # --- JVP rules: against central differences and against the VJP ------------------------------

@@ -32,6 +32,8 @@ class TreeDef:
         if self.kind == "dict":
             return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.meta, self.children)) + "}"
         inner = ", ".join(map(repr, self.children))
+        if self.kind == "namedtuple":
+            return f"{self.meta.__name__}({inner})"
         return f"({inner})" if self.kind == "tuple" else f"[{inner}]"
 
     @property
@@ -54,6 +56,8 @@ def _flatten(tree, leaves: list) -> TreeDef:
     t = type(tree)
     if t is tuple or t is list:
         return TreeDef(t.__name__, None, tuple(_flatten(c, leaves) for c in tree))
+    if isinstance(tree, tuple) and hasattr(t, "_fields"):  # a named tuple (np.linalg.eigh's)
+        return TreeDef("namedtuple", t, tuple(_flatten(c, leaves) for c in tree))
     if t is dict:
         keys = tuple(sorted(tree, key=repr))
         return TreeDef("dict", keys, tuple(_flatten(tree[k], leaves) for k in keys))
@@ -76,6 +80,8 @@ def _unflatten(td: TreeDef, it):
     children = [_unflatten(c, it) for c in td.children]
     if td.kind == "tuple":
         return tuple(children)
+    if td.kind == "namedtuple":
+        return td.meta(*children)
     if td.kind == "list":
         return children
     return dict(zip(td.meta, children))
