@@ -9,6 +9,8 @@ Routines that read one triangle of their input (cholesky, eigh, eigvalsh: the lo
 by default) get the exact derivative of what NumPy computes: the gradient lives on that
 triangle (off-diagonal entries count twice, the other triangle gets zero). For symmetric
 perturbations this agrees with the symmetric gradients of JAX, autograd and PyTorch.
+Eigenvector derivatives divide by eigenvalue gaps: they are infinite for repeated
+eigenvalues (eigenvalue-only gradients, e.g. of eigvalsh, stay finite).
 """
 
 from __future__ import annotations
