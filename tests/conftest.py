@@ -52,7 +52,7 @@ def _perturbed(args: Sequence, argnum: int, flat_index: int, delta):
     if isinstance(x, float):
         new[argnum] = x + delta
         return new
-    moved = x.astype(np.result_type(x, delta), copy=True)
+    moved = np.array(x, dtype=np.result_type(x, delta), order="C")  # reshape(-1) is a view
     moved.reshape(-1)[flat_index] += delta
     new[argnum] = moved
     return new

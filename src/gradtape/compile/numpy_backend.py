@@ -552,6 +552,8 @@ def _tree_expr(gen: _Source, td, leaves) -> str:
         return "(" + "".join(p + ", " for p in parts) + ")"
     if td.kind == "list":
         return "[" + ", ".join(parts) + "]"
+    if td.kind == "namedtuple":
+        return f"{gen.const(td.meta, 'namedtuple')}(" + ", ".join(parts) + ")"
     return "{" + ", ".join(f"{gen.const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"
 
 
