@@ -1,0 +1,314 @@
+"""Fusion planning for native backends: which instructions share a loop, what is stored.
+
+`plan(program, ...)` turns a Program into a list of stages, in execution order:
+
+* a **loop** runs once over the flattened iteration space of one shape; its members are
+  elementwise instructions of that output shape (operands of that shape, size-1 values, or
+  values that broadcast to it) and full reductions (sum, max, min, prod over every axis, and
+  the dot product of two vectors) of such values, which become scalar accumulators;
+* a **scalar** stage is an elementwise instruction on size-1 values (a plain statement);
+* an **op** is any other instruction the backend can lower (matmul, reshape, slices, ...);
+* a **python** stage is an instruction it cannot: the program is split there into segments,
+  and the wrapper calls the primitive's NumPy implementation between native kernels;
+* a **check** is a guard of the Program, placed after the stages that compute its operand.
+
+An elementwise instruction joins the latest loop of its shape in which all its operands are
+available (computed inside that loop, or before it); otherwise it opens a new loop at the end.
+Under `compile(grad(f))` this puts the backward pass into the forward pass's loop unless it
+depends on a reduction of that loop (`eam`: `rho = sum(exp(...))` needs a second loop).
+A loop value needed outside its loop (by another loop, an op, a check or an output) is
+stored, once, by the loop that computes it: into the output array when it is a result, into
+an output array or an earlier buffer whose contents are dead by then (the loops read all
+their operands before writing), or into a new buffer. Storing wins over recomputing here
+because the values worth keeping are exactly the expensive ones (`exp` in eam); a cheap
+value (a difference, a product) used by a later loop is stored too, which costs one write
+and one read per element (measured: noise next to the transcendental functions).
+
+This module knows nothing about code generation: the backend passes predicates saying which
+instructions it can express as scalar expressions (`fusable`) and as ops (`lowerable`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tape import Instruction, Var
+from .program import Program
+
+LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"
+FULL_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+# where a value lives in generated code
+HELD_SCALAR, HELD_ARRAY, HELD_LOOP = "scalar", "array", "loop"
+
+
+@dataclass
+class Stage:
+    """One step of the schedule (see the module docstring); `index` is its position."""
+
+    kind: str
+    index: int
+    members: list[Instruction] = field(default_factory=list)
+    shape: tuple = ()  # loops: the iteration shape
+    nested: bool = False  # loops: some operand broadcasts partially (index per axis)
+    check: int = -1  # checks: index into program.checks
+    segment: int = 0
+
+
+@dataclass
+class Plan:
+    """The schedule and where every value lives."""
+
+    stages: list[Stage]
+    held: dict[int, str]  # var id -> HELD_SCALAR / HELD_ARRAY / HELD_LOOP
+    defined_in: dict[int, Stage]  # var id -> the stage that computes it (not for inputs)
+    reductions: dict[int, Stage]  # var id of a fused reduction -> its loop
+    stored: set[int]  # loop values also written to an array
+    storage: dict[int, tuple[str, int]]  # stored var id -> ("out", leaf) | ("buf", number)
+    buffers: list[tuple[tuple, np.dtype, int]]  # buffer number -> (shape, dtype, segment)
+    last_use: dict[int, int]  # var id -> last stage index that reads it
+    segments: int  # number of kernel segments (python stages separate them)
+    output_of: dict[int, int] = field(default_factory=dict)  # var id -> first leaf writing it
+
+    def stages_of(self, segment: int) -> list[Stage]:
+        """The native stages (not python) of one segment, in order."""
+        return [s for s in self.stages if s.segment == segment and s.kind != PYTHON]
+
+
+def size_of(shape: tuple) -> int:
+    return math.prod(shape)
+
+
+def full_reduction(ins: Instruction) -> bool:
+    """A reduction over every axis of a non-trivial operand (it folds into a loop)."""
+    name = ins.prim.name
+    if len(ins.invars) != 1 or ins.invars[0] is None or len(ins.outvars) != 1:
+        return False
+    v = ins.invars[0]
+    if size_of(v.shape) <= 1 or v.dtype.kind not in "iubf":
+        return False
+    if name in FULL_REDUCTIONS:
+        return (len(ins.params["axes"]) == len(v.shape)
+                and ins.outvars[0].dtype.kind in "iuf")
+    if name in ("any", "all"):
+        return set(ins.params) <= {"axis", "keepdims"} and ins.params.get(
+            "axis") is None and not ins.params.get("keepdims") and ins.outvars[0].shape == ()
+    return False
+
+
+def vector_dot(ins: Instruction) -> bool:
+    """matmul of two traced vectors of one length: a multiply folded into a sum."""
+    if ins.prim.name != "matmul" or any(v is None for v in ins.invars):
+        return False
+    a, b = ins.invars
+    return (len(a.shape) == 1 and a.shape == b.shape and size_of(a.shape) > 1
+            and a.dtype == b.dtype and a.dtype.kind == "f")
+
+
+def operands(ins: Instruction) -> list[Var]:
+    return [v for v in ins.invars if v is not None]
+
+
+def operand_shapes(ins: Instruction) -> list[tuple]:
+    """Shapes of the array operands: traced values and constant arrays of several elements."""
+    return [v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args)
+            if v is not None or np.size(a) > 1]
+
+
+def broadcasts_partially(shape: tuple, target: tuple) -> bool:
+    """An operand of `shape` read by a loop over `target` needs an index per axis."""
+    return shape != target and size_of(shape) != 1
+
+
+def plan(program: Program, fusable: Callable[[Instruction], bool],
+         lowerable: Callable[[Instruction], bool]) -> Plan:
+    """Schedule a Program into loops, scalar statements, ops, python stages and checks."""
+    stages: list[Stage] = []
+    held: dict[int, str] = {}
+    defined_in: dict[int, Stage] = {}
+    reductions: dict[int, Stage] = {}
+    for v in program.inputs:
+        held[v.id] = HELD_SCALAR if v.shape == () else HELD_ARRAY
+
+    def new_stage(kind: str, ins: Instruction | None = None, **kw) -> Stage:
+        stage = Stage(kind, len(stages), [ins] if ins is not None else [], **kw)
+        stages.append(stage)
+        return stage
+
+    def usable_in(var: Var, loop: Stage) -> bool:
+        """Whether a loop at `loop.index` can read `var` (computed inside it or before it)."""
+        stage = defined_in.get(var.id)
+        if stage is None:
+            return True
+        if var.id in reductions:
+            return stage.index < loop.index
+        return stage.index < loop.index or stage is loop
+
+    def join_loop(ins: Instruction, shape: tuple, reads: list[Var]) -> Stage:
+        for stage in reversed(stages):
+            if stage.kind == LOOP and stage.shape == shape and all(
+                    usable_in(v, stage) for v in reads):
+                stage.members.append(ins)
+                return stage
+        return new_stage(LOOP, ins, shape=shape)
+
+    checks_after: dict[int, list[int]] = {}
+    for k, c in enumerate(program.checks):
+        checks_after.setdefault(c.position, []).append(k)
+
+    def place_checks(position: int) -> None:
+        for k in checks_after.get(position, ()):
+            new_stage(CHECK, check=k)
+
+    place_checks(-1)
+    for pos, ins in enumerate(program.instructions):
+        outs = ins.outvars
+        if full_reduction(ins) or vector_dot(ins):
+            shape = ins.invars[0].shape
+            loop = join_loop(ins, shape, operands(ins))
+            reductions[outs[0].id] = loop
+            held[outs[0].id] = HELD_SCALAR
+            defined_in[outs[0].id] = loop
+        elif len(outs) == 1 and fusable(ins):
+            out = outs[0]
+            if size_of(out.shape) == 1:
+                stage = new_stage(SCALAR, ins)
+                held[out.id] = HELD_SCALAR
+            else:
+                stage = join_loop(ins, out.shape, operands(ins))
+                held[out.id] = HELD_LOOP
+            defined_in[out.id] = stage
+        else:
+            kind = OP if lowerable(ins) else PYTHON
+            stage = new_stage(kind, ins)
+            for v in outs:
+                held[v.id] = HELD_SCALAR if v.shape == () else HELD_ARRAY
+                defined_in[v.id] = stage
+        place_checks(pos)
+
+    for stage in stages:
+        if stage.kind == LOOP:
+            stage.nested = any(
+                broadcasts_partially(shape, stage.shape)
+                for ins in stage.members for shape in operand_shapes(ins))
+
+    # segments: python stages separate native kernels
+    segment = 0
+    for stage in stages:
+        if stage.kind == PYTHON:
+            segment += 1
+            stage.segment = segment
+            segment += 1
+        else:
+            stage.segment = segment
+    nsegments = segment + 1
+
+    # what each value's readers are, and which loop values must be stored
+    last_use: dict[int, int] = {}
+    stored: set[int] = set()
+
+    def read(var: Var, stage: Stage) -> None:
+        last_use[var.id] = max(last_use.get(var.id, -1), stage.index)
+        home = defined_in.get(var.id)
+        if held.get(var.id) == HELD_LOOP and home is not stage:
+            stored.add(var.id)
+
+    end = len(stages)
+    for stage in stages:
+        if stage.kind == CHECK:
+            operand = program.checks[stage.check].operand
+            if isinstance(operand, Var):
+                read(operand, stage)
+            continue
+        for ins in stage.members:
+            for v in operands(ins):
+                read(v, stage)
+    output_of: dict[int, int] = {}
+    for k, leaf in enumerate(program.outputs):
+        if leaf.var is not None:
+            last_use[leaf.var.id] = end
+            output_of.setdefault(leaf.var.id, k)
+            if held.get(leaf.var.id) == HELD_LOOP:
+                stored.add(leaf.var.id)
+
+    storage, buffers = _assign_storage(program, stages, defined_in, stored, last_use, output_of)
+    return Plan(stages, held, defined_in, reductions, stored, storage, buffers, last_use,
+                nsegments, output_of)
+
+
+def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, stored: set,
+                    last_use: dict, output_of: dict):
+    """Arrays for stored loop values: the result array, a dead one of the same type, or new.
+
+    A storage holds values over intervals of stage indices. Two intervals may touch at a
+    loop: its loads all come before its stores, element by element, so a loop may read a
+    value and write another one into the same array. Values read by a later segment (they
+    cross a python stage) and results keep their array to the end.
+    """
+    segment_end: dict[int, int] = {}
+    for s in stages:
+        segment_end[s.segment] = s.index
+    var_of: dict[int, Var] = {}
+    for s in stages:
+        for ins in s.members:
+            for v in ins.outvars:
+                var_of[v.id] = v
+
+    def interval(vid: int) -> tuple[int, int]:
+        start = defined_in[vid].index
+        stop = last_use.get(vid, start)
+        seg = defined_in[vid].segment
+        # read from a later segment: the array is handed over, it stays live to the end
+        if any(s.segment != seg for s in stages if s.index == stop) or stop >= len(stages):
+            stop = len(stages) + 1
+        return start, stop
+
+    def compatible(spans: list[tuple[int, int]], start: int, stop: int) -> bool:
+        for a, b in spans:
+            if stop < a or b < start:
+                continue
+            if stop == a and stages[a].kind == LOOP and stop != start:
+                continue  # last read in the loop that writes the other value
+            if b == start and stages[b].kind == LOOP and a != b:
+                continue
+            return False
+        return True
+
+    storage: dict[int, tuple[str, int]] = {}
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    kinds: dict[tuple[str, int], tuple] = {}
+    segments_of: dict[tuple[str, int], int] = {}
+    buffers: list[tuple[tuple, np.dtype, int]] = []
+    # results first: their arrays are fixed
+    for vid, leaf in output_of.items():
+        if vid in stored:
+            key = ("out", leaf)
+            storage[vid] = key
+            start = defined_in[vid].index
+            spans[key] = [(start, len(stages) + 1)]
+            v = var_of[vid]
+            kinds[key] = (v.shape, v.dtype)
+            segments_of[key] = defined_in[vid].segment
+    for vid in sorted((v for v in stored if v not in storage),
+                      key=lambda v: defined_in[v].index):
+        v = var_of[vid]
+        start, stop = interval(vid)
+        seg = defined_in[vid].segment
+        choice = None
+        for key, occupied in spans.items():
+            if (kinds[key] == (v.shape, v.dtype) and segments_of[key] == seg
+                    and compatible(occupied, start, stop)):
+                choice = key
+                break
+        if choice is None:
+            choice = ("buf", len(buffers))
+            buffers.append((v.shape, v.dtype, seg))
+            spans[choice] = []
+            kinds[choice] = (v.shape, v.dtype)
+            segments_of[choice] = seg
+        spans[choice].append((start, stop))
+        storage[vid] = choice
+    return storage, buffers

@@ -1,0 +1,404 @@
+"""The numba backend: a compiled tape as fused native loops (`compile(f, backend="numba")`).
+
+Lowering a Program (cheap, in the caller's thread, no Numba import):
+`numba_codegen.generate` plans it (fusion.py: elementwise instructions and full reductions of
+one shape share a loop; matmul, slices, reshapes ... are calls between the loops; primitives
+without a native translation run through their NumPy implementation between kernels) and
+writes the kernels' module and this variant's Python wrapper. The numpy backend's lowering
+of the same Program is built too: it is the first tier, and the reference for rare calls.
+
+Compiling (Numba, seconds): the module is keyed by a hash of its text, so variants whose text
+is equal (the same program at another length) share one `NativeKernels`. With
+`backend="numba"` the kernels are compiled before `lower` returns. With `backend="auto"` (the
+default where Numba is installed) a new variant runs on the numpy backend at once; after its
+first call, a background thread compiles its kernels, and the calls after that run native
+code. No call waits for the compiler. With the disk cache (cache.py), a second process loads
+the machine code instead of compiling.
+
+Calling: `run(*leaves, O)` is generated Python: read the kernels (None while compiling: numpy
+tier), allocate the result arrays (or unpack `O`), call each kernel's native entry point
+directly (Numba's own dispatcher would type every argument again: about 0.1 us each), return
+the results. A kernel's status other than 0 sends the call to `slow`: arguments that are not
+C-contiguous are copied and the call is repeated; a failed check (or anything unusual) is
+answered by the numpy backend's code, which raises the same `GuardFailure` (or returns the
+result when, a few ulps apart, its check passes), so dispatch's variants work unchanged.
+
+Kernels are re-entrant: every buffer is allocated inside the kernel (glibc keeps freed
+blocks, see _malloc.py), the result arrays per call, and the native code releases the GIL
+(`nogil`), so threads run compiled calls in parallel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from . import cache, numba_codegen
+from .numpy_backend import NumpyLowered
+from .program import Program
+
+NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
+STATUS_LAYOUT = numba_codegen.STATUS_LAYOUT
+
+
+class NativeFallbackWarning(UserWarning):
+    """Part of a compiled function runs through NumPy (a primitive without native code, or a
+    kernel Numba could not compile): results are exact, only slower."""
+
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _warn_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    warnings.warn(message, NativeFallbackWarning, stacklevel=4)
+
+
+def available() -> bool:
+    """Whether Numba is installed (checked without importing it)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+# --- settings ----------------------------------------------------------------------------------
+_threads = [1]
+
+
+def set_num_threads(n: int) -> None:
+    """Threads for the fused loops of kernels lowered from now on (default 1).
+
+    With more than one thread, a loop over at least `PARALLEL_MIN_SIZE` elements is split into
+    fixed chunks run in parallel (Numba's threading layer); per-chunk partial reductions are
+    added in chunk order, so results do not depend on thread timing.
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError("set_num_threads: n must be at least 1")
+    _threads[0] = n
+
+
+def get_num_threads() -> int:
+    """The number of threads fused loops use (see set_num_threads)."""
+    return _threads[0]
+
+
+# --- compiled kernels, shared by key -----------------------------------------------------------
+class NativeKernels:
+    """The compiled kernels of one generated module; variants with the same text share it."""
+
+    def __init__(self, generated: numba_codegen.Generated):
+        self.key = generated.key
+        self.module_text = generated.module
+        self.kernels = generated.kernels
+        self.state = NEW
+        self.functions: tuple | None = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self.listeners: list[Callable[[NativeKernels], None]] = []
+        self.lock = threading.Lock()
+        self.compile_seconds = 0.0
+        self.from_cache = False
+
+    def when_ready(self, callback: Callable[[NativeKernels], None]) -> None:
+        """Call `callback(self)` once compiled (now, if it is)."""
+        with self.lock:
+            if self.state not in (READY, FAILED):
+                self.listeners.append(callback)
+                return
+        callback(self)
+
+    def request(self) -> None:
+        """Queue for the background compiler (once)."""
+        with self.lock:
+            if self.state != NEW:
+                return
+            self.state = QUEUED
+        _compiler().put(self)
+
+    def compile_now(self) -> None:
+        """Compile in this thread (or wait for the background compiler doing it)."""
+        with self.lock:
+            mine = self.state in (NEW, QUEUED)
+            if mine:
+                self.state = COMPILING
+        if mine:
+            self._compile()
+        else:
+            self.ready.wait()
+
+    def _compile(self) -> None:
+        start = time.perf_counter()
+        try:
+            functions, from_cache = _build_kernels(self)
+            error = None
+        except Exception as exc:  # Numba rejected the generated code: stay on numpy
+            functions, from_cache = None, False
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        with self.lock:
+            self.functions = functions
+            self.error = error
+            self.from_cache = from_cache
+            self.compile_seconds = time.perf_counter() - start
+            self.state = READY if functions is not None else FAILED
+            listeners, self.listeners = self.listeners, []
+        self.ready.set()
+        for callback in listeners:
+            callback(self)
+
+
+_REGISTRY: dict[str, NativeKernels] = {}
+_registry_lock = threading.Lock()
+
+
+def kernels_for(generated: numba_codegen.Generated) -> NativeKernels:
+    with _registry_lock:
+        nk = _REGISTRY.get(generated.key)
+        if nk is None:
+            nk = _REGISTRY[generated.key] = NativeKernels(generated)
+        return nk
+
+
+class _Compiler:
+    """One background thread compiling queued kernels in order."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+        self.idle = threading.Condition()
+        self.busy = 0
+        self.thread = threading.Thread(target=self._work, name="gradtape-numba-compiler",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, nk: NativeKernels) -> None:
+        with self.idle:
+            self.busy += 1
+        self.queue.put(nk)
+
+    def _work(self) -> None:
+        while True:
+            nk = self.queue.get()
+            try:
+                with nk.lock:
+                    mine = nk.state == QUEUED
+                    if mine:
+                        nk.state = COMPILING
+                if mine:
+                    nk._compile()
+            finally:
+                with self.idle:
+                    self.busy -= 1
+                    self.idle.notify_all()
+
+    def wait(self, timeout: float | None) -> bool:
+        with self.idle:
+            return self.idle.wait_for(lambda: self.busy == 0, timeout)
+
+
+_compiler_instance: list[_Compiler] = []
+_compiler_lock = threading.Lock()
+
+
+def _compiler() -> _Compiler:
+    with _compiler_lock:
+        if not _compiler_instance:
+            _compiler_instance.append(_Compiler())
+        return _compiler_instance[0]
+
+
+def wait_for_kernels(timeout: float | None = None) -> bool:
+    """Block until the background compiler has nothing left to do (tests, benchmarks)."""
+    if not _compiler_instance:
+        return True
+    return _compiler_instance[0].wait(timeout)
+
+
+# --- building kernels (imports Numba) ------------------------------------------------------------
+_JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
+
+
+def _numba_type(arg: numba_codegen.KernelArg):
+    from numba import from_dtype, types
+
+    scalar = from_dtype(arg.dtype)
+    if arg.ndim is None:
+        return scalar
+    return types.Array(scalar, arg.ndim, "C")
+
+
+def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
+    """Compile (or load) every kernel of a module; returns (entry points, loaded from cache)."""
+    import numba
+
+    from . import fastmath  # noqa: F401  (registers the fast functions with Numba)
+
+    directory = cache.kernel_dir()
+    name = f"gradtape_kernel_{nk.key}"
+    if directory is None:
+        module = cache.import_source(nk.module_text, name)
+        return _jit_all(numba, module, nk, use_cache=False), False
+    path = cache.module_file(directory, nk.key, nk.module_text)
+    module = cache.import_file(path, name)
+    try:
+        return _jit_all(numba, module, nk, use_cache=True)
+    except Exception:
+        # Numba's cache files of this module failed to load: delete them, compile again
+        cache.discard(directory, nk.key)
+        module = cache.import_file(path, name)
+        return _jit_all(numba, module, nk, use_cache=True)
+
+
+def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, bool]:
+    functions = []
+    loaded = True
+    for kernel in nk.kernels:
+        dispatcher = numba.njit(cache=use_cache, **_JIT_OPTIONS)(getattr(module, kernel.name))
+        signature = tuple(_numba_type(a) for a in kernel.args)
+        before = _cache_hits(dispatcher)
+        dispatcher.compile(signature)
+        loaded = loaded and use_cache and _cache_hits(dispatcher) > before
+        functions.append(dispatcher.overloads[signature].entry_point)
+    return tuple(functions), loaded
+
+
+def _cache_hits(dispatcher) -> int:
+    try:
+        return sum(dispatcher.stats.cache_hits.values())
+    except AttributeError:
+        return 0
+
+
+# --- a lowered variant ---------------------------------------------------------------------------
+class _State:
+    """What the generated wrapper reads on every call."""
+
+    __slots__ = ("kernels", "pending", "slow", "run", "numpy_run", "requested")
+
+
+class NumbaLowered:
+    """A variant lowered to native kernels (see the module docstring).
+
+    `run(*leaves, out_leaves)` as for the numpy backend; `source` is the kernels' module and
+    the wrapper; `native` the shared NativeKernels (None when the whole variant runs on the
+    numpy backend); `tier` says what the last calls ran: "numpy" or "native".
+    """
+
+    def __init__(self, program: Program, wait: bool):
+        self.numpy = NumpyLowered(program)
+        numpy_run = self.numpy.run
+        self.native: NativeKernels | None = None
+        try:
+            generated = numba_codegen.generate(program)
+        except NotImplementedError as exc:
+            _warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
+            self.run = numpy_run
+            self.source = self.numpy.source
+            return
+        for stage in generated.plan.stages:
+            if stage.kind == "python":
+                name = stage.members[0].prim.name
+                _warn_once(f"numba backend: primitive {name!r} has no native translation; it "
+                           "runs through NumPy between the native kernels (exact, slower)")
+        self.generated = generated
+        self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
+        state = _State()
+        state.kernels = None
+        state.numpy_run = numpy_run
+        state.requested = False
+        nk = self.native = kernels_for(generated)
+
+        def pending(*args):
+            try:
+                return numpy_run(*args)
+            finally:
+                if not state.requested:
+                    state.requested = True
+                    nk.request()
+
+        def slow(status, args, O):
+            if status != STATUS_LAYOUT:
+                return numpy_run(*args, O)
+            args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
+            if O is None:
+                return state.run(*args, None)
+            contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
+            state.run(*args, contiguous)
+            for o, c in zip(O, contiguous):
+                if o is not c:
+                    o[...] = c
+            return None
+
+        state.pending = pending
+        state.slow = slow
+        consts = dict(generated.wrapper_consts)
+        consts.update(state=state, empty=np.empty, array=np.array, asarray=np.asarray,
+                      ascontiguous=np.ascontiguousarray)
+        namespace: dict = {}
+        exec(compile(generated.wrapper, f"<gradtape numba wrapper {generated.key}>", "exec"),
+             namespace)
+        state.run = self.run = namespace["_build"](consts)
+        self._state = state
+
+        def ready(nk: NativeKernels) -> None:
+            if nk.functions is not None:
+                state.kernels = nk.functions
+            else:
+                _warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
+                           "that variant runs on the numpy backend")
+
+        if not generated.kernels:
+            state.kernels = ()
+        elif wait:
+            nk.compile_now()
+            ready(nk)
+        else:
+            nk.when_ready(ready)
+
+    @property
+    def tier(self) -> str:
+        """"native" once the kernels run, else "numpy"."""
+        if self.native is None or getattr(self, "_state", None) is None:
+            return "numpy"
+        return "native" if self._state.kernels is not None else "numpy"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Request the kernels now and wait until they run (False on timeout or failure)."""
+        if self.native is None:
+            return False
+        self._state.requested = True
+        self.native.request()
+        if not self.native.ready.wait(timeout):
+            return False
+        return self._state.kernels is not None
+
+
+def lower_waiting(program: Program) -> NumbaLowered:
+    """backend="numba": the kernels are compiled before the first call."""
+    return NumbaLowered(program, wait=True)
+
+
+def lower_tiered(program: Program) -> NumbaLowered:
+    """backend="auto": numpy tier first, kernels compiled in the background."""
+    return NumbaLowered(program, wait=False)
+
+
+def _register() -> None:
+    from .dispatch import register_backend
+
+    if os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    if available():
+        register_backend("numba", lower_waiting)
+        register_backend("numba-tiered", lower_tiered, auto=True)
+
+
+_register()

@@ -1,0 +1,1056 @@
+"""Source generation for the numba backend: a fusion plan becomes Numba kernels and a wrapper.
+
+`generate(program)` plans the program (fusion.py) and writes
+
+* one module of plain Python functions, `kernel0`, `kernel1`, ... (one per segment between
+  python stages), that the backend compiles with `numba.njit`. A kernel takes the program's
+  inputs, the array constants, the result arrays it writes and the values handed over from
+  earlier segments; it returns a status (0: done, 1: an array argument is not C-contiguous,
+  2: a check failed), the 0-d results and the values later segments need. Sizes are read
+  from the argument arrays (`d0 = x0.shape[0]`), never written into the source, so another
+  length that records the same program produces the same text and reuses the compiled
+  kernel; the text is also the cache key. The argument types are listed in the text.
+* the source of the Python wrapper `run(*leaves, O)` of this variant (it allocates results,
+  calls the kernels, runs python stages, and hands unusual calls to the numpy backend).
+
+Nothing here imports Numba: generating source is cheap and happens in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tape import Instruction, Var
+from . import fusion
+from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
+from .numpy_backend import _as_ufunc
+from .program import Program
+
+GENERATOR_VERSION = "1"
+STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
+SUPPORTED_DTYPES = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float32, np.float64))
+_NATIVE_RESULT = frozenset(np.dtype(t) for t in (np.bool_, np.int64, np.float32, np.float64))
+F32, F64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.bool_)
+
+# --- scalar expressions of elementwise primitives -----------------------------------------------
+_OPERATORS = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})",
+              "negative": "(-{0})", "positive": "(+{0})", "square": "({0} * {0})",
+              "greater": "({0} > {1})", "greater_equal": "({0} >= {1})", "less": "({0} < {1})",
+              "less_equal": "({0} <= {1})", "equal": "({0} == {1})",
+              "not_equal": "({0} != {1})"}
+_FLOAT_OPERATORS = {"divide": "({0} / {1})", "absolute": "abs({0})"}
+# vectorizable polynomial versions (fastmath.py), for float32 and float64 loops
+_FAST = {"exp": "fast_exp", "expm1": "fast_expm1", "log": "fast_log", "log1p": "fast_log1p",
+         "tanh": "fast_tanh", "logaddexp": "fast_logaddexp", "expit": "fast_expit",
+         "log_expit": "fast_log_expit"}
+# NumPy ufuncs that Numba implements on scalars with NumPy's loop types
+_NUMBA_UFUNCS = frozenset(
+    "sqrt exp2 log2 log10 cbrt sin cos tan arcsin arccos arctan sinh cosh arcsinh arccosh "
+    "arctanh deg2rad rad2deg maximum minimum fmax fmin copysign hypot arctan2 logaddexp2 "
+    "remainder fmod floor ceil trunc rint sign floor_divide signbit logical_and logical_or "
+    "logical_xor logical_not isnan isinf isfinite bitwise_and bitwise_or bitwise_xor invert "
+    "left_shift right_shift spacing nextafter gcd lcm absolute reciprocal divide add subtract "
+    "multiply negative positive square power float_power exp expm1 log log1p tanh logaddexp "
+    "greater greater_equal less less_equal equal not_equal".split())
+# scipy.special ufuncs: float64 functions of math or of _numba_rt
+_SPECIAL = {"gammaln": "math.lgamma({0})", "gamma": "math.gamma({0})", "erf": "math.erf({0})",
+            "erfc": "math.erfc({0})", "ndtr": "ndtr({0})", "xlogy": "xlogy({0}, {1})"}
+_SMALL_POWERS = {0: "{one}", 1: "{0}", 2: "({0} * {0})", 3: "({0} * {0} * {0})",
+                 4: "(({0} * {0}) * ({0} * {0}))", -1: "({one} / {0})",
+                 -2: "({one} / ({0} * {0}))"}
+
+
+def _numpy_type(dtype: np.dtype) -> str:
+    return f"np.{dtype.name}" if dtype != BOOL else "np.bool_"
+
+
+def cast(expr: str, dtype: np.dtype) -> str:
+    """`expr` converted to `dtype` in Numba."""
+    if dtype == BOOL:
+        return f"({expr} != 0)"
+    return f"{_numpy_type(dtype)}({expr})"
+
+
+def literal(value, dtype: np.dtype) -> str:
+    """A Numba expression for the constant `value` of `dtype` (typed: no silent promotion)."""
+    if dtype == BOOL:
+        return "True" if bool(value) else "False"
+    if dtype.kind == "f":
+        x = float(value)
+        text = repr(x) if math.isfinite(x) else ("np.nan" if x != x else
+                                                  ("np.inf" if x > 0 else "-np.inf"))
+        return text if dtype == F64 else f"np.float32({text})"
+    text = repr(int(value))
+    return text if dtype == np.dtype(np.int64) else f"{_numpy_type(dtype)}({text})"
+
+
+def _operand_dtype(v: Var | None, a):
+    """What resolve_dtypes needs: the dtype, or the Python type of a weak scalar."""
+    if v is not None:
+        return v.dtype
+    if type(a) in (int, float, bool):
+        return type(a)
+    return np.asarray(a).dtype
+
+
+def _const_scalar(v: Var | None, a) -> bool:
+    return v is None and np.size(a) == 1
+
+
+def loop_dtypes(ins: Instruction):
+    """(input dtypes, output dtype) of the NumPy loop an elementwise instruction runs."""
+    name = ins.prim.name
+    out = ins.outvars[0].dtype
+    if name == "where":
+        return (BOOL, out, out), out
+    if name in ("astype", "broadcast_to"):
+        return (_operand_dtype(ins.invars[0], ins.args[0]),), out
+    uf = _as_ufunc(ins.prim)
+    if uf is None:
+        return None
+    try:
+        dts = uf.resolve_dtypes(tuple(_operand_dtype(v, a) for v, a in zip(ins.invars, ins.args))
+                                + (None,) * uf.nout)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return tuple(np.dtype(d) for d in dts[:uf.nin]), np.dtype(dts[-1])
+
+
+def fusable(ins: Instruction) -> bool:
+    """Whether an elementwise instruction has a scalar expression here."""
+    if len(ins.outvars) != 1 or ins.prim.multiple_results:
+        return False
+    name = ins.prim.name
+    if not (name in _NUMBA_UFUNCS or name in _SPECIAL or name in _FAST
+            or name in ("where", "astype", "broadcast_to")):
+        return False
+    if name == "broadcast_to" and (ins.invars[0] is None and np.size(ins.args[0]) != 1):
+        return False
+    if any(v is None and not isinstance(a, (int, float, bool, np.generic, np.ndarray))
+           for v, a in zip(ins.invars, ins.args)):
+        return False
+    if any(v is not None and v.dtype not in SUPPORTED_DTYPES for v in ins.invars):
+        return False
+    if any(v is None and np.asarray(a).dtype not in SUPPORTED_DTYPES
+           for v, a in zip(ins.invars, ins.args)):
+        return False
+    if ins.outvars[0].dtype not in SUPPORTED_DTYPES:
+        return False
+    dts = loop_dtypes(ins)
+    if dts is None or dts[1] not in SUPPORTED_DTYPES or any(d not in SUPPORTED_DTYPES
+                                                            for d in dts[0]):
+        return False
+    if (name in _FAST or name in _SPECIAL) and dts[0][0].kind != "f":
+        return False
+    return True
+
+
+def _power(x: str, y_value, dtype: np.dtype) -> str | None:
+    """x ** y for a constant y: multiplications for small integer powers (vectorizable)."""
+    if dtype.kind != "f":
+        return None
+    y = float(np.asarray(y_value))
+    if y.is_integer() and int(y) in _SMALL_POWERS:
+        return _SMALL_POWERS[int(y)].format(x, one=literal(1.0, dtype))
+    return None
+
+
+def scalar_expression(ins: Instruction, args: list[str]) -> str:
+    """The Numba expression of an elementwise instruction on operand expressions `args`
+    (variables or literals already converted to the loop's input dtypes)."""
+    name = ins.prim.name
+    (in_dts, out_dt) = loop_dtypes(ins)
+    dt = in_dts[0] if in_dts else out_dt
+    if name == "where":
+        expr = f"({args[1]} if {args[0]} else {args[2]})"
+    elif name in ("astype", "broadcast_to"):
+        expr = args[0] if in_dts[0] == out_dt else cast(args[0], out_dt)
+    elif name == "power" and ins.invars[1] is None and (
+            p := _power(args[0], ins.args[1], dt)) is not None:
+        expr = p
+    elif name == "reciprocal" and dt.kind == "f":
+        expr = f"({literal(1.0, dt)} / {args[0]})"
+    elif name in _FAST and dt.kind == "f":
+        expr = f"{_FAST[name]}({', '.join(args)})"
+    elif name in _SPECIAL:
+        expr = _SPECIAL[name].format(*args)
+        if out_dt != F64:
+            expr = cast(expr, out_dt)
+        return expr
+    elif name in _OPERATORS and dt.kind in "fi" and all(d == dt for d in in_dts):
+        expr = _OPERATORS[name].format(*args)
+    elif name in _FLOAT_OPERATORS and dt.kind == "f":
+        expr = _FLOAT_OPERATORS[name].format(*args)
+    elif name == "float_power":
+        expr = f"({args[0]} ** {args[1]})"
+    else:
+        expr = f"np.{name}({', '.join(args)})"
+    if out_dt not in _NATIVE_RESULT:
+        expr = cast(expr, out_dt)
+    return expr
+
+
+# --- ops between loops ------------------------------------------------------------------------
+def _index_parts(idx: tuple, ndim: int) -> list | None:
+    """The index with Ellipsis expanded (Numba rejects `...` in reads), or None if unusable."""
+    if not isinstance(idx, tuple):
+        return None
+    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    parts = []
+    for i in idx:
+        if i is Ellipsis:
+            parts.extend([slice(None)] * (ndim - used))
+        else:
+            parts.append(i)
+    return parts
+
+
+def _basic_index(idx) -> bool:
+    return all(isinstance(i, (int, slice)) or i is None or i is Ellipsis for i in idx)
+
+
+def _one_int_array(parts: list) -> int | None:
+    """The position of the single integer-array index among full slices, or None."""
+    found = None
+    for k, i in enumerate(parts):
+        if isinstance(i, np.ndarray):
+            if found is not None or i.dtype.kind not in "iu" or i.ndim != 1:
+                return None
+            found = k
+        elif not (isinstance(i, slice) and i == slice(None)):
+            return None
+    return found
+
+
+def lowerable(ins: Instruction) -> bool:
+    """Whether a non-fused instruction has a Numba translation here (else: python stage)."""
+    if ins.prim.multiple_results or len(ins.outvars) != 1:
+        return False
+    out = ins.outvars[0]
+    if out.dtype not in SUPPORTED_DTYPES:
+        return False
+    name = ins.prim.name
+    scalar_ok = name in ("setitem", "scatter_add", "reshape", "broadcast_to")
+    for k, (v, a) in enumerate(zip(ins.invars, ins.args)):
+        dtype = v.dtype if v is not None else np.asarray(a).dtype
+        if dtype not in SUPPORTED_DTYPES or (v is not None and v.shape == () and not (
+                scalar_ok and (k == 1 or name in ("reshape", "broadcast_to")))):
+            return False
+    first = ins.invars[0]
+    if name in ("setitem", "scatter_add") and first is None and isinstance(
+            ins.args[0], np.ndarray) and ins.args[0].ndim:
+        first = Var(-1, ins.args[0].shape, ins.args[0].dtype)  # a constant base: copied
+    if name == "matmul":
+        shapes = [v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args)]
+        dtypes = {v.dtype if v is not None else np.asarray(a).dtype
+                  for v, a in zip(ins.invars, ins.args)}
+        return (dtypes == {out.dtype} and out.dtype.kind == "f"
+                and all(1 <= len(s) <= 2 for s in shapes)
+                and all(v is not None or isinstance(a, np.ndarray)
+                        for v, a in zip(ins.invars, ins.args)))
+    if first is None:
+        return name == "concatenate"  # ops on constants alone were folded
+    if name == "getitem":
+        parts = _index_parts(ins.params["idx"], len(first.shape))
+        if parts is None:
+            return False
+        return _basic_index(parts) or _one_int_array(parts) is not None
+    if name in ("reshape", "transpose", "broadcast_to"):
+        return True
+    if name in ("setitem", "scatter_add"):
+        parts = _index_parts(ins.params["idx"], len(first.shape))
+        if parts is None:
+            return False
+        if _basic_index(parts):
+            return True
+        return (name == "scatter_add" and len(first.shape) == 1 and len(parts) == 1
+                and _one_int_array(parts) == 0)
+    if name == "concatenate":
+        return all((v.dtype if v is not None else np.asarray(a).dtype) == out.dtype and (
+            v is not None or isinstance(a, np.ndarray)) for v, a in zip(ins.invars, ins.args))
+    if name in ("cumsum", "cumprod"):
+        return len(first.shape) == 1 and out.dtype == first.dtype
+    if name in fusion.FULL_REDUCTIONS:
+        return out.dtype.kind in "iuf" and first.dtype.kind in "iuf"
+    return False
+
+
+# --- the generator ---------------------------------------------------------------------------
+@dataclass
+class KernelArg:
+    """One argument of a kernel: its name, dtype and ndim (None: a scalar)."""
+
+    name: str
+    dtype: np.dtype
+    ndim: int | None
+
+
+@dataclass
+class Kernel:
+    name: str
+    args: list[KernelArg]
+    returns: list[tuple[str, Var]]  # ("scalar", var) 0-d results, ("carry", var) handed on
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Generated:
+    """What `generate` produces; `module` is compiled, `key` names it in caches."""
+
+    module: str
+    key: str
+    kernels: list[Kernel]
+    wrapper: str
+    wrapper_consts: dict
+    consts: list[np.ndarray]  # kernel constant arrays c0, c1, ... (C-contiguous)
+    plan: Plan
+
+
+class _Consts:
+    """Array constants passed to kernels as c0, c1, ... (by identity)."""
+
+    def __init__(self):
+        self.arrays: list[np.ndarray] = []
+        self._by_id: dict[int, str] = {}
+
+    def name(self, a: np.ndarray) -> str:
+        key = id(a)
+        n = self._by_id.get(key)
+        if n is None:
+            n = self._by_id[key] = f"c{len(self.arrays)}"
+            self.arrays.append(np.ascontiguousarray(a))
+        return n
+
+
+class _KernelWriter:
+    """Writes the kernel of one segment."""
+
+    def __init__(self, gen: _Generator, segment: int):
+        self.gen = gen
+        self.program = gen.program
+        self.plan = gen.plan
+        self.segment = segment
+        self.lines: list[str] = []
+        self.args: list[KernelArg] = []
+        self.arg_names: set[str] = set()
+        self.dims: dict[int, str] = {}
+        self.dim_lines: list[str] = []
+        self.tmp = 0
+        self.returns: list[tuple[str, Var]] = []
+
+    # --- names ---
+    def add_arg(self, name: str, dtype: np.dtype, ndim: int | None, shape: tuple = ()) -> str:
+        if name not in self.arg_names:
+            self.arg_names.add(name)
+            self.args.append(KernelArg(name, dtype, ndim))
+            if ndim:
+                for k, d in enumerate(shape):
+                    if d > 1 and d not in self.dims:
+                        self.dims[d] = f"d{len(self.dims)}"
+                        self.dim_lines.append(f"{self.dims[d]} = {name}.shape[{k}]")
+        return name
+
+    def dim(self, d: int) -> str:
+        return self.dims.get(d, str(d))
+
+    def shape_expr(self, shape: tuple) -> str:
+        parts = [self.dim(d) for d in shape]
+        return "(" + "".join(p + ", " for p in parts) + ")" if parts else "()"
+
+    def size_expr(self, shape: tuple) -> str:
+        return " * ".join(self.dim(d) for d in shape) if shape else "1"
+
+    def held(self, v: Var) -> str:
+        """How `v` is available in this kernel."""
+        home = self.plan.defined_in.get(v.id)
+        if home is None or home.segment != self.segment:
+            return HELD_SCALAR if v.shape == () else HELD_ARRAY
+        return self.plan.held[v.id]
+
+    def array_name(self, v: Var) -> str:
+        """The array holding `v` here (an argument, a stored loop value or an op's result)."""
+        gen = self.gen
+        if v.id in gen.input_pos:
+            return self.add_arg(f"x{gen.input_pos[v.id]}", v.dtype, len(v.shape), v.shape)
+        home = self.plan.defined_in[v.id]
+        if home.segment != self.segment:
+            return self.add_arg(f"w{v.id}", v.dtype, len(v.shape), v.shape)
+        if self.plan.held[v.id] == HELD_LOOP:
+            kind, k = self.plan.storage[v.id]
+            if kind == "out":
+                return self.add_arg(f"o{k}", v.dtype, len(v.shape), v.shape)
+            return f"b{k}"
+        if self.plan.held[v.id] == HELD_SCALAR:  # a size-1 array computed as a scalar
+            return f"np.full({self.shape_expr(v.shape)}, s{v.id})"
+        return f"a{v.id}"
+
+    def scalar_name(self, v: Var) -> str:
+        gen = self.gen
+        if v.id in gen.input_pos:
+            return self.add_arg(f"x{gen.input_pos[v.id]}", v.dtype, None)
+        home = self.plan.defined_in[v.id]
+        if home.segment != self.segment:
+            return self.add_arg(f"w{v.id}", v.dtype, None)
+        return f"s{v.id}"
+
+    def scalar_ref(self, v: Var) -> str:
+        """`v` (of size 1) as a scalar expression."""
+        if self.held(v) == HELD_SCALAR:
+            return self.scalar_name(v)
+        return self._zeros_index(self.array_name(v), v.shape)
+
+    @staticmethod
+    def _zeros_index(name: str, shape: tuple) -> str:
+        return f"{name}[{', '.join('0' for _ in shape)}]" if shape else f"{name}"
+
+    # --- stages ---
+    def write(self) -> Kernel:
+        """The kernel; written twice, so that every size is read from an argument: the first
+        pass finds the arguments, the second uses their shapes from the first line on."""
+        self._write()
+        self.tmp = 0
+        return self._write()
+
+    def _write(self) -> Kernel:
+        stages = self.plan.stages_of(self.segment)
+        body: list[str] = []
+        # buffers of this segment
+        for n, (shape, dtype, seg) in enumerate(self.plan.buffers):
+            if seg == self.segment:
+                body.append(f"b{n} = np.empty({self.shape_expr(shape)}, {_numpy_type(dtype)})")
+        for stage in stages:
+            if stage.kind == LOOP:
+                body.extend(self.loop(stage))
+            elif stage.kind == SCALAR:
+                body.extend(self.scalar_stage(stage.members[0]))
+            elif stage.kind == OP:
+                body.extend(self.op(stage.members[0]))
+            elif stage.kind == CHECK:
+                body.extend(self.check(stage.check))
+        body.extend(self.outputs_of_segment())
+        returns = self.segment_returns()
+        # argument checks first: the kernel indexes C-contiguous arrays by shape alone
+        head = ["prefer_wide_vectors()"] + self.dim_lines
+        arrays = [a.name for a in self.args if a.ndim and not a.name.startswith("c")]
+        if arrays:
+            head.append(f"if not ({' and '.join(f'is_c({a})' for a in arrays)}):")
+            head.append(f"    return {self.status_tuple(STATUS_LAYOUT)}")
+        lines = head + body + [f"return {self.result_tuple()}"]
+        kernel = Kernel(f"kernel{self.segment}", self.args, returns, lines)
+        return kernel
+
+    def segment_returns(self) -> list[tuple[str, Var]]:
+        rets = []
+        seen = set()
+        for leaf in self.program.outputs:
+            v = leaf.var
+            if v is None or v.id in seen:
+                continue
+            home = self.plan.defined_in.get(v.id)
+            if home is not None and home.segment == self.segment and v.shape == ():
+                rets.append(("scalar", v))
+                seen.add(v.id)
+        for vid in self.gen.carried_from.get(self.segment, ()):
+            rets.append(("carry", self.gen.var_of[vid]))
+        self.returns = rets
+        return rets
+
+    def _ret_expr(self, kind: str, v: Var) -> str:
+        if v.shape == ():
+            return self.scalar_ref(v)
+        name = self.array_name(v)
+        return name
+
+    def result_tuple(self) -> str:
+        parts = [str(STATUS_OK)] + [self._ret_expr(k, v) for k, v in self.returns]
+        return "(" + ", ".join(parts) + ",)"
+
+    def status_tuple(self, status: int) -> str:
+        parts = [str(status)]
+        for _, v in self.returns:
+            if v.shape == ():
+                parts.append(literal(0, v.dtype))
+            else:
+                parts.append(f"np.empty({(0,) * len(v.shape)!r}, {_numpy_type(v.dtype)})")
+        return "(" + ", ".join(parts) + ",)"
+
+    def outputs_of_segment(self) -> list[str]:
+        """Results computed in this segment that no loop stored: copy into the result arrays."""
+        lines = []
+        for vid, k in self.plan.output_of.items():
+            v = self.gen.var_of.get(vid)
+            home = self.plan.defined_in.get(vid)
+            if v is None or home is None or home.segment != self.segment or v.shape == ():
+                continue
+            held = self.plan.held[vid]
+            if held == HELD_LOOP:
+                continue  # the loop wrote it
+            o = self.add_arg(f"o{k}", v.dtype, len(v.shape), v.shape)
+            if held == HELD_SCALAR:
+                lines.append(f"{self._zeros_index(o, v.shape)} = s{vid}")
+            else:
+                lines.append(f"{o}[:] = a{vid}")
+        return lines
+
+    # --- scalar statements ---
+    def operand_exprs(self, ins: Instruction, access, const_access) -> list[str]:
+        """Operands converted to the loop's input dtypes; `access(var)` reads a Var,
+        `const_access(array)` a constant array of several elements."""
+        in_dts, _ = loop_dtypes(ins)
+        out = []
+        for k, (v, a) in enumerate(zip(ins.invars, ins.args)):
+            want = in_dts[k] if k < len(in_dts) else None
+            if v is None and np.size(a) == 1:
+                out.append(literal(np.asarray(a).reshape(-1)[0],
+                                   want if want is not None else np.asarray(a).dtype))
+                continue
+            expr, dtype = (access(v), v.dtype) if v is not None else (
+                const_access(np.asarray(a)), np.asarray(a).dtype)
+            out.append(expr if want is None or dtype == want else cast(expr, want))
+        return out
+
+    def scalar_stage(self, ins: Instruction) -> list[str]:
+        args = self.operand_exprs(ins, self.scalar_ref, None)
+        return [f"s{ins.outvars[0].id} = {scalar_expression(ins, args)}"]
+
+    # --- loops ---
+    def loop(self, stage: fusion.Stage) -> list[str]:
+        shape = stage.shape
+        nested = stage.nested
+        idx_names = [f"i{k}" for k in range(len(shape))] if nested else ["i"]
+        members = stage.members
+        pre: list[str] = []
+        loads: dict[str, str] = {}  # access text -> temp name
+        body: list[str] = []
+        flat_views: dict[str, str] = {}
+        size = self.size_expr(shape)
+
+        def indexed(name: str, vshape: tuple) -> str:
+            if math.prod(vshape) == 1:
+                return self._zeros_index(name, vshape)
+            if not nested:
+                if len(vshape) > 1:
+                    view = flat_views.get(name)
+                    if view is None:
+                        view = flat_views[name] = f"f{len(flat_views)}_{self.tmp}"
+                        pre.append(f"{view} = {name}.reshape({size})")
+                    name = view
+                return f"{name}[i]"
+            offset = len(shape) - len(vshape)
+            parts = ["0" if d == 1 and shape[offset + k] != 1 else idx_names[offset + k]
+                     for k, d in enumerate(vshape)]
+            return f"{name}[{', '.join(parts)}]"
+
+        def load(text: str) -> str:
+            t = loads.get(text)
+            if t is None:
+                t = loads[text] = f"t{self.tmp}_{len(loads)}"
+            return t
+
+        def access(v: Var) -> str:
+            held = self.held(v)
+            if held == HELD_LOOP and self.plan.defined_in[v.id] is stage:
+                return f"v{v.id}"
+            if held == HELD_SCALAR:
+                return self.scalar_name(v)
+            return load(indexed(self.array_name(v), v.shape))
+
+        def const_access(a: np.ndarray) -> str:
+            return load(indexed(self.const_array(a), a.shape))
+
+        stores: list[str] = []
+        accumulators: list[tuple[str, str, str]] = []  # (acc, init, finish)
+        for ins in members:
+            out = ins.outvars[0]
+            if out.id in self.plan.reductions:
+                body.extend(self.reduction_step(ins, access, accumulators, pre))
+                continue
+            args = self.operand_exprs(ins, access, const_access)
+            body.append(f"v{out.id} = {scalar_expression(ins, args)}")
+            if out.id in self.plan.stored:
+                kind, k = self.plan.storage[out.id]
+                target = self.add_arg(f"o{k}", out.dtype, len(out.shape), out.shape) \
+                    if kind == "out" else f"b{k}"
+                stores.append(f"{indexed(target, out.shape)} = v{out.id}")
+        self.tmp += 1
+        load_lines = [f"{t} = {text}" for text, t in loads.items()]
+        inner = load_lines + body + stores
+        lines = list(pre)
+        if nested:
+            indent = ""
+            for k, d in enumerate(shape):
+                lines.append(f"{indent}for {idx_names[k]} in range({self.dim(d)}):")
+                indent += "    "
+            lines.extend(indent + s for s in inner)
+        else:
+            lines.append(f"for i in range({size}):")
+            lines.extend("    " + s for s in inner)
+        lines.extend(finish for _, _, finish in accumulators)
+        return lines
+
+    def reduction_step(self, ins: Instruction, access, accumulators: list, pre: list) -> list[str]:
+        """The accumulator update of a fused reduction (or vector dot) inside its loop."""
+        out = ins.outvars[0]
+        acc = f"r{out.id}"
+        name = ins.prim.name
+        if name == "matmul":
+            a, b = (access(v) for v in ins.invars)  # two traced vectors (fusion.vector_dot)
+            term, dtype = f"({a} * {b})", out.dtype
+            name = "reduce_sum"
+        elif name in ("any", "all"):
+            v = ins.invars[0]
+            term = access(v) if v.dtype == BOOL else f"({access(v)} != 0)"
+            init = "False" if name == "any" else "True"
+            op = "|" if name == "any" else "&"
+            pre.append(f"{acc} = {init}")
+            accumulators.append((acc, init, f"s{out.id} = {acc}"))
+            return [f"{acc} = {acc} {op} {term}"]
+        else:
+            v = ins.invars[0]
+            term, dtype = access(v), out.dtype
+            if v.dtype != dtype:
+                term = cast(term, dtype)
+        acc_dt = F64 if dtype == F32 and name in ("reduce_sum", "reduce_prod") else dtype
+        if acc_dt != dtype:
+            term = cast(term, acc_dt)
+        if name == "reduce_sum":
+            init = literal(0, acc_dt)
+            step = f"reduce_add({acc}, {term})" if acc_dt.kind == "f" else f"{acc} + {term}"
+        elif name == "reduce_prod":
+            init = literal(1, acc_dt)
+            step = f"reduce_mul({acc}, {term})" if acc_dt.kind == "f" else f"{acc} * {term}"
+        elif name == "reduce_max":
+            if dtype.kind == "f":
+                init, step = "-np.inf", f"max_step({acc}, {term})"
+                init = literal(-np.inf, dtype)
+            else:
+                init, step = literal(np.iinfo(dtype).min, dtype), f"int_max_step({acc}, {term})"
+        else:
+            if dtype.kind == "f":
+                init, step = literal(np.inf, dtype), f"min_step({acc}, {term})"
+            else:
+                init, step = literal(np.iinfo(dtype).max, dtype), f"int_min_step({acc}, {term})"
+        pre.append(f"{acc} = {init}")
+        finish = f"s{out.id} = {acc if acc_dt == dtype else cast(acc, dtype)}"
+        accumulators.append((acc, init, finish))
+        return [f"{acc} = {step}"]
+
+    # --- ops ---
+    def op_operand(self, v: Var | None, a) -> str:
+        if v is None:
+            return self.const_array(a) if np.ndim(a) else literal(a, np.asarray(a).dtype)
+        if v.shape == ():
+            return self.scalar_ref(v)
+        return self.array_name(v)
+
+    def const_array(self, a) -> str:
+        a = np.asarray(a)
+        name = self.gen.consts.name(a)
+        return self.add_arg(name, a.dtype, a.ndim, a.shape)
+
+    def contiguous(self, v: Var | None, expr: str) -> str:
+        if v is None:
+            return expr
+        if self.gen.maybe_strided(v, self.segment):
+            return f"np.ascontiguousarray({expr})"
+        return expr
+
+    def index_text(self, parts: list) -> str:
+        out = []
+        for i in parts:
+            if i is None:
+                out.append("None")
+            elif isinstance(i, slice):
+                out.append(":".join("" if x is None else str(x) for x in (i.start, i.stop, i.step))
+                           if i.step is not None else
+                           ":".join("" if x is None else str(x) for x in (i.start, i.stop)))
+            elif isinstance(i, np.ndarray):
+                out.append(self.const_array(i))
+            else:
+                out.append(str(int(i)))
+        return ", ".join(out) if out else ""
+
+    def op(self, ins: Instruction) -> list[str]:
+        out = ins.outvars[0]
+        name = ins.prim.name
+        target = f"s{out.id}" if out.shape == () else f"a{out.id}"
+        args = [self.op_operand(v, a) for v, a in zip(ins.invars, ins.args)]
+        x = ins.invars[0]
+        if name == "getitem":
+            parts = _index_parts(ins.params["idx"], len(x.shape))
+            expr = f"{args[0]}[{self.index_text(parts)}]"
+        elif name in ("reshape", "broadcast_to") and x is not None and x.shape == ():
+            expr = f"np.full({self.shape_expr(out.shape)}, {args[0]})"
+        elif name == "reshape":
+            expr = f"{self.contiguous(x, args[0])}.reshape({self.shape_expr(out.shape)})"
+        elif name == "transpose":
+            expr = f"np.transpose({args[0]}, {tuple(ins.params['axes'])!r})"
+        elif name == "broadcast_to":
+            expr = f"np.broadcast_to({args[0]}, {self.shape_expr(out.shape)})"
+        elif name == "matmul":
+            a = self.contiguous(ins.invars[0], args[0])
+            b = self.contiguous(ins.invars[1], args[1])
+            expr = f"np.dot({a}, {b})"
+        elif name == "concatenate":
+            parts = [self.contiguous(v, s) for v, s in zip(ins.invars, args)]
+            expr = f"np.concatenate(({', '.join(parts)},), axis={ins.params['axis']})"
+        elif name in ("cumsum", "cumprod"):
+            expr = f"np.{name}({args[0]})"
+        elif name in ("setitem", "scatter_add"):
+            ndim = len(x.shape) if x is not None else np.ndim(ins.args[0])
+            parts = _index_parts(ins.params["idx"], ndim)
+            v = ins.invars[1]
+            value = args[1]
+            if v is None and not np.ndim(ins.args[1]):
+                value = literal(ins.args[1], out.dtype)
+            lines = [f"{target} = {args[0]}.copy()"]
+            if name == "setitem" or _basic_index(parts):
+                op = "=" if name == "setitem" else "+="
+                lines.append(f"{target}[{self.index_text(parts)}] {op} {value}")
+            else:
+                helper = "scatter_add_1d" if v is not None and v.shape != () or (
+                    v is None and np.ndim(ins.args[1])) else "scatter_add_1d_scalar"
+                lines.append(f"{helper}({target}, {self.const_array(parts[0])}, {value})")
+            return lines
+        elif name in fusion.FULL_REDUCTIONS:
+            return self.partial_reduction(ins, args[0], target)
+        else:  # pragma: no cover - lowerable() admits only the names above
+            raise NotImplementedError(name)
+        if out.shape != () and self.gen.read_by_loop(out) and self.gen.maybe_strided(
+                out, self.segment):
+            expr = f"np.ascontiguousarray({expr})"
+        return [f"{target} = {expr}"]
+
+    def partial_reduction(self, ins: Instruction, src: str, target: str) -> list[str]:
+        """A reduction over some axes: explicit loops into a result of the kept axes."""
+        x = ins.invars[0]
+        axes = tuple(a % len(x.shape) for a in ins.params["axes"])
+        out = ins.outvars[0]
+        kept = tuple(d for k, d in enumerate(x.shape) if k not in axes)
+        dtype = out.dtype
+        name = ins.prim.name
+        init = {"reduce_sum": 0, "reduce_prod": 1}.get(name)
+        if init is None:
+            big = np.inf if dtype.kind == "f" else (
+                np.iinfo(dtype).max if name == "reduce_min" else np.iinfo(dtype).min)
+            init = -big if name == "reduce_max" and dtype.kind == "f" else big
+        step = {"reduce_sum": "{a} + {x}", "reduce_prod": "{a} * {x}",
+                "reduce_max": "max_step({a}, {x})" if dtype.kind == "f" else
+                "int_max_step({a}, {x})",
+                "reduce_min": "min_step({a}, {x})" if dtype.kind == "f" else
+                "int_min_step({a}, {x})"}[name]
+        acc = f"p{out.id}"
+        lines = [f"{acc} = np.full({self.shape_expr(kept)}, {literal(init, dtype)})"]
+        indent = ""
+        idx = [f"j{k}" for k in range(len(x.shape))]
+        for k, d in enumerate(x.shape):
+            lines.append(f"{indent}for {idx[k]} in range({self.dim(d)}):")
+            indent += "    "
+        kept_idx = [idx[k] for k in range(len(x.shape)) if k not in axes]
+        a_ref = f"{acc}[{', '.join(kept_idx)}]" if kept_idx else f"{acc}[()]"
+        value = f"{src}[{', '.join(idx)}]"
+        if x.dtype != dtype:
+            value = cast(value, dtype)
+        lines.append(f"{indent}{a_ref} = {step.format(a=a_ref, x=value)}")
+        if out.shape == ():
+            lines.append(f"{target} = {acc}[()]")
+        else:
+            lines.append(f"{target} = {acc}.reshape({self.shape_expr(out.shape)})")
+        return lines
+
+    # --- checks ---
+    def check(self, index: int) -> list[str]:
+        c = self.program.checks[index]
+        fail = f"return {self.status_tuple(STATUS_CHECK)}"
+        operand = c.operand
+        if c.kind == "value":
+            if not isinstance(operand, Var):
+                return []
+            ans = self.const_array(np.asarray(c.answer)) if np.ndim(c.answer) else None
+            if ans is None or operand.shape == ():
+                value = self.scalar_ref(operand) if isinstance(operand, Var) else None
+                a = np.asarray(c.answer)
+                if a.dtype.kind == "f" and a != a:
+                    return [f"if not ({value} != {value}):", f"    {fail}"]
+                return [f"if not ({value} == {literal(a, a.dtype)}):", f"    {fail}"]
+            arr = self.array_name(operand)
+            return [f"if not same_value({arr}, {ans}):", f"    {fail}"]
+        if not isinstance(operand, Var):
+            return []  # a folded constant: the answer cannot change
+        if c.kind == "shape":
+            arr = self.array_name(operand)
+            return [f"if {arr}.shape != {tuple(c.answer)!r}:", f"    {fail}"]
+        value = self.scalar_ref(operand)
+        if c.kind == "bool":
+            cond = f"({value} != 0)" if operand.dtype != BOOL else value
+            return [f"if {'not ' if c.answer else ''}{cond}:", f"    {fail}"]
+        if c.kind in ("int", "index"):
+            conv = f"int({value})"
+            return [f"if {conv} != {int(c.answer)}:", f"    {fail}"]
+        if c.kind == "item":
+            a = c.answer
+            if isinstance(a, float) and a != a:
+                return [f"if not ({value} != {value}):", f"    {fail}"]
+            if isinstance(a, (bool, int, float)):
+                return [f"if not ({value} == {literal(a, operand.dtype)}):", f"    {fail}"]
+            raise NotImplementedError("item check")
+        raise NotImplementedError(c.kind)
+
+
+class _Generator:
+    def __init__(self, program: Program, plan: Plan):
+        self.program = program
+        self.plan = plan
+        self.input_pos = {v.id: k for k, v in enumerate(program.inputs)}
+        self.consts = _Consts()
+        self.var_of: dict[int, Var] = {v.id: v for v in program.inputs}
+        for ins in program.instructions:
+            for v in ins.outvars:
+                self.var_of[v.id] = v
+        self.readers: dict[int, list[fusion.Stage]] = {}
+        for s in plan.stages:
+            for ins in s.members:
+                for v in fusion.operands(ins):
+                    self.readers.setdefault(v.id, []).append(s)
+        # values defined in one segment and read by a later one (or by the wrapper)
+        self.carried_from: dict[int, list[int]] = {}
+        self.carried: set[int] = set()
+        for vid, stages in self.readers.items():
+            home = plan.defined_in.get(vid)
+            if home is None:
+                continue
+            if any(s.segment != home.segment for s in stages):
+                self._carry(vid, home)
+        for c_stage in (s for s in plan.stages if s.kind == CHECK):
+            operand = program.checks[c_stage.check].operand
+            if isinstance(operand, Var):
+                home = plan.defined_in.get(operand.id)
+                if home is not None and home.segment != c_stage.segment:
+                    self._carry(operand.id, home)
+
+    def _carry(self, vid: int, home: fusion.Stage) -> None:
+        if vid in self.carried or home.kind == PYTHON:
+            return
+        self.carried.add(vid)
+        self.carried_from.setdefault(home.segment, []).append(vid)
+
+    def read_by_loop(self, v: Var) -> bool:
+        return any(s.kind == LOOP for s in self.readers.get(v.id, ()))
+
+    def maybe_strided(self, v: Var, segment: int) -> bool:
+        """Whether `v` may be a non-contiguous array in this segment (a view)."""
+        home = self.plan.defined_in.get(v.id)
+        if home is None or home.segment != segment or home.kind != OP:
+            return False
+        ins = home.members[0]
+        return ins.prim.name in ("getitem", "transpose", "broadcast_to")
+
+
+def generate(program: Program) -> Generated:
+    """Plan `program` and write its kernels' module and its wrapper (see the module docstring)."""
+    plan = fusion.plan(program, fusable, lowerable)
+    gen = _Generator(program, plan)
+    kernels = []
+    for segment in range(plan.segments):
+        if any(s.segment == segment for s in plan.stages if s.kind != PYTHON) or (
+                segment == 0 and not plan.stages):
+            kernels.append(_KernelWriter(gen, segment).write())
+    module = _module_text(kernels)
+    key = hashlib.sha256(module.encode()).hexdigest()[:32]
+    wrapper, wconsts = _wrapper_text(gen, kernels)
+    return Generated(module, key, kernels, wrapper, wconsts, gen.consts.arrays, plan)
+
+
+_HEADER = f"""# generated by gradtape's numba backend (generator {GENERATOR_VERSION}); do not edit
+import math
+
+import numpy as np
+
+from gradtape.compile._numba_rt import (
+    int_max_step, int_min_step, is_c, max_step, min_step, ndtr, prefer_wide_vectors, reduce_add,
+    reduce_mul, same_value, scatter_add_1d, scatter_add_1d_scalar, xlogy)
+from gradtape.compile.fastmath import (
+    fast_exp, fast_expit, fast_expm1, fast_log, fast_log1p, fast_log_expit, fast_logaddexp,
+    fast_tanh)
+"""
+
+
+def arg_type_text(arg: KernelArg) -> str:
+    """The Numba type of an argument, as text (it is part of the cached source)."""
+    base = "boolean" if arg.dtype == BOOL else arg.dtype.name
+    if arg.ndim is None:
+        return base
+    return f"{base}[{', '.join([':'] * (arg.ndim - 1) + ['::1'])}]"
+
+
+def _module_text(kernels: list[Kernel]) -> str:
+    parts = [_HEADER]
+    sigs = []
+    for k in kernels:
+        sigs.append(f"    {k.name!r}: ({', '.join(repr(arg_type_text(a)) for a in k.args)}"
+                    f"{',' if len(k.args) == 1 else ''}),")
+    parts.append("SIGNATURES = {\n" + "\n".join(sigs) + "\n}\n")
+    for k in kernels:
+        parts.append(f"\ndef {k.name}({', '.join(a.name for a in k.args)}):")
+        parts.extend("    " + line for line in k.lines)
+        parts.append("")
+    return "\n".join(parts) + "\n"
+
+
+# --- the wrapper ---------------------------------------------------------------------------------
+def _wrapper_text(gen: _Generator, kernels: list[Kernel]) -> tuple[str, dict]:
+    """Python source of `run(*leaves, O)` for this variant (concrete shapes are fine here)."""
+    program, plan = gen.program, gen.plan
+    consts: dict = {}
+
+    def const(value, hint: str) -> str:
+        name = f"{hint}{len(consts)}"
+        consts[name] = value
+        return name
+
+    n_in = len(program.inputs)
+    params = [f"x{k}" for k in range(n_in)]
+    outputs = program.outputs
+    lines: list[str] = []
+    lines.append("K = state.kernels")
+    lines.append("if K is None:")
+    lines.append(f"    return state.pending({', '.join(params + ['O'])})")
+    if len(kernels) == 1:
+        lines.append("k0, = K")
+    elif kernels:
+        lines.append(f"{', '.join(f'k{j}' for j in range(len(kernels)))}, = K")
+    # result arrays written by kernels
+    written = {}  # leaf index -> var
+    for k in kernels:
+        for a in k.args:
+            if a.name.startswith("o"):
+                written[int(a.name[1:])] = None
+    alloc = []
+    for leaf_k in sorted(written):
+        leaf = outputs[leaf_k]
+        alloc.append(f"    o{leaf_k} = empty({const(leaf.shape, 'shape')}, "
+                     f"{const(leaf.dtype, 'dt')})")
+    lines.append("if O is None:")
+    lines.extend(alloc or ["    pass"])
+    if outputs:
+        lines.append("else:")
+        lines.append(f"    {', '.join(f'o{k}' for k in range(len(outputs)))}, = O")
+    # 0-d inputs reach kernels as scalars
+    scalar_inputs = {k for k, v in enumerate(program.inputs) if v.shape == ()}
+    for k in sorted(scalar_inputs):
+        lines.append(f"s_x{k} = x{k}[()]")
+    values: dict[int, str] = {}  # var id -> Python expression after its kernel / stage
+    kernel_of_segment = {int(k.name[6:]): (j, k) for j, k in enumerate(kernels)}
+    args_tuple = "(" + "".join(p + ", " for p in params) + ")"
+
+    def py_value(v: Var | None, a) -> str:
+        if v is None:
+            return const(a, "c")
+        if v.id in gen.input_pos:
+            k = gen.input_pos[v.id]
+            return f"s_x{k}" if k in scalar_inputs else f"x{k}"
+        return values[v.id]
+
+    for segment in range(plan.segments):
+        entry = kernel_of_segment.get(segment)
+        if entry is not None:
+            j, kernel = entry
+            call_args = []
+            for a in kernel.args:
+                if a.name.startswith("x"):
+                    k = int(a.name[1:])
+                    call_args.append(f"s_x{k}" if k in scalar_inputs else a.name)
+                elif a.name.startswith("c"):
+                    call_args.append(const(gen.consts.arrays[int(a.name[1:])], "kc"))
+                elif a.name.startswith("w"):
+                    call_args.append(values[int(a.name[1:])])
+                else:
+                    call_args.append(a.name)
+            lines.append(f"r{j} = k{j}({', '.join(call_args)})")
+            lines.append(f"if r{j}[0]:")
+            lines.append(f"    return state.slow(r{j}[0], {args_tuple}, O)")
+            for pos, (kind, v) in enumerate(kernel.returns, start=1):
+                values[v.id] = f"r{j}[{pos}]"
+                if kind == "carry" and v.shape != ():
+                    lines.append(f"w{v.id} = ascontiguous(r{j}[{pos}])")
+                    values[v.id] = f"w{v.id}"
+            continue
+        stage = next((s for s in plan.stages if s.segment == segment and s.kind == PYTHON), None)
+        if stage is None:
+            continue  # an empty segment between two python stages
+        ins = stage.members[0]
+        call_args = [py_value(v, a) for v, a in zip(ins.invars, ins.args)]
+        call_args += [f"{k}={const(p, 'p')}" for k, p in ins.params.items()]
+        call = f"{const(ins.prim.impl, 'impl')}({', '.join(call_args)})"
+        if ins.prim.multiple_results:
+            names = [f"w{v.id}" for v in ins.outvars]
+            lines.append(f"{', '.join(names)}, = {call}")
+        else:
+            names = [f"w{ins.outvars[0].id}"]
+            lines.append(f"{names[0]} = {call}")
+        for v, n in zip(ins.outvars, names):
+            if v.shape == ():
+                lines.append(f"{n} = asarray({n})[()]")
+            else:
+                # handed to a kernel (C-contiguous) or returned (a fresh array)
+                lines.append(f"{n} = ascontiguous({n})")
+            values[v.id] = n
+
+    # results
+    fresh, into = [], []
+    first_leaf: dict[int, int] = {}
+    for k, leaf in enumerate(outputs):
+        v = leaf.var
+        if v is None:
+            c = const(leaf.const, "c")
+            fresh.append(f"array({c})" if isinstance(leaf.const, np.ndarray) else c)
+            into.append(f"o{k}[...] = {c}")
+            continue
+        if v.id in first_leaf and first_leaf[v.id] in written:
+            src = f"o{first_leaf[v.id]}"
+            fresh.append(f"array({src})" if not leaf.scalar else f"{src}[()]")
+            into.append(f"o{k}[...] = {src}")
+            continue
+        first_leaf.setdefault(v.id, k)
+        if k in written:
+            fresh.append(f"o{k}[()]" if leaf.scalar else f"o{k}")
+            continue
+        src = py_value(v, None)
+        dt = const(leaf.dtype, "dt")
+        if leaf.scalar:
+            fresh.append(f"{dt}.type({src})")
+        else:
+            fresh.append(f"array({src}, {dt})")
+        into.append(f"o{k}[...] = {src}")
+    result = _tree_expr(program.out_tree, iter(fresh), const)
+    lines.append("if O is None:")
+    lines.append(f"    return {result}")
+    lines.extend(into)
+    lines.append("return None")
+
+    src = ["def _build(C):"]
+    names = sorted(consts) + ["state", "empty", "array", "asarray", "ascontiguous"]
+    src.extend(f"    {n} = C[{n!r}]" for n in names)
+    src.append(f"    def run({', '.join(params + ['O'])}):")
+    src.extend("        " + line for line in lines)
+    src.append("    return run")
+    return "\n".join(src) + "\n", consts
+
+
+def _tree_expr(td, leaves, const) -> str:
+    if td.kind == "leaf":
+        return next(leaves)
+    if td.kind == "none":
+        return "None"
+    parts = [_tree_expr(c, leaves, const) for c in td.children]
+    if td.kind == "tuple":
+        return "(" + "".join(p + ", " for p in parts) + ")"
+    if td.kind == "list":
+        return "[" + ", ".join(parts) + "]"
+    return "{" + ", ".join(f"{const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"
