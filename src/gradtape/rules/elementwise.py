@@ -62,9 +62,8 @@ def _times_safe(g, partial, ans, args):
     The mask asks only where the partial is not finite: elsewhere g * partial is kept as
     recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
     """
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        p = partial(ans, *args)
-        d = g * p
+    p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
+    d = g * p
     finite = np.isfinite(p)  # the common case: one pass over the partial, no mask
     if isinstance(finite, (np.ndarray, np.bool_)) and finite.all():
         return d

@@ -41,6 +41,11 @@ def forward(tape: Tape, tangents: dict, keep: set | None = None,
     per row). Tangents of vars not in `keep` are freed after their last use (keep=None:
     every tangent is kept).
     """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return _forward(tape, tangents, keep, batch)
+
+
+def _forward(tape: Tape, tangents: dict, keep: set | None, batch: int | None) -> dict:
     dead = _dead_after(tape) if keep is not None else {}
     for k, ins in enumerate(tape.instructions):
         ts = [None if v is None else tangents.get(v.id) for v in ins.invars]

@@ -51,6 +51,13 @@ def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
     Only instructions whose outputs received a cotangent are visited, and only the
     arguments traced at this level get one: constants cost nothing.
     """
+    # a masked branch (np.where(x > 0, np.sqrt(x), 0)) has infinite local derivatives where
+    # its cotangent is zero: no warnings for them, once for the whole pass
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return _backward(tape, outvars, cotangents)
+
+
+def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
     acc: dict = {}
     for v, ct in zip(outvars, cotangents):
         if v is not None and ct is not None:
