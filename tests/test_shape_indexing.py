@@ -414,3 +414,17 @@ def test_comparisons_give_plain_values_and_no_gradient():
         return np.sum(x * masks[0])
 
     np.testing.assert_array_equal(gt.grad(f)(x), [1.0, 0.0, 0.0])
+
+
+def test_write_with_repeated_indices_keeps_the_last_value_and_its_gradient():
+    """y[[0, 2, 2]] = v keeps v[2] at position 2 (NumPy's last write): v[1] gets no gradient."""
+    def f(x, v):
+        y = np.zeros_like(x)
+        y[[0, 2, 2]] = v * v
+        return np.sum(y * np.arange(1.0, 5.0)) + np.sum(x)
+
+    x, v = np.ones(4), np.array([1.0, 2.0, 3.0])
+    g_v = gt.grad(f, argnums=(0, 1))(x, v)[1]  # y = zeros_like(x) is traced only with x
+    np.testing.assert_allclose(g_v, [2 * 1.0 * 1, 0.0, 2 * 3.0 * 3])
+    jf = gt.jacfwd(f, argnums=(0, 1))(x, v)[1]
+    np.testing.assert_allclose(jf, g_v)

@@ -192,7 +192,7 @@ dyn_setitem_p = Primitive(
     "dyn_setitem", _dyn_setitem_impl,
     vjps=lambda i, g, ans, x, v, *iv, template, positions: (
         _zero_at(g, _fill(template, positions, iv)) if i == 0 else
-        unbroadcast(g[_fill(template, positions, iv)], shape_of(v)) if i == 1 else None),
+        _written_vjp(g, x, v, _fill(template, positions, iv)) if i == 1 else None),
     jvp=lambda ts, ans, x, v, *iv, template, positions: _dyn_set_jvp(ts, ans, x, v, iv, template,
                                                                     positions),
     variadic=True,
@@ -240,10 +240,26 @@ def _zero_at(g, idx):
     return c
 
 
+def _written_vjp(g, x, v, idx):
+    """Cotangent of the value written by `x[idx] = v`: g at idx, except where a repeated
+    index was overwritten by a later element (NumPy keeps the last write)."""
+    picked = g[idx]
+    if not is_basic(idx):
+        idx_c = tuple(_innermost(i) for i in idx)
+        shape = shape_of(_innermost(x)[idx_c])
+        order = np.arange(int(np.prod(shape))).reshape(shape)
+        marker = np.full(shape_of(x), -1)
+        marker[idx_c] = order
+        survived = marker[idx_c] == order
+        if not survived.all():
+            picked = np.where(survived, picked, 0)
+    return unbroadcast(picked, shape_of(v))
+
+
 setitem_p = Primitive(
     "setitem", _setitem_impl,
     vjps=(lambda g, ans, x, v, idx: _zero_at(g, idx),
-          lambda g, ans, x, v, idx: unbroadcast(g[idx], shape_of(v))),
+          lambda g, ans, x, v, idx: _written_vjp(g, x, v, idx)),
     jvp=lambda ts, ans, x, v, idx: _write_jvp(setitem_p, ts, ans, x, v, idx),
     linear=True, jvp_batched=True,
 )
