@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -96,17 +95,26 @@ def _stack() -> list:
 level_hooks: list = []
 
 
-@contextmanager
-def new_level(kind: str):
-    """Push a level for the duration of a traced call; it is closed and popped also on error."""
-    for hook in level_hooks:
-        hook()
-    level = Level(kind)
-    stack = _stack()
-    stack.append(level)
-    try:
-        yield level
-    finally:
+class new_level:
+    """Push a level for the duration of a traced call; it is closed and popped also on error.
+
+    (A class, not a generator: it is entered on every traced call, so it is kept cheap.)
+    """
+
+    __slots__ = ("level", "stack")
+
+    def __init__(self, kind: str):
+        for hook in level_hooks:
+            hook()
+        self.level = Level(kind)
+
+    def __enter__(self) -> Level:
+        self.stack = _stack()
+        self.stack.append(self.level)
+        return self.level
+
+    def __exit__(self, *exc) -> None:
+        level, stack = self.level, self.stack
         level.active = False
         # pop this level and anything left above it by an exception
         while stack:
