@@ -245,7 +245,7 @@ def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
     name = f"gradtape_kernel_{nk.key}"
     if directory is None:
         module = cache.import_source(nk.module_text, name)
-        return _jit_all(numba, module, nk, use_cache=False), False
+        return _jit_all(numba, module, nk, use_cache=False)
     path = cache.module_file(directory, nk.key, nk.module_text)
     module = cache.import_file(path, name)
     try:

@@ -495,7 +495,7 @@ class _KernelWriter:
             if held == HELD_SCALAR:
                 lines.append(f"{self._zeros_index(o, v.shape)} = s{vid}")
             else:
-                lines.append(f"{o}[:] = a{vid}")
+                lines.extend(self.assign_loops(o, v.shape, f"a{vid}", v.shape, v.dtype, v.dtype))
         return lines
 
     # --- scalar statements ---
@@ -711,8 +711,21 @@ class _KernelWriter:
                 value = literal(ins.args[1], out.dtype)
             lines = [f"{target} = {args[0]}.copy()"]
             if name == "setitem" or _basic_index(parts):
-                op = "=" if name == "setitem" else "+="
-                lines.append(f"{target}[{self.index_text(parts)}] {op} {value}")
+                view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[tuple(parts)].shape
+                value_shape = None if (v is None and not np.ndim(ins.args[1])) or (
+                    v is not None and v.shape == ()) else (
+                    v.shape if v is not None else np.shape(ins.args[1]))
+                value_dtype = v.dtype if v is not None else np.asarray(ins.args[1]).dtype
+                view = f"u{out.id}"
+                if view_shape == ():
+                    lines.append(f"{target}[{self.index_text(parts)}] "
+                                 f"{'=' if name == 'setitem' else '+='} "
+                                 f"{self._element(value, value_shape, (), value_dtype, out.dtype)}")
+                    return lines
+                lines.append(f"{view} = {target}[{self.index_text(parts)}]")
+                lines.extend(self.assign_loops(view, view_shape, value, value_shape,
+                                               value_dtype, out.dtype,
+                                               "=" if name == "setitem" else "+="))
             else:
                 helper = "scatter_add_1d" if v is not None and v.shape != () or (
                     v is None and np.ndim(ins.args[1])) else "scatter_add_1d_scalar"
@@ -726,6 +739,30 @@ class _KernelWriter:
                 out, self.segment):
             expr = f"np.ascontiguousarray({expr})"
         return [f"{target} = {expr}"]
+
+    def _element(self, value: str, value_shape: tuple | None, index: tuple[str, ...],
+                 value_dtype: np.dtype, dtype: np.dtype) -> str:
+        """Element `index` (of the target) of a value broadcast against it."""
+        if value_shape is None:
+            expr = value
+        else:
+            offset = len(index) - len(value_shape)
+            parts = ["0" if d == 1 else index[offset + k] for k, d in enumerate(value_shape)]
+            expr = f"{value}[{', '.join(parts)}]" if parts else value
+        return expr if value_dtype == dtype else cast(expr, dtype)
+
+    def assign_loops(self, target: str, shape: tuple, value: str, value_shape: tuple | None,
+                     value_dtype: np.dtype, dtype: np.dtype, op: str = "=") -> list[str]:
+        """`target[...] op value` as explicit loops (Numba's broadcasting assignment builds
+        error messages whose compilation costs seconds)."""
+        idx = tuple(f"j{k}" for k in range(len(shape)))
+        lines, indent = [], ""
+        for k, d in enumerate(shape):
+            lines.append(f"{indent}for {idx[k]} in range({self.dim(d)}):")
+            indent += "    "
+        element = self._element(value, value_shape, idx, value_dtype, dtype)
+        lines.append(f"{indent}{target}[{', '.join(idx)}] {op} {element}")
+        return lines
 
     def partial_reduction(self, ins: Instruction, src: str, target: str) -> list[str]:
         """A reduction over some axes: explicit loops into a result of the kept axes."""
