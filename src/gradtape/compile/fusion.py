@@ -209,9 +209,12 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
     # what each value's readers are, and which loop values must be stored
     last_use: dict[int, int] = {}
     stored: set[int] = set()
+    read_by_op: set[int] = set()
 
     def read(var: Var, stage: Stage) -> None:
         last_use[var.id] = max(last_use.get(var.id, -1), stage.index)
+        if stage.kind in (OP, PYTHON):
+            read_by_op.add(var.id)
         home = defined_in.get(var.id)
         if held.get(var.id) == HELD_LOOP and home is not stage:
             stored.add(var.id)
@@ -234,19 +237,21 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
             if held.get(leaf.var.id) == HELD_LOOP:
                 stored.add(leaf.var.id)
 
-    storage, buffers = _assign_storage(program, stages, defined_in, stored, last_use, output_of)
+    storage, buffers = _assign_storage(program, stages, defined_in, stored, last_use, output_of,
+                                       read_by_op)
     return Plan(stages, held, defined_in, reductions, stored, storage, buffers, last_use,
                 nsegments, output_of)
 
 
 def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, stored: set,
-                    last_use: dict, output_of: dict):
+                    last_use: dict, output_of: dict, read_by_op: set):
     """Arrays for stored loop values: the result array, a dead one of the same type, or new.
 
     A storage holds values over intervals of stage indices. Two intervals may touch at a
     loop: its loads all come before its stores, element by element, so a loop may read a
     value and write another one into the same array. Values read by a later segment (they
-    cross a python stage) and results keep their array to the end.
+    cross a python stage), values read by an op (its result may be a view of them: a slice,
+    a reshape) and results keep their array to the end.
     """
     segment_end: dict[int, int] = {}
     for s in stages:
@@ -261,8 +266,10 @@ def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, sto
         start = defined_in[vid].index
         stop = last_use.get(vid, start)
         seg = defined_in[vid].segment
-        # read from a later segment: the array is handed over, it stays live to the end
-        if any(s.segment != seg for s in stages if s.index == stop) or stop >= len(stages):
+        # read from a later segment (handed over) or by an op (maybe through a view):
+        # the array stays live to the end
+        if (vid in read_by_op or stop >= len(stages)
+                or any(s.segment != seg for s in stages if s.index == stop)):
             stop = len(stages) + 1
         return start, stop
 

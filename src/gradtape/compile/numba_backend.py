@@ -77,8 +77,9 @@ _threads = [1]
 def set_num_threads(n: int) -> None:
     """Threads for the fused loops of kernels lowered from now on (default 1).
 
-    With more than one thread, a loop over at least `PARALLEL_MIN_SIZE` elements is split into
-    fixed chunks run in parallel (Numba's threading layer); per-chunk partial reductions are
+    With more than one thread, a loop over at least 2 * `PARALLEL_MIN_CHUNK` elements is
+    split into min(n, size // PARALLEL_MIN_CHUNK) fixed chunks run in parallel (Numba's
+    threading layer, at most NUMBA_NUM_THREADS threads); per-chunk partial reductions are
     added in chunk order, so results do not depend on thread timing.
     """
     n = int(n)
@@ -100,6 +101,7 @@ class NativeKernels:
         self.key = generated.key
         self.module_text = generated.module
         self.kernels = generated.kernels
+        self.parallel = "PARALLEL = True" in generated.module
         self.state = NEW
         self.functions: tuple | None = None
         self.error: str | None = None
@@ -261,7 +263,8 @@ def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, 
     functions = []
     loaded = True
     for kernel in nk.kernels:
-        dispatcher = numba.njit(cache=use_cache, **_JIT_OPTIONS)(getattr(module, kernel.name))
+        dispatcher = numba.njit(cache=use_cache, parallel=nk.parallel, **_JIT_OPTIONS)(
+            getattr(module, kernel.name))
         signature = tuple(_numba_type(a) for a in kernel.args)
         before = _cache_hits(dispatcher)
         dispatcher.compile(signature)
@@ -297,7 +300,7 @@ class NumbaLowered:
         numpy_run = self.numpy.run
         self.native: NativeKernels | None = None
         try:
-            generated = numba_codegen.generate(program)
+            generated = numba_codegen.generate(program, get_num_threads())
         except NotImplementedError as exc:
             _warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
             self.run = numpy_run
@@ -379,6 +382,13 @@ class NumbaLowered:
         if not self.native.ready.wait(timeout):
             return False
         return self._state.kernels is not None
+
+
+def lowered(compiled, *args, **kwargs):
+    """The lowered variant that `compiled(*args, **kwargs)` replays (recorded if needed): a
+    NumbaLowered for the numba backends; for tests, benchmarks and curious users."""
+    _, variant = compiled._variant_for(args, kwargs)
+    return None if variant is None else variant.lowered
 
 
 def lower_waiting(program: Program) -> NumbaLowered:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,7 @@ from .numpy_backend import _as_ufunc
 from .program import Program
 
 GENERATOR_VERSION = "1"
+PARALLEL_MIN_CHUNK = 16384  # elements per parallel chunk at least (a launch costs ~10 us)
 STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
 SUPPORTED_DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
@@ -195,6 +197,29 @@ def scalar_expression(ins: Instruction, args: list[str]) -> str:
         expr = cast(expr, out_dt)
     return expr
 
+
+def _extreme_step(kind: str):
+    def step(dt: np.dtype) -> tuple[str, str]:
+        if dt.kind == "f":
+            init = literal(-np.inf if kind == "max" else np.inf, dt)
+            return init, f"{kind}_step({{a}}, {{b}})"
+        info = np.iinfo(dt)
+        init = literal(info.min if kind == "max" else info.max, dt)
+        return init, f"int_{kind}_step({{a}}, {{b}})"
+    return step
+
+
+# reduction name -> (accumulator dtype -> (initial value, step template in {a} and {b}))
+_REDUCTION_STEPS = {
+    "reduce_sum": lambda dt: (literal(0, dt), "reduce_add({a}, {b})" if dt.kind == "f"
+                              else "({a} + {b})"),
+    "reduce_prod": lambda dt: (literal(1, dt), "reduce_mul({a}, {b})" if dt.kind == "f"
+                               else "({a} * {b})"),
+    "reduce_max": _extreme_step("max"),
+    "reduce_min": _extreme_step("min"),
+    "any": lambda dt: ("False", "({a} | {b})"),
+    "all": lambda dt: ("True", "({a} & {b})"),
+}
 
 # --- ops between loops ------------------------------------------------------------------------
 def _index_parts(idx: tuple, ndim: int) -> list | None:
@@ -588,58 +613,79 @@ class _KernelWriter:
                 lines.append(f"{indent}for {idx_names[k]} in range({self.dim(d)}):")
                 indent += "    "
             lines.extend(indent + s for s in inner)
+        elif self.gen.threads > 1:
+            lines.extend(self.parallel_loop(size, inner, accumulators))
         else:
             lines.append(f"for i in range({size}):")
             lines.extend("    " + s for s in inner)
-        lines.extend(finish for _, _, finish in accumulators)
+        lines.extend(acc[2] for acc in accumulators)
+        return lines
+
+    def parallel_loop(self, size: str, inner: list[str], accumulators: list) -> list[str]:
+        """The flat loop split into `nch` fixed chunks run by `prange` (when large enough).
+
+        Chunk c covers [size * c // nch, size * (c + 1) // nch); each has its own partial
+        reductions, added in chunk order afterwards: the result depends on the size and the
+        thread setting only, never on which thread ran what.
+        """
+        n = f"n{self.tmp}"
+        nch = f"nch{self.tmp}"
+        lines = [f"{n} = {size}",
+                 f"{nch} = min({self.gen.threads}, {n} // {PARALLEL_MIN_CHUNK})",
+                 f"if {nch} <= 1:",
+                 f"    for i in range({n}):"]
+        lines.extend("        " + s for s in inner)
+        lines.append("else:")
+        renamed = inner
+        for acc, *_ in accumulators:
+            renamed = [re.sub(rf"\b{acc}\b", f"{acc}_c", s) for s in renamed]
+        for acc, _, _, _, dt in accumulators:
+            lines.append(f"    {acc}_p = np.empty({nch}, {_numpy_type(dt)})")
+        lines.append(f"    for c in prange({nch}):")
+        lines.append("        prefer_wide_vectors()")
+        # unsigned bounds: Numba then skips the negative-index wraparound (which would keep
+        # LLVM from vectorizing the chunk's loop)
+        lines.append(f"        lo = np.uint64(({n} * c) // {nch})")
+        lines.append(f"        hi = np.uint64(({n} * (c + 1)) // {nch})")
+        for acc, init, *_ in accumulators:
+            lines.append(f"        {acc}_c = {init}")
+        lines.append("        for i in range(lo, hi):")
+        lines.extend("            " + s for s in renamed)
+        for acc, *_ in accumulators:
+            lines.append(f"        {acc}_p[c] = {acc}_c")
+        for acc, _, _, step, _ in accumulators:
+            lines.append(f"    for c in range({nch}):")
+            lines.append(f"        {acc} = {step.format(a=acc, b=f'{acc}_p[c]')}")
         return lines
 
     def reduction_step(self, ins: Instruction, access, accumulators: list, pre: list) -> list[str]:
-        """The accumulator update of a fused reduction (or vector dot) inside its loop."""
+        """The accumulator update of a fused reduction (or vector dot) inside its loop.
+
+        Appends (accumulator, init, finish, step template) to `accumulators`; the template
+        `{a}`, `{b}` also combines the partial results of parallel chunks.
+        """
         out = ins.outvars[0]
         acc = f"r{out.id}"
         name = ins.prim.name
+        dtype = out.dtype
         if name == "matmul":
             a, b = (access(v) for v in ins.invars)  # two traced vectors (fusion.vector_dot)
-            term, dtype = f"({a} * {b})", out.dtype
+            term = f"({a} * {b})"
             name = "reduce_sum"
         elif name in ("any", "all"):
             v = ins.invars[0]
             term = access(v) if v.dtype == BOOL else f"({access(v)} != 0)"
-            init = "False" if name == "any" else "True"
-            op = "|" if name == "any" else "&"
-            pre.append(f"{acc} = {init}")
-            accumulators.append((acc, init, f"s{out.id} = {acc}"))
-            return [f"{acc} = {acc} {op} {term}"]
         else:
             v = ins.invars[0]
-            term, dtype = access(v), out.dtype
-            if v.dtype != dtype:
-                term = cast(term, dtype)
+            term = access(v) if v.dtype == dtype else cast(access(v), dtype)
         acc_dt = F64 if dtype == F32 and name in ("reduce_sum", "reduce_prod") else dtype
         if acc_dt != dtype:
             term = cast(term, acc_dt)
-        if name == "reduce_sum":
-            init = literal(0, acc_dt)
-            step = f"reduce_add({acc}, {term})" if acc_dt.kind == "f" else f"{acc} + {term}"
-        elif name == "reduce_prod":
-            init = literal(1, acc_dt)
-            step = f"reduce_mul({acc}, {term})" if acc_dt.kind == "f" else f"{acc} * {term}"
-        elif name == "reduce_max":
-            if dtype.kind == "f":
-                init, step = "-np.inf", f"max_step({acc}, {term})"
-                init = literal(-np.inf, dtype)
-            else:
-                init, step = literal(np.iinfo(dtype).min, dtype), f"int_max_step({acc}, {term})"
-        else:
-            if dtype.kind == "f":
-                init, step = literal(np.inf, dtype), f"min_step({acc}, {term})"
-            else:
-                init, step = literal(np.iinfo(dtype).max, dtype), f"int_min_step({acc}, {term})"
+        init, step = _REDUCTION_STEPS[name](acc_dt)
         pre.append(f"{acc} = {init}")
         finish = f"s{out.id} = {acc if acc_dt == dtype else cast(acc, dtype)}"
-        accumulators.append((acc, init, finish))
-        return [f"{acc} = {step}"]
+        accumulators.append((acc, init, finish, step, acc_dt))
+        return [f"{acc} = {step.format(a=acc, b=term)}"]
 
     # --- ops ---
     def op_operand(self, v: Var | None, a) -> str:
@@ -841,9 +887,10 @@ class _KernelWriter:
 
 
 class _Generator:
-    def __init__(self, program: Program, plan: Plan):
+    def __init__(self, program: Program, plan: Plan, threads: int):
         self.program = program
         self.plan = plan
+        self.threads = threads
         self.input_pos = {v.id: k for k, v in enumerate(program.inputs)}
         self.consts = _Consts()
         self.var_of: dict[int, Var] = {v.id: v for v in program.inputs}
@@ -889,16 +936,20 @@ class _Generator:
         return ins.prim.name in ("getitem", "transpose", "broadcast_to")
 
 
-def generate(program: Program) -> Generated:
-    """Plan `program` and write its kernels' module and its wrapper (see the module docstring)."""
+def generate(program: Program, threads: int = 1) -> Generated:
+    """Plan `program` and write its kernels' module and its wrapper (see the module docstring).
+
+    With `threads` > 1, flat loops are written to run in parallel chunks (`parallel_loop`).
+    """
     plan = fusion.plan(program, fusable, lowerable)
-    gen = _Generator(program, plan)
+    gen = _Generator(program, plan, threads)
     kernels = []
     for segment in range(plan.segments):
         if any(s.segment == segment for s in plan.stages if s.kind != PYTHON) or (
                 segment == 0 and not plan.stages):
             kernels.append(_KernelWriter(gen, segment).write())
-    module = _module_text(kernels)
+    module = _module_text(kernels, threads > 1 and any(
+        "prange(" in line for k in kernels for line in k.lines))
     key = hashlib.sha256(module.encode()).hexdigest()[:32]
     wrapper, wconsts = _wrapper_text(gen, kernels)
     return Generated(module, key, kernels, wrapper, wconsts, gen.consts.arrays, plan)
@@ -926,8 +977,9 @@ def arg_type_text(arg: KernelArg) -> str:
     return f"{base}[{', '.join([':'] * (arg.ndim - 1) + ['::1'])}]"
 
 
-def _module_text(kernels: list[Kernel]) -> str:
-    parts = [_HEADER]
+def _module_text(kernels: list[Kernel], parallel: bool) -> str:
+    parts = [_HEADER + ("from numba import prange\n\nPARALLEL = True\n" if parallel else
+                        "PARALLEL = False\n")]
     sigs = []
     for k in kernels:
         sigs.append(f"    {k.name!r}: ({', '.join(repr(arg_type_text(a)) for a in k.args)}"
