@@ -1066,8 +1066,9 @@ def _wrapper_text(gen: _Generator, kernels: list[Kernel]) -> tuple[str, dict]:
             lines.append(f"    return state.slow(r{j}[0], {args_tuple}, O)")
             for pos, (kind, v) in enumerate(kernel.returns, start=1):
                 values[v.id] = f"r{j}[{pos}]"
-                if kind == "carry" and v.shape != ():
-                    lines.append(f"w{v.id} = ascontiguous(r{j}[{pos}])")
+                if kind == "carry":  # exact types for the python stages and kernels after
+                    lines.append(f"w{v.id} = ascontiguous(r{j}[{pos}])" if v.shape else
+                                 f"w{v.id} = {const(v.dtype.type, 'T')}(r{j}[{pos}])")
                     values[v.id] = f"w{v.id}"
             continue
         stage = next((s for s in plan.stages if s.segment == segment and s.kind == PYTHON), None)
@@ -1111,11 +1112,10 @@ def _wrapper_text(gen: _Generator, kernels: list[Kernel]) -> tuple[str, dict]:
             fresh.append(f"o{k}[()]" if leaf.scalar else f"o{k}")
             continue
         src = py_value(v, None)
-        dt = const(leaf.dtype, "dt")
         if leaf.scalar:
-            fresh.append(f"{dt}.type({src})")
+            fresh.append(f"{const(leaf.dtype.type, 'T')}({src})")
         else:
-            fresh.append(f"array({src}, {dt})")
+            fresh.append(f"array({src}, {const(leaf.dtype, 'dt')})")
         into.append(f"o{k}[...] = {src}")
     result = _tree_expr(program.out_tree, iter(fresh), const)
     lines.append("if O is None:")
