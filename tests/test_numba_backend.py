@@ -354,7 +354,9 @@ def test_pickle_re_lowers_on_load():
 
 
 # --- partial and whole fallback ---------------------------------------------------------------
-def test_primitive_without_native_code_runs_through_numpy_between_kernels():
+def test_primitive_without_native_code_runs_through_numpy_between_kernels(monkeypatch):
+    monkeypatch.setattr(numba_backend, "_warned", set())  # (the note is given once a process)
+
     def f(x):
         y = np.exp(0.5 * x)
         return np.sum(np.sort(y) * np.arange(x.size)) + np.sum(np.pad(y, (1, 2)) ** 2)

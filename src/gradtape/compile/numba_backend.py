@@ -30,6 +30,7 @@ blocks, see _malloc.py), the result arrays per call, and the native code release
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import queue
@@ -175,15 +176,26 @@ def kernels_for(generated: numba_codegen.Generated) -> NativeKernels:
 
 
 class _Compiler:
-    """One background thread compiling queued kernels in order."""
+    """One background thread compiling queued kernels in order.
+
+    At interpreter exit, queued work is dropped and a compilation in progress is given a few
+    seconds to finish (a daemon thread inside LLVM while the interpreter shuts down is not
+    safe); the variants that wanted it simply never leave the numpy tier.
+    """
 
     def __init__(self):
         self.queue: queue.Queue = queue.Queue()
         self.idle = threading.Condition()
         self.busy = 0
+        self.stopping = False
         self.thread = threading.Thread(target=self._work, name="gradtape-numba-compiler",
                                        daemon=True)
         self.thread.start()
+        atexit.register(self._stop)
+
+    def _stop(self) -> None:
+        self.stopping = True
+        self.wait(timeout=10.0)
 
     def put(self, nk: NativeKernels) -> None:
         with self.idle:
@@ -195,7 +207,7 @@ class _Compiler:
             nk = self.queue.get()
             try:
                 with nk.lock:
-                    mine = nk.state == QUEUED
+                    mine = nk.state == QUEUED and not self.stopping
                     if mine:
                         nk.state = COMPILING
                 if mine:
