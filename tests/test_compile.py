@@ -7,6 +7,7 @@ and gradients also with independent references: closed forms or central differen
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 import tracemalloc
 import warnings
@@ -63,6 +64,13 @@ def finite_difference(f, x, h=1e-6):
     return g
 
 
+def np_compile(f, **options):
+    """compile on the numpy backend: these tests check its results bit for bit against eager
+    (backend="auto" tiers to the numba backend, tested in test_numba_backend.py)."""
+    options.setdefault("backend", "numpy")
+    return gt.compile(f, **options)
+
+
 def assert_same(actual, expected):
     """Compiled results equal eager ones: same structure, shapes, dtypes and values."""
     a_leaves, a_tree = gt._pytree.tree_flatten(actual)
@@ -86,7 +94,7 @@ CLOSED_FORMS = {
 
 @pytest.mark.parametrize("f", list(CLOSED_FORMS), ids=lambda f: f.__name__)
 def test_seed_functions_first_and_replayed_calls(f):
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     eager = gt.value_and_grad(f)
     for n in (1, 7, 50):
         for _ in range(3):  # the first call records, the others replay
@@ -99,7 +107,7 @@ def test_seed_functions_first_and_replayed_calls(f):
     stats = cf.stats
     assert stats["recordings"] + stats["replays"] == 9
     assert stats["recordings"] == 3 or f is branching
-    plain = gt.compile(f)
+    plain = np_compile(f)
     x = RNG.normal(size=9)
     for _ in range(2):
         np.testing.assert_allclose(plain(x), f(x), rtol=1e-13)
@@ -154,7 +162,7 @@ RULES = {
 @pytest.mark.parametrize("name", list(RULES))
 def test_rules_through_compile(name):
     f = RULES[name]
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     eager = gt.value_and_grad(f)
     for _ in range(3):
         x = RNG.normal(size=6)
@@ -204,7 +212,7 @@ def test_random_programs_compile_exactly(steps):
             values.append(binary[b](a, c) if use_binary else unary[u](a))
         return np.sum(values[-1] * values[-2]) + np.sum(values[len(values) // 2])
 
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     for seed in range(3):
         x = np.random.default_rng(seed).normal(size=6)
         with np.errstate(all="ignore"):
@@ -212,7 +220,7 @@ def test_random_programs_compile_exactly(steps):
 
 
 def test_grad_of_compiled_equals_grad():
-    cf = gt.compile(eam)
+    cf = np_compile(eam)
     x = RNG.random(20)
     np.testing.assert_array_equal(gt.grad(cf)(x), gt.grad(eam)(x))
     assert cf.stats["calls"] == 0  # under grad, the compiled function simply calls f
@@ -225,7 +233,7 @@ def test_pytrees_static_arguments_and_python_floats():
         out = np.sum(r * r) * scale
         return out if mode == "sum" else out / data.size
 
-    cf = gt.compile(gt.value_and_grad(f), static_argnums=(3,))
+    cf = np_compile(gt.value_and_grad(f), static_argnums=(3,))
     data = RNG.normal(size=5)
     for mode in ("sum", "mean", "sum"):
         for _ in range(2):
@@ -236,7 +244,7 @@ def test_pytrees_static_arguments_and_python_floats():
 
 
 def test_results_are_fresh():
-    cf = gt.compile(gt.value_and_grad(normal_logpdf))
+    cf = np_compile(gt.value_and_grad(normal_logpdf))
     x1, x2 = RNG.normal(size=8), RNG.normal(size=8)
     _, g1 = cf(x1)
     saved = g1.copy()
@@ -244,7 +252,7 @@ def test_results_are_fresh():
     _, g3 = cf(x1)
     np.testing.assert_array_equal(g1, saved)
     assert not np.shares_memory(g1, g2) and not np.shares_memory(g1, g3)
-    ident = gt.compile(lambda x: (x, x * 1.0))
+    ident = np_compile(lambda x: (x, x * 1.0))
     a, b = ident(x1)
     a[0] = 123.0
     assert x1[0] != 123.0 and b[0] != 123.0  # no result aliases an argument or another result
@@ -253,7 +261,7 @@ def test_results_are_fresh():
 def test_out_writes_in_place_and_allocates_nothing():
     # the numpy backend itself (backend="auto" may switch tiers mid-measurement; the numba
     # backend's own out= test is in test_numba_backend.py)
-    cf = gt.compile(gt.value_and_grad(eam), backend="numpy")
+    cf = np_compile(gt.value_and_grad(eam), backend="numpy")
     x = RNG.random(100)
     out = (np.empty(()), np.empty(100))
     res = cf(x, out=out)
@@ -261,6 +269,9 @@ def test_out_writes_in_place_and_allocates_nothing():
     assert_same((out[0][()], out[1]), gt.value_and_grad(eam)(x))
     for _ in range(20):
         cf(x, out=out)
+    numba_backend = sys.modules.get("gradtape.compile.numba_backend")
+    if numba_backend is not None:  # kernels of earlier tests compiling in the background
+        numba_backend.wait_for_kernels(timeout=120)
     tracemalloc.start()
     try:
         for _ in range(1000):
@@ -281,7 +292,7 @@ def test_out_writes_in_place_and_allocates_nothing():
 
 
 def test_threads():
-    cf = gt.compile(gt.value_and_grad(branching))
+    cf = np_compile(gt.value_and_grad(branching))
     eager = gt.value_and_grad(branching)
     errors = []
 
@@ -303,7 +314,7 @@ def test_threads():
 
 
 def test_pickle_re_records_on_load():
-    cf = gt.compile(normal_logpdf, static_argnums=(1,), max_variants=3)
+    cf = np_compile(normal_logpdf, static_argnums=(1,), max_variants=3)
     x = RNG.normal(size=4)
     cf(x, 0.5)
     loaded = pickle.loads(pickle.dumps(cf))
@@ -316,7 +327,7 @@ def test_pickle_re_records_on_load():
 
 # --- guards --------------------------------------------------------------------------------------
 def test_branch_alternating_inputs_record_once_per_path():
-    cf = gt.compile(gt.grad(branching))
+    cf = np_compile(gt.grad(branching))
     low, high = np.array([0.1, 0.2, 0.3]), np.array([1.1, 1.2, 1.3])
     for _ in range(4):
         for x in (low, high):
@@ -339,7 +350,7 @@ def test_nested_branches_select_variants_by_guard_answers():
             y = y + np.tanh(y)
         return np.sum(y**2) if y[1] > y[2] else np.sum(y)
 
-    cf = gt.compile(gt.value_and_grad(f), max_variants=16)
+    cf = np_compile(gt.value_and_grad(f), max_variants=16)
     eager = gt.value_and_grad(f)
     paths = set()
     rng = np.random.default_rng(7)
@@ -363,7 +374,7 @@ def test_loop_count_from_int_guard():
             s = s + np.sin(x[1] * s + x[2])
         return s
 
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     for count in (3, 5, 3, 0, 5, 3):
         x = np.array([count + 0.5, RNG.random(), RNG.random()])
         value, grad = cf(x)
@@ -381,7 +392,7 @@ def test_newton_while_loop():
             x = 0.5 * (x + a / x)
         return x
 
-    cf = gt.compile(gt.grad(newton_sqrt))
+    cf = np_compile(gt.grad(newton_sqrt))
     values = [2.0, 30.0, 2.5, 1e4, 2.0, 30.0, 1e4]
     for a in values:
         g = cf(np.array(a))
@@ -392,7 +403,7 @@ def test_newton_while_loop():
 
 def test_where_records_no_guard():
     f = RULES["where"]
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     for sign in (1, -1, 1, -1):
         x = sign * RNG.random(6)
         assert_same(cf(x), gt.value_and_grad(f)(x))
@@ -404,7 +415,7 @@ def test_variant_bound_warns_once_and_stays_exact():
     def f(x):
         return x[1] ** int(x[0])
 
-    cf = gt.compile(gt.grad(f), max_variants=3)
+    cf = np_compile(gt.grad(f), max_variants=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for k in (1, 2, 3, 4, 5, 6, 4, 1, 7):
@@ -424,14 +435,14 @@ def test_guard_on_data_dependent_slice():
         n = int(np.sum(x > 0))
         return np.sum(np.sort(x)[-n:] ** 2) if n else np.sum(x)
 
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     for _ in range(6):
         x = RNG.normal(size=5)
         assert_same(cf(x), gt.value_and_grad(f)(x))
 
 
 def test_introspection():
-    cf = gt.compile(gt.value_and_grad(eam))
+    cf = np_compile(gt.value_and_grad(eam))
     x = RNG.random(4)
     src = cf.source(x)
     assert "def run" in src and "Tracer" not in src
@@ -448,7 +459,7 @@ def test_introspection():
 # --- bad input ---------------------------------------------------------------------------------
 def test_new_structure_or_dtype_records_a_new_signature():
     f = gt.value_and_grad(lambda x: np.sum(x**3))
-    cf = gt.compile(f)
+    cf = np_compile(f)
     x64 = RNG.random(5)
     x32 = x64.astype(np.float32)
     assert_same(cf(x64), f(x64))
@@ -457,7 +468,7 @@ def test_new_structure_or_dtype_records_a_new_signature():
     assert_same((v32, g32), f(x32))
     assert_same(cf(x64.reshape(5, 1)), f(x64.reshape(5, 1)))
     assert len(cf.stats["per_signature"]) == 3
-    g = gt.compile(lambda t: t[0] * t[1])
+    g = np_compile(lambda t: t[0] * t[1])
     np.testing.assert_allclose(g((2.0, 3.0)), 6.0)
     np.testing.assert_allclose(g([2.0, 3.0]), 6.0)
     np.testing.assert_allclose(g((np.ones(2), 3.0)), [3.0, 3.0])
@@ -476,7 +487,7 @@ def test_backend_registry_is_the_seam_for_other_backends():
 
     register_backend("counting", counting_lower)
     try:
-        cf = gt.compile(gt.grad(branching), backend="counting")
+        cf = np_compile(gt.grad(branching), backend="counting")
         for x in (np.ones(3), np.zeros(3), np.ones(3)):
             np.testing.assert_allclose(cf(x), CLOSED_FORMS[branching](x))
         assert len(lowered) == 2  # one lowering per variant
@@ -485,17 +496,17 @@ def test_backend_registry_is_the_seam_for_other_backends():
 
 
 def test_unsupported_argument_type():
-    cf = gt.compile(lambda x, s: x * 2)
+    cf = np_compile(lambda x, s: x * 2)
     with pytest.raises(gt.GradtapeError, match="static_argnums"):
         cf(np.ones(2), "text")
     with pytest.raises(gt.GradtapeError, match="dtype object"):
         cf(np.array([None, 1]), 1.0)
     with pytest.raises(gt.GradtapeError, match="hashable"):
-        gt.compile(lambda x, s: x, static_argnums=1)(np.ones(2), [1])
+        np_compile(lambda x, s: x, static_argnums=1)(np.ones(2), [1])
     with pytest.raises(ValueError, match="unknown backend"):
-        gt.compile(eam, backend="nope")
+        np_compile(eam, backend="nope")
     with pytest.raises(ValueError, match="non-negative"):
-        gt.compile(eam, static_argnums=-1)
+        np_compile(eam, static_argnums=-1)
 
 
 def test_raising_during_recording_leaves_no_state():
@@ -507,7 +518,7 @@ def test_raising_during_recording_leaves_no_state():
             raise RuntimeError("boom")
         return np.sum(y)
 
-    cf = gt.compile(gt.grad(f))
+    cf = np_compile(gt.grad(f))
     x = RNG.random(3)
     with pytest.raises(RuntimeError, match="boom"):
         cf(x)
@@ -525,7 +536,7 @@ def test_nondeterministic_function_is_caught():
         calls.append(1)
         return np.sum(x) if len(calls) % 2 else -np.sum(x)
 
-    cf = gt.compile(f)
+    cf = np_compile(f)
     x = RNG.random(3)
     np.testing.assert_allclose(cf(x), np.sum(x))
     # the Python-level state is captured at recording, as in JAX: a documented sharp bit
@@ -539,7 +550,7 @@ def test_constants_are_captured_when_recorded():
     def f(x):
         return np.sum(x * weights + offset + np.log(weights + 1.0))
 
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     x = RNG.random(3)
     expected = gt.value_and_grad(f)(x)
     assert_same(cf(x), expected)
@@ -552,7 +563,7 @@ def test_float32_weak_scalars_are_exact():
         y = np.exp(x * 0.1 + 0.3) / (x * x + 1.5)
         return np.sum(np.where(y > 0.7, y, 2.0 * y) - 1e-3 * x**3)
 
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     for _ in range(3):
         x = RNG.normal(size=7).astype(np.float32)
         value, grad = cf(x)
@@ -562,7 +573,7 @@ def test_float32_weak_scalars_are_exact():
 
 def test_data_dependent_mask_guards():
     f = gt.value_and_grad(lambda x: np.sum(x[x > 0.5] ** 2))
-    cf = gt.compile(f, max_variants=64)
+    cf = np_compile(f, max_variants=64)
     for _ in range(6):
         x = RNG.random(4)
         assert_same(cf(x), f(x))
@@ -575,7 +586,7 @@ def test_item_of_an_element_runs_eagerly_with_a_warning():
     def f(x):
         return x * 2.0 if x.item(1) > 0 else x * 3.0
 
-    cf = gt.compile(f)
+    cf = np_compile(f)
     with pytest.warns(CompileWarning, match="x.item"):
         np.testing.assert_array_equal(cf(np.array([1.0, -1.0])), [3.0, -3.0])
     np.testing.assert_array_equal(cf(np.array([1.0, 1.0])), [2.0, 2.0])
@@ -594,7 +605,7 @@ def test_loops_and_custom_rules_through_compile():
         c = gt.fori_loop(0, 3, lambda i, c: c * 0.9 + np.sin(c), x)
         return h + np.sum(ys) + np.sum(square(c))
 
-    cf = gt.compile(gt.value_and_grad(f))
+    cf = np_compile(gt.value_and_grad(f))
     for _ in range(3):
         x = RNG.random(5)
         assert_same(cf(x), gt.value_and_grad(f)(x))
@@ -607,7 +618,7 @@ def test_higher_order_transforms():
     x = RNG.random(4)
     for transform in (gt.hessian, gt.jacobian):
         target = transform(eam) if transform is gt.hessian else transform(np.sin)
-        cf = gt.compile(target)
+        cf = np_compile(target)
         for _ in range(2):
             y = x + RNG.random(4) * 0.1
             assert_same(cf(y), target(y))
@@ -618,7 +629,7 @@ def test_sort_under_compile_replays_for_every_ordering():
     def f(x):
         return np.sum(np.sort(x) * np.arange(len(x)))
 
-    compiled = gt.compile(gt.value_and_grad(f))
+    compiled = np_compile(gt.value_and_grad(f))
     for seed in range(5):
         x = np.random.default_rng(seed).random(6)
         v, g = compiled(x)
