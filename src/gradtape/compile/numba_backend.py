@@ -344,6 +344,10 @@ class NumbaLowered:
             self.run = numpy_run
             self.source = self.numpy.source
             return
+        if not any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages):
+            self.run = numpy_run  # nothing native to do: the numpy backend's code is better
+            self.source = self.numpy.source
+            return
         for stage in generated.plan.stages:
             if stage.kind == "python":
                 name = stage.members[0].prim.name
@@ -380,14 +384,15 @@ class NumbaLowered:
 
         state.pending = pending
         state.slow = slow
-        consts = dict(generated.wrapper_consts)
-        consts.update(state=state, empty=np.empty, array=np.array, asarray=np.asarray,
-                      ascontiguous=np.ascontiguousarray)
-        namespace: dict = {}
-        exec(compile(generated.wrapper, f"<gradtape numba wrapper {generated.key}>", "exec"),
-             namespace)
-        state.run = self.run = namespace["_build"](consts)
         self._state = state
+
+        def build(source: str, extra: dict):
+            consts = dict(extra)
+            consts.update(state=state, empty=np.empty, array=np.array, asarray=np.asarray,
+                          ascontiguous=np.ascontiguousarray)
+            namespace: dict = {}
+            exec(compile(source, f"<gradtape numba wrapper {generated.key}>", "exec"), namespace)
+            return namespace["_build"](consts)
 
         def ready(nk: NativeKernels) -> None:
             if nk.functions is not None:
@@ -403,6 +408,13 @@ class NumbaLowered:
             ready(nk)
         else:
             nk.when_ready(ready)
+        if wait and state.kernels is not None:
+            # the kernels are known now: bind them into the wrapper (no per-call lookup)
+            source, extra = generated.bound_wrapper()
+            extra.update({f"k{j}": k for j, k in enumerate(state.kernels)})
+            state.run = self.run = build(source, extra)
+        else:
+            state.run = self.run = build(generated.wrapper, generated.wrapper_consts)
 
     @property
     def tier(self) -> str:
