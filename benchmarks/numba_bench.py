@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 
-CHILD_ALL_CORES = "--child-all-cores" in sys.argv
+CHILD_ALL_CORES = "--child-all-cores" in sys.argv  # followed by the one system it measures
 if not CHILD_ALL_CORES:  # one thread everywhere, set before NumPy / JAX / PyTorch are imported
     for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -221,10 +221,13 @@ def methods(name: str, n: int, threads: int, peers: bool) -> dict[str, Callable]
     return calls | peer_methods(name, x, consts)
 
 
-def peer_methods(name: str, x, consts) -> dict[str, Callable]:
+def peer_methods(name: str, x, consts, systems=("jax", "torch", "autograd")
+                 ) -> dict[str, Callable]:
     body = WORKLOADS[name][0]
     calls: dict[str, Callable] = {}
     try:
+        if "jax" not in systems:
+            raise ImportError
         import jax
 
         jax.config.update("jax_enable_x64", True)
@@ -236,6 +239,8 @@ def peer_methods(name: str, x, consts) -> dict[str, Callable]:
     except ImportError:
         pass
     try:
+        if "torch" not in systems:
+            raise ImportError
         import torch
 
         if not CHILD_ALL_CORES:
@@ -253,7 +258,7 @@ def peer_methods(name: str, x, consts) -> dict[str, Callable]:
         calls["torch"] = torch_call
     except ImportError:
         pass
-    if not CHILD_ALL_CORES:
+    if "autograd" in systems:
         try:
             import autograd
             import autograd.numpy as anp
@@ -291,17 +296,21 @@ def time_methods(calls: dict[str, Callable], reference, repeat: int, budget: flo
     return {label: statistics.median(s) for label, s in samples.items()}
 
 
-def throughput_tables(quick: bool, repeat: int, threads: int, peers: bool,
+def throughput_tables(quick: bool, repeat: int, threads: int, system: str | None = None,
                       min_size: int = 0) -> list[dict]:
+    """Times of every method (system None) or of one system's ("gt", "jax", "torch")."""
     rows = []
     for name, (_, hand, _, sizes, quick_sizes) in WORKLOADS.items():
         for n in (quick_sizes if quick else sizes):
             if n < min_size:
                 continue
             x, consts = _problem(name, n)
-            calls = methods(name, n, threads, peers)
-            if not peers:
-                calls |= peer_methods(name, x, consts)
+            if system is None:
+                calls = methods(name, n, threads, peers=True)
+            elif system == "gt":
+                calls = methods(name, n, threads, peers=False)
+            else:
+                calls = peer_methods(name, x, consts, systems=(system,))
             budget = 0.4 if quick else 1.5
             times = time_methods(calls, hand(x, *consts), repeat, budget)
             rows.append({"workload": name, "n": n, "times": times})
@@ -439,32 +448,45 @@ def report(single: list[dict], all_cores: list[dict] | None, lat: list[dict] | N
     return "\n".join(out)
 
 
+def all_core_rows(quick: bool, repeat: int) -> list[dict]:
+    """Each system in a process of its own, nothing pinned: thread pools that spin between
+    parallel regions (OpenMP) would otherwise take the cores from each other."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")
+           and k != "XLA_FLAGS"}
+    merged: dict[tuple, dict] = {}
+    for system in ("gt", "jax", "torch"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child-all-cores", system,
+               "--repeat", str(repeat)] + (["--quick"] if quick else [])
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            print(done.stderr, file=sys.stderr)
+            continue
+        for row in json.loads(done.stdout.strip().splitlines()[-1]):
+            key = (row["workload"], row["n"])
+            merged.setdefault(key, {"workload": row["workload"], "n": row["n"], "times": {}})
+            merged[key]["times"].update(row["times"])
+    return list(merged.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--skip-all-cores", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
-    parser.add_argument("--child-all-cores", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-all-cores", choices=("gt", "jax", "torch"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     repeat = 5 if args.quick else args.repeat
     if args.child_all_cores:
-        rows = throughput_tables(args.quick, repeat, os.cpu_count() or 1, peers=False,
-                                 min_size=10_000)
+        rows = throughput_tables(args.quick, repeat, os.cpu_count() or 1,
+                                 system=args.child_all_cores, min_size=10_000)
         print(json.dumps(rows))
         return
-    single = throughput_tables(args.quick, repeat, 1, peers=True)
+    single = throughput_tables(args.quick, repeat, 1)
     all_cores = None
     if not args.skip_all_cores:
-        env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")
-               and k != "XLA_FLAGS"}
-        cmd = [sys.executable, os.path.abspath(__file__), "--child-all-cores", "--repeat",
-               str(repeat)] + (["--quick"] if args.quick else [])
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        if done.returncode == 0:
-            all_cores = json.loads(done.stdout.strip().splitlines()[-1])
-        else:
-            print(done.stderr, file=sys.stderr)
+        all_cores = all_core_rows(args.quick, repeat)
     lat = None
     if not args.skip_latency:
         lat = latency([("normal_logpdf", 1000), ("eam", 1000), ("logistic", 1000)])
