@@ -17,6 +17,7 @@ import pytest
 import scipy.special
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seed_functions import branching, eam, normal_logpdf, sum_exp
 
 import gradtape as gt
 from gradtape.compile import CompileWarning
@@ -25,28 +26,11 @@ RNG = np.random.default_rng(20261122)
 
 
 # --- the seeds' functions (module level: the pickle test uses them) ----------------------------
-def normal_logpdf(x, mu=0.3, sigma=1.7):
-    return np.sum(-0.5 * ((x - mu) / sigma) ** 2 - np.log(sigma) - 0.5 * np.log(2 * np.pi))
-
-
-def eam(x):
-    rho = np.sum(np.exp(-3 * (x + 1)))
-    return rho**2 + rho**3 + 0.25 * rho**4
-
-
-def sum_exp(x):
-    return np.sum(np.exp(x))
-
-
 def scalar_loop(x):
     s = 0.0
     for i in range(len(x)):
         s = s + (i + 1) * x[i] * x[i]
     return s
-
-
-def branching(x):
-    return np.sum(x) ** 3 if np.sum(x) > 1 else np.sum(x) ** 2
 
 
 @gt.compile
