@@ -46,6 +46,9 @@ from .numpy_backend import NumpyLowered
 from .program import Program
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
+# Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
+# 3000 stages: 9 s); beyond this many stages a variant stays on the numpy backend
+MAX_NATIVE_STAGES = 4000
 STATUS_LAYOUT = numba_codegen.STATUS_LAYOUT
 
 
@@ -344,7 +347,13 @@ class NumbaLowered:
             self.run = numpy_run
             self.source = self.numpy.source
             return
-        if not any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages):
+        if len(generated.plan.stages) > MAX_NATIVE_STAGES:
+            _warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
+                       "large to compile natively (Python loops are unrolled on the tape: "
+                       "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
+                       "backend")
+        if len(generated.plan.stages) > MAX_NATIVE_STAGES or not any(
+                s.kind in ("loop", "scalar", "op") for s in generated.plan.stages):
             self.run = numpy_run  # nothing native to do: the numpy backend's code is better
             self.source = self.numpy.source
             return
