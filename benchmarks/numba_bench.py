@@ -456,7 +456,8 @@ def all_core_rows(quick: bool, repeat: int) -> list[dict]:
     merged: dict[tuple, dict] = {}
     for system in ("gt", "jax", "torch"):
         cmd = [sys.executable, os.path.abspath(__file__), "--child-all-cores", system,
-               "--repeat", str(repeat)] + (["--quick"] if quick else [])
+               "--repeat", str(repeat), "--workloads", *WORKLOADS] + (
+                   ["--quick"] if quick else [])
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             print(done.stderr, file=sys.stderr)
@@ -474,10 +475,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--skip-all-cores", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS),
+                        help="only these workloads (default: all)")
     parser.add_argument("--child-all-cores", choices=("gt", "jax", "torch"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     repeat = 5 if args.quick else args.repeat
+    if args.workloads:
+        for name in list(WORKLOADS):
+            if name not in args.workloads:
+                del WORKLOADS[name]
     if args.child_all_cores:
         rows = throughput_tables(args.quick, repeat, os.cpu_count() or 1,
                                  system=args.child_all_cores, min_size=10_000)

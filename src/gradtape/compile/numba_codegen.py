@@ -963,6 +963,10 @@ def generate(program: Program, threads: int = 1) -> Generated:
     With `threads` > 1, flat loops are written to run in parallel chunks (`parallel_loop`).
     """
     plan = fusion.plan(program, fusable, lowerable)
+    if any(s.kind == OP and s.members[0].prim.name == "matmul" for s in plan.stages):
+        # BLAS runs its own thread pool: with Numba's OpenMP threads spinning beside it, the
+        # two pools take the cores from each other (measured: 10x slower on 2 cores)
+        threads = 1
     gen = _Generator(program, plan, threads)
     kernels = []
     for segment in range(plan.segments):
