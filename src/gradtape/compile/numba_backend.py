@@ -256,12 +256,16 @@ def _numba_startup() -> float:
         if _started:
             return 0.0
         start = time.perf_counter()
+        from numba.core.compiler_lock import global_compiler_lock
         from numba.core.registry import cpu_target
 
         from . import _numba_rt, fastmath  # noqa: F401  (fastmath registers its functions)
 
-        cpu_target.target_context.refresh()
-        cpu_target.typing_context.refresh()
+        # under Numba's compiler lock: another thread may be compiling (refreshing the
+        # registries while it types a function leaves it without array attributes)
+        with global_compiler_lock:
+            cpu_target.target_context.refresh()
+            cpu_target.typing_context.refresh()
         _started.append(True)
         return time.perf_counter() - start
 
