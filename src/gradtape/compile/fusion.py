@@ -19,10 +19,12 @@ depends on a reduction of that loop (`eam`: `rho = sum(exp(...))` needs a second
 A loop value needed outside its loop (by another loop, an op, a check or an output) is
 stored, once, by the loop that computes it: into the output array when it is a result, into
 an output array or an earlier buffer whose contents are dead by then (the loops read all
-their operands before writing), or into a new buffer. Storing wins over recomputing here
-because the values worth keeping are exactly the expensive ones (`exp` in eam); a cheap
-value (a difference, a product) used by a later loop is stored too, which costs one write
-and one read per element (measured: noise next to the transcendental functions).
+their operands before writing), or into a new buffer. Values are always stored, never
+recomputed: the values a later loop needs are typically the expensive ones (`exp` in eam,
+whose second loop then reads the stored exponentials from the gradient array itself, as a
+hand-written loop does); a cheap value (a difference) used by a later loop costs one write
+and one read per element where recomputing it could be cheaper at sizes beyond the caches —
+not done, as none of the seeds' workloads has such a value.
 
 This module knows nothing about code generation: the backend passes predicates saying which
 instructions it can express as scalar expressions (`fusable`) and as ops (`lowerable`).
