@@ -29,7 +29,7 @@ from ..tape import Instruction, Var
 from . import fusion
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
 from .numpy_backend import _as_ufunc
-from .program import Program
+from .program import Program, tree_expr
 
 GENERATOR_VERSION = "1"
 PARALLEL_MIN_CHUNK = 16384  # elements per parallel chunk at least (a launch costs ~10 us)
@@ -1145,7 +1145,7 @@ def _wrapper_text(gen: _Generator, kernels: list[Kernel], bound: bool) -> tuple[
         else:
             fresh.append(f"array({src}, {const(leaf.dtype, 'dt')})")
         into.append(f"o{k}[...] = {src}")
-    result = _tree_expr(program.out_tree, iter(fresh), const)
+    result = tree_expr(program.out_tree, iter(fresh), const)
     lines.append("if O is None:")
     lines.append(f"    return {result}")
     lines.extend(into)
@@ -1160,16 +1160,3 @@ def _wrapper_text(gen: _Generator, kernels: list[Kernel], bound: bool) -> tuple[
     src.extend("        " + line for line in lines)
     src.append("    return run")
     return "\n".join(src) + "\n", consts
-
-
-def _tree_expr(td, leaves, const) -> str:
-    if td.kind == "leaf":
-        return next(leaves)
-    if td.kind == "none":
-        return "None"
-    parts = [_tree_expr(c, leaves, const) for c in td.children]
-    if td.kind == "tuple":
-        return "(" + "".join(p + ", " for p in parts) + ")"
-    if td.kind == "list":
-        return "[" + ", ".join(parts) + "]"
-    return "{" + ", ".join(f"{const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"

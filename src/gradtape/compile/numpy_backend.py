@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tape import Instruction, Var
-from .program import GuardFailure, Program
+from .program import GuardFailure, Program, tree_expr
 
 BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output
 
@@ -509,7 +509,7 @@ class NumpyLowered:
                 fresh_exprs.append(f"{gen.const(np.array, 'array')}({src})")
             else:
                 fresh_exprs.append(src)
-        result = _tree_expr(gen, program.out_tree, iter(fresh_exprs))
+        result = tree_expr(program.out_tree, iter(fresh_exprs), gen.const)
 
         inner = []
         if plan.slots:
@@ -540,21 +540,6 @@ class NumpyLowered:
             lines.extend("        " + s for s in inner)
         lines.append("    return run")
         return "\n".join(lines) + "\n"
-
-
-def _tree_expr(gen: _Source, td, leaves) -> str:
-    if td.kind == "leaf":
-        return next(leaves)
-    if td.kind == "none":
-        return "None"
-    parts = [_tree_expr(gen, c, leaves) for c in td.children]
-    if td.kind == "tuple":
-        return "(" + "".join(p + ", " for p in parts) + ")"
-    if td.kind == "list":
-        return "[" + ", ".join(parts) + "]"
-    if td.kind == "namedtuple":
-        return f"{gen.const(td.meta, 'namedtuple')}(" + ", ".join(parts) + ")"
-    return "{" + ", ".join(f"{gen.const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"
 
 
 def lower(program: Program) -> NumpyLowered:

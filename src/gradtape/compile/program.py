@@ -425,3 +425,21 @@ def _dead_code_eliminated(kept, checks, outputs):
             live.update(v.id for v in ins.invars if v is not None)
     result.reverse()
     return result
+
+
+def tree_expr(td, leaves, const) -> str:
+    """Source text rebuilding the pytree `td` from leaf expressions; `const(value, hint)` names
+    a constant the generated code refers to (dict keys, named-tuple types). Shared by the
+    code generators of every backend."""
+    if td.kind == "leaf":
+        return next(leaves)
+    if td.kind == "none":
+        return "None"
+    parts = [tree_expr(c, leaves, const) for c in td.children]
+    if td.kind == "tuple":
+        return "(" + "".join(p + ", " for p in parts) + ")"
+    if td.kind == "list":
+        return "[" + ", ".join(parts) + "]"
+    if td.kind == "namedtuple":
+        return f"{const(td.meta, 'namedtuple')}(" + ", ".join(parts) + ")"
+    return "{" + ", ".join(f"{const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"
