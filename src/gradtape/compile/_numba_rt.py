@@ -146,3 +146,21 @@ def xlogy(x, y):
     if x == 0 and not np.isnan(y):
         return 0.0 * x
     return x * np.log(y)
+
+
+@_inline
+def copy_into(dst, src):
+    """dst[...] = src for two C-contiguous arrays of one shape (native loops' carries)."""
+    d = dst.reshape(dst.size)
+    s = src.reshape(src.size)
+    for i in range(d.size):
+        d[i] = s[i]
+
+
+@_inline
+def add_into(dst, src):
+    """dst += src for two C-contiguous arrays of one shape (cotangents summed over steps)."""
+    d = dst.reshape(dst.size)
+    s = src.reshape(src.size)
+    for i in range(d.size):
+        d[i] += s[i]

@@ -307,6 +307,8 @@ def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
 def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, bool]:
     functions = []
     loaded = True
+    for name in getattr(module, "HELPERS", ()):  # functions the kernels call (native loops)
+        setattr(module, name, numba.njit(cache=use_cache, **_JIT_OPTIONS)(getattr(module, name)))
     for kernel in nk.kernels:
         dispatcher = numba.njit(cache=use_cache, parallel=nk.parallel, **_JIT_OPTIONS)(
             getattr(module, kernel.name))
@@ -356,13 +358,15 @@ class NumbaLowered:
                        "large to compile natively (Python loops are unrolled on the tape: "
                        "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
                        "backend")
-        if len(generated.plan.stages) > MAX_NATIVE_STAGES or not any(
-                s.kind in ("loop", "scalar", "op") for s in generated.plan.stages):
+        if len(generated.plan.stages) > MAX_NATIVE_STAGES or not (generated.loops or any(
+                s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)):
             self.run = numpy_run  # nothing native to do: the numpy backend's code is better
             self.source = self.numpy.source
             return
+        for loop in generated.loops.values():
+            loop.wait = wait
         for stage in generated.plan.stages:
-            if stage.kind == "python":
+            if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
                 name = stage.members[0].prim.name
                 _warn_once(f"numba backend: primitive {name!r} has no native translation; it "
                            "runs through NumPy between the native kernels (exact, slower)")

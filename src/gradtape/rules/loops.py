@@ -118,7 +118,7 @@ class BodyProgram:
             fwd = self._fwd[i]
             if fwd is None:
                 fwd = self._fwd[i] = self._lower_or_none(
-                    lambda: _lower_tape(tape, tape.inputs + [c[0] for c in tape.captured]))
+                    lambda: _lower_tape(tape, body_inputs(tape)))
                 if fwd is None:
                     return self.run(inputs, caps)
             try:
@@ -259,9 +259,8 @@ def _replay_guard_failure():
     return _REPLAY_GUARD_FAILURE[0]
 
 
-def _lower_tape(tape, inputs: list):
-    """The `run(*inputs, out)` of generated NumPy code for `tape` with these input vars."""
-    from ..compile.numpy_backend import lower
+def step_program(tape, inputs: list):
+    """The compile Program of one body step: `tape` with these input vars, its outputs flat."""
     from ..compile.program import build_program, output_leaf
     from ..tape import Tape
 
@@ -270,16 +269,27 @@ def _lower_tape(tape, inputs: list):
     flat.instructions = tape.instructions
     flat.guards = tape.guards
     flat.outputs = tape.outputs
-    leaves = [output_leaf(None, o) if isinstance(o, Var) else output_leaf(o, None)
-              for o in tape.outputs]
-    leaves = [output_leaf(np.empty(o.shape, o.dtype), o) if isinstance(o, Var) else leaf
-              for o, leaf in zip(tape.outputs, leaves)]
+    leaves = [output_leaf(np.empty(o.shape, o.dtype), o) if isinstance(o, Var) else
+              output_leaf(o, None) for o in tape.outputs]
     td = tree_flatten(tuple(range(len(leaves))))[1]
-    return lower(build_program(flat, leaves, td)).run
+    return build_program(flat, leaves, td)
 
 
-def _lower_step_vjp(tape, guards, inputs, caps, cts):
-    """Record the VJP of one step of `tape` on a staging level, and lower it to NumPy code."""
+def body_inputs(tape) -> list:
+    """A body tape's inputs, then the outer values it captured (the order steps take them)."""
+    return tape.inputs + [c[0] for c in tape.captured]
+
+
+def _lower_tape(tape, inputs: list):
+    """The `run(*inputs, out)` of generated NumPy code for `tape` with these input vars."""
+    from ..compile.numpy_backend import lower
+
+    return lower(step_program(tape, inputs)).run
+
+
+def record_step_vjp(tape, guards, inputs, caps, cts):
+    """Record the VJP of one step of `tape` on a staging level: a tape from (inputs, caps,
+    output cotangents) to (input cotangents, capture cotangents), with the step's guards."""
     from ..transforms.reverse import backward
 
     with new_level("stage") as stage:
@@ -300,7 +310,13 @@ def _lower_step_vjp(tape, guards, inputs, caps, cts):
                                                              np.float64))
     stage.tape.outputs = [o._var if _is_tracer(o) and o._level is stage else np.asarray(o)
                           for o in results]
-    return _lower_tape(stage.tape, stage.tape.inputs)
+    return stage.tape
+
+
+def _lower_step_vjp(tape, guards, inputs, caps, cts):
+    """The step VJP of `tape` (record_step_vjp) lowered to generated NumPy code."""
+    vjp_tape = record_step_vjp(tape, guards, inputs, caps, cts)
+    return _lower_tape(vjp_tape, vjp_tape.inputs)
 
 
 def _output_var(level, o):

@@ -1,0 +1,395 @@
+"""Native loops for the numba backend: `scan` and its backward loop as Numba functions.
+
+Without this a compiled tape runs a scan in Python, one generated-NumPy call per step (about
+20 us a step for a small RNN). Here the body's step (for `scan_bwd`, the step's VJP) becomes a
+Numba kernel, written by the generator every program goes through (numba_codegen.generate),
+and a driver loop written around it walks the steps natively: array carries live in two
+buffers swapped every step, ys and the stored carries are written in place, the cotangents of
+the values the body captured are summed over the steps. Sizes are read from the arguments,
+so another length runs the same compiled driver.
+
+A loop is built on its first call (the step VJP is recorded on that call's values) and
+compiled like the other kernels: in the background for backend="auto" (the Python loop runs
+meanwhile), before the call returns for backend="numba". What the driver cannot do runs the
+primitive's Python implementation, with the same results: a step that leaves the body's
+recorded path (a failed check), `checkpoint=`, a body that needs NumPy between kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tape import Instruction
+from . import numba_codegen
+from .numba_codegen import Generated, Kernel, KernelArg, literal
+
+LOOP_PRIMS = frozenset({"scan", "scan_bwd"})
+_MAX_FAILURES = 3  # a loop whose steps keep leaving the recorded path stays in Python
+_I64 = np.dtype(np.int64)
+_NOT_YET, _BUILDING, _READY, _OFF = "not yet", "building", "ready", "off"
+
+
+class Unsupported(Exception):
+    """This loop runs in Python; the message says why."""
+
+
+@dataclass
+class _Output:
+    """One result of the loop primitive: shape after the leading length (if `per_step`)."""
+
+    shape: tuple
+    dtype: np.dtype
+    per_step: bool
+    zeros: bool
+
+
+@dataclass
+class LoopSpec:
+    """A driver's module and how the Python side calls it."""
+
+    module: str
+    driver: Kernel
+    arg_slots: list  # per primitive argument: (dtype, is_scalar)
+    outputs: list[_Output]
+    consts: list = field(default_factory=list)
+    length_from: int | None = None  # argument whose leading axis is the length
+    length: int = 0
+
+    def call(self, driver, args) -> tuple | None:
+        """Run the driver on the primitive's arguments; None when it must run in Python."""
+        converted = []
+        for a, (dtype, scalar) in zip(args, self.arg_slots):
+            a = np.asarray(a)
+            if a.dtype != dtype:
+                return None
+            converted.append(a[()] if scalar else np.ascontiguousarray(a))
+        steps = self.length if self.length_from is None else args[self.length_from].shape[0]
+        outs, driver_outs = [], []
+        for o in self.outputs:
+            shape = (steps, *o.shape) if o.per_step else o.shape
+            arr = (np.zeros if o.zeros else np.empty)(shape, o.dtype)
+            outs.append(arr)
+            driver_outs.append(arr if arr.ndim else arr.reshape(1))
+        if driver(*converted, steps, *driver_outs, *self.consts) != 0:
+            return None
+        return tuple(outs)
+
+
+class NativeLoop:
+    """What a compiled wrapper calls for a scan or scan_bwd instruction (see module doc)."""
+
+    def __init__(self, ins: Instruction):
+        self.prim = ins.prim
+        self.wait = False  # backend="numba": compile before the first call returns
+        self.state = _NOT_YET
+        self.spec: LoopSpec | None = None
+        self.driver = None
+        self.failures = 0
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def native(self) -> bool:
+        """Whether calls now run the native driver."""
+        return self.driver is not None
+
+    def __call__(self, *args, **params):
+        driver = self.driver
+        if driver is None:
+            if self.state != _NOT_YET:
+                return self.prim.impl(*args, **params)
+            self._prepare(args, params)
+            driver = self.driver
+            if driver is None:
+                return self.prim.impl(*args, **params)
+        result = self.spec.call(driver, args)
+        if result is None:
+            self.failures += 1
+            if self.failures >= _MAX_FAILURES:
+                self.driver, self.state = None, _OFF
+                self.reason = "its steps kept leaving the body's recorded path"
+            return self.prim.impl(*args, **params)
+        return result
+
+    def _prepare(self, args, params) -> None:
+        from . import numba_backend
+
+        with self._lock:
+            if self.state != _NOT_YET:
+                return
+            try:
+                spec = build_spec(self.prim.name, params, args)
+            except _TooShort:
+                return  # no step to record the VJP on: try again on the next call
+            except Unsupported as exc:
+                self.state, self.reason = _OFF, str(exc)
+                numba_backend._warn_once(f"numba backend: a {self.prim.name} loop runs step by "
+                                         f"step through NumPy: {exc}")
+                return
+            self.spec, self.state = spec, _BUILDING
+        generated = Generated(spec.module, hashlib.sha256(spec.module.encode()).hexdigest()[:32],
+                              [spec.driver], "", {}, [], None)
+        nk = numba_backend.kernels_for(generated)
+
+        def ready(nk) -> None:
+            if nk.functions is not None:
+                self.driver, self.state = nk.functions[-1], _READY
+            else:
+                self.state, self.reason = _OFF, nk.error
+                numba_backend._warn_once(f"numba backend: Numba could not compile a "
+                                         f"{self.prim.name} loop ({nk.error}); it runs through "
+                                         "NumPy")
+
+        if self.wait:
+            nk.compile_now()
+            ready(nk)
+        else:
+            nk.when_ready(ready)
+            nk.request()
+
+
+class _TooShort(Exception):
+    """A loop of length 0: nothing to record its step on yet."""
+
+
+# --- specs ---------------------------------------------------------------------------------------
+def build_spec(name: str, params: dict, args: tuple) -> LoopSpec:
+    """The driver of this loop instruction (raises Unsupported for what stays in Python)."""
+    if params.get("checkpoint") is not None:
+        raise Unsupported("checkpoint= recomputes carries in Python")
+    return (_forward_spec if name == "scan" else _backward_spec)(params, args)
+
+
+def _step_kernel(program) -> numba_codegen.Generated:
+    gen = numba_codegen.generate(program, threads=1)
+    if len(gen.kernels) != 1 or gen.plan.segments != 1 or any(
+            s.kind == "python" for s in gen.plan.stages):
+        names = sorted({s.members[0].prim.name for s in gen.plan.stages if s.kind == "python"})
+        raise Unsupported(f"its body uses {', '.join(names) or 'operations'} without a native "
+                          "translation")
+    return gen
+
+
+def _slot(a) -> tuple[np.dtype, bool]:
+    a = np.asarray(a)
+    return a.dtype, a.ndim == 0
+
+
+def _forward_spec(params: dict, args: tuple) -> LoopSpec:
+    from ..rules.loops import body_inputs, step_program
+
+    body = params["program"]
+    nc, nx = params["n_carry"], params["n_x"]
+    ny = len(body.out_avals) - nc
+    tape, _, positions = body.variants[0]
+    gen = _step_kernel(step_program(tape, body_inputs(tape)))
+    w = _DriverWriter(gen)
+    slots = [_slot(a) for a in args]
+    carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
+    xs = [w.value_arg(f"xs{i}", args[nc + i]) for i in range(nx)]
+    caps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc + nx:])]
+    w.add_arg("T", _I64, None)
+    carry_avals = [(np.shape(a), np.asarray(a).dtype) for a in args[:nc]]
+    outputs = ([_Output(s, d, False, False) for s, d in carry_avals]
+               + [_Output(tuple(s), np.dtype(d), True, False) for s, d in body.out_avals[nc:]]
+               + [_Output(s, d, True, False) for s, d in carry_avals])
+    finals = [w.out_arg(f"fc{j}", o) for j, o in enumerate(outputs[:nc])]
+    ys = [w.out_arg(f"ys{i}", o) for i, o in enumerate(outputs[nc:nc + ny])]
+    stored = [w.out_arg(f"hd{j}", o) for j, o in enumerate(outputs[nc + ny:])]
+    scalar_carry = [not s for s, _ in carry_avals]
+    w.open_carries(carries, scalar_carry)
+    w.lines.append("for k in range(T):")
+    w.lines.append("    t = T - 1 - k" if params["reverse"] else "    t = k")
+    for j in range(nc):
+        w.body(f"{stored[j]}[k] = a{j}" if scalar_carry[j] else f"copy_into({stored[j]}[k], a{j})")
+    step_inputs = ([f"a{j}" for j in range(nc)] + [f"{xs[i]}[t]" for i in range(nx)]
+                   + [caps[p] for p in positions])
+    targets = ([f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
+               + [f"{ys[i]}[t]" for i in range(ny)])
+    w.step(step_inputs, targets)
+    w.swap_carries(scalar_carry)
+    w.close_carries(finals, scalar_carry)
+    return w.spec(slots, outputs, length_from=nc if nx else None, length=params["length"])
+
+
+def _backward_spec(params: dict, args: tuple) -> LoopSpec:
+    from ..interpret import GuardFailure
+    from ..rules.loops import record_step_vjp, step_program
+
+    body = params["program"]
+    nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
+    g_carry, g_ys = args[:nc], args[nc:nc + ny]
+    stored, xs = args[nc + ny:2 * nc + ny], args[2 * nc + ny:2 * nc + ny + nx]
+    rest = args[2 * nc + ny + nx:]
+    caps = rest[:len(rest) - nc] if params["stored_cotangents"] else rest
+    length = np.shape(stored[0])[0] if nc else params["length"]
+    if length == 0:
+        raise _TooShort
+    last, t_last = length - 1, 0 if params["reverse"] else length - 1
+    example = [np.asarray(s)[last] for s in stored] + [np.asarray(x)[t_last] for x in xs]
+    cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
+    for tape, guards, positions in body.variants:
+        try:
+            vjp = record_step_vjp(tape, guards, example, [caps[p] for p in positions], cts)
+            break
+        except GuardFailure:
+            continue
+    else:
+        raise Unsupported("no recorded path of its body matches its last step")
+    gen = _step_kernel(step_program(vjp, vjp.inputs))
+    w = _DriverWriter(gen)
+    slots = [_slot(a) for a in args]
+    gc = [w.value_arg(f"gc{j}", a) for j, a in enumerate(g_carry)]
+    gy = [w.value_arg(f"gy{i}", a) for i, a in enumerate(g_ys)]
+    st = [w.value_arg(f"st{j}", a) for j, a in enumerate(stored)]
+    xa = [w.value_arg(f"xs{i}", a) for i, a in enumerate(xs)]
+    cp = [w.value_arg(f"cp{i}", a) for i, a in enumerate(caps)]
+    gs = [w.value_arg(f"gs{j}", a) for j, a in enumerate(rest[len(caps):])]
+    w.add_arg("T", _I64, None)
+
+    def cotangent_output(a, per_step: bool) -> _Output:
+        a = np.asarray(a)
+        shape = a.shape[1:] if per_step else a.shape
+        dtype = a.dtype if a.dtype.kind in "fc" else np.dtype(np.float64)
+        return _Output(shape, dtype, per_step, True)
+
+    outputs = ([_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in g_carry]
+               + [cotangent_output(x, True) for x in xs]
+               + [cotangent_output(c, False) for c in caps])
+    finals = [w.out_arg(f"ogc{j}", o) for j, o in enumerate(outputs[:nc])]
+    ogx = [w.out_arg(f"ogx{i}", o) for i, o in enumerate(outputs[nc:nc + nx])]
+    ogp = [w.out_arg(f"ogp{i}", o) for i, o in enumerate(outputs[nc + nx:])]
+    scalar_carry = [np.ndim(a) == 0 for a in g_carry]
+    w.open_carries(gc, scalar_carry)
+    scalar_cap = [np.ndim(caps[p]) == 0 for p in positions]
+    for i, p in enumerate(positions):
+        if not scalar_cap[i]:
+            w.lines.append(f"q{i} = np.empty_like({ogp[p]})")
+    w.lines.append("for k in range(T - 1, -1, -1):")
+    w.lines.append("    t = T - 1 - k" if params["reverse"] else "    t = k")
+    step_inputs = ([f"{st[j]}[k]" for j in range(nc)] + [f"{xa[i]}[t]" for i in range(nx)]
+                   + [cp[p] for p in positions] + [f"a{j}" for j in range(nc)]
+                   + [f"{gy[i]}[t]" for i in range(ny)])
+    targets = ([f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
+               + [f"{ogx[i]}[t]" if np.asarray(xs[i]).dtype.kind in "fc" else None
+                  for i in range(nx)]
+               + [f"qs{i}" if scalar_cap[i] else f"q{i}" for i in range(len(positions))])
+    w.step(step_inputs, targets)
+    for i, p in enumerate(positions):
+        w.body(f"{ogp[p]}[0] += qs{i}" if scalar_cap[i] else f"add_into({ogp[p]}, q{i})")
+    for j, g in enumerate(gs):
+        w.body(f"n{j} += {g}[k]" if scalar_carry[j] else f"add_into(b{j}, {g}[k])")
+    w.swap_carries(scalar_carry)
+    w.close_carries(finals, scalar_carry)
+    return w.spec(slots, outputs, length_from=nc + ny if nc else None, length=length)
+
+
+# --- the driver's text ------------------------------------------------------------------------
+class _DriverWriter:
+    """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
+
+    def __init__(self, gen: numba_codegen.Generated):
+        self.gen = gen
+        self.kernel = gen.kernels[0]
+        self.program = gen.generator.program
+        self.args: list[KernelArg] = []
+        self.lines: list[str] = []
+        self.consts: list = []
+        self.const_names: list[str] = []
+
+    def add_arg(self, name: str, dtype: np.dtype, ndim: int | None) -> str:
+        self.args.append(KernelArg(name, np.dtype(dtype), ndim))
+        return name
+
+    def value_arg(self, name: str, value) -> str:
+        a = np.asarray(value)
+        return self.add_arg(name, a.dtype, a.ndim or None)
+
+    def out_arg(self, name: str, o: _Output) -> str:
+        return self.add_arg(name, o.dtype, len(o.shape) + o.per_step or 1)
+
+    def const(self, value) -> str:
+        name = f"kc{len(self.consts)}"
+        value = np.ascontiguousarray(value)
+        self.consts.append(value if value.ndim else value[()])
+        self.const_names.append(name)
+        return name
+
+    def body(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def open_carries(self, sources: list[str], scalar: list[bool]) -> None:
+        for j, (src, is_scalar) in enumerate(zip(sources, scalar)):
+            if is_scalar:
+                self.lines.append(f"a{j} = {src}")
+            else:
+                self.lines.append(f"a{j} = {src}.copy()")
+                self.lines.append(f"b{j} = np.empty_like(a{j})")
+
+    def swap_carries(self, scalar: list[bool]) -> None:
+        for j, is_scalar in enumerate(scalar):
+            self.body(f"a{j} = n{j}" if is_scalar else f"a{j}, b{j} = b{j}, a{j}")
+
+    def close_carries(self, finals: list[str], scalar: list[bool]) -> None:
+        for j, (f, is_scalar) in enumerate(zip(finals, scalar)):
+            self.lines.append(f"{f}[0] = a{j}" if is_scalar else f"copy_into({f}, a{j})")
+        self.lines.append("return 0")
+
+    def step(self, inputs: list[str], targets: list[str | None]) -> None:
+        """Call the step kernel: `inputs` are the step program's inputs, `targets` where its
+        outputs go (an array to write into, or a scalar variable or element to assign)."""
+        program, kernel = self.program, self.kernel
+        call_args = []
+        for a in kernel.args:
+            kind, k = a.name[0], int(a.name[1:])
+            if kind == "x":
+                call_args.append(inputs[k])
+            elif kind == "c":
+                call_args.append(self.const(self.gen.consts[k]))
+            elif kind == "o":
+                call_args.append(targets[k])
+            else:
+                raise Unsupported(f"the step kernel takes {a.name}")
+        self.body(f"r = step({', '.join(call_args)})")
+        self.body("if r[0] != 0:")
+        self.body("    return r[0]")
+        returned = {v.id: pos for pos, (_, v) in enumerate(kernel.returns, start=1)}
+        input_pos = {v.id: k for k, v in enumerate(program.inputs)}
+        written = {a.name for a in kernel.args if a.name.startswith("o")}
+        first_target: dict[int, str] = {}
+        for k, (leaf, target) in enumerate(zip(program.outputs, targets)):
+            if target is None:
+                continue
+            v = leaf.var
+            array = len(leaf.shape) > 0
+            if v is None:
+                value = self.const(leaf.const) if array else literal(leaf.const, leaf.dtype)
+            elif f"o{k}" in written:
+                first_target.setdefault(v.id, target)
+                continue
+            elif v.id in first_target:
+                value = first_target[v.id]
+            elif v.id in input_pos:
+                value = inputs[input_pos[v.id]]
+            elif v.id in returned:
+                value = f"r[{returned[v.id]}]"
+            else:
+                raise Unsupported("a step result the driver cannot place")
+            self.body(f"copy_into({target}, {value})" if array else f"{target} = {value}")
+            if v is not None:
+                first_target.setdefault(v.id, target)
+
+    def spec(self, slots, outputs, length_from, length) -> LoopSpec:
+        for name, c in zip(self.const_names, self.consts):
+            self.add_arg(name, np.asarray(c).dtype, np.ndim(c) or None)
+        driver = Kernel("loop", self.args, [], self.lines)
+        module = self.gen.module.replace("\ndef kernel0(", "\ndef step(", 1)
+        module += ("\nfrom gradtape.compile._numba_rt import add_into, copy_into  # noqa: E402\n"
+                   "\nHELPERS = ('step',)\n\n"
+                   f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
+                   + "".join(f"    {line}\n" for line in self.lines))
+        return LoopSpec(module, driver, slots, outputs, self.consts, length_from, length)

@@ -1,0 +1,165 @@
+"""scan and its backward loop as native Numba loops (compile/native_loops.py).
+
+Every case is compiled with backend="numba" and compared with eager gradtape (whose loops run
+in Python over NumPy) and, through test_scan's functions, with plain Python loops; the cases
+also say whether each loop ran natively, so a silent fallback to Python fails the test.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from test_scan import _rnn_params, newton_sqrt, rnn_python, rnn_scan
+
+import gradtape as gt
+from gradtape._pytree import tree_flatten
+from gradtape.compile import native_loops, numba_backend
+from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
+
+pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
+RNG = np.random.default_rng(7)
+
+
+def close(a, b, rtol=1e-11):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale)
+
+
+def leaves(tree) -> list:
+    return tree_flatten(tree)[0]
+
+
+def native_states(compiled, *args) -> dict[str, bool]:
+    """{primitive name: whether its loop ran natively} for the variant these args replay."""
+    loops = lowered(compiled, *args).generated.loops.values()
+    return {loop.prim.name: loop.native for loop in loops}
+
+
+def compiled_agrees(f, *args, argnums=0, rtol=1e-11):
+    """Compile value_and_grad(f) natively, check it against eager twice, return it."""
+    vg = gt.value_and_grad(f, argnums=argnums)
+    compiled = gt.compile(vg, backend="numba")
+    expected = vg(*args)
+    for _ in range(2):  # the first call builds the loops, the second runs them
+        got = compiled(*args)
+        close(got[0], expected[0], rtol)
+        for g, e in zip(leaves(got[1]), leaves(expected[1])):
+            close(g, e, rtol)
+    return compiled
+
+
+# --- cases -------------------------------------------------------------------------------------
+def scalar_reverse(xs):
+    c, ys = gt.scan(lambda c, x: (np.sin(c) * 0.5 + x, c * x), 1.0, xs, reverse=True)
+    return c + np.sum(ys * np.arange(len(xs)))
+
+
+def pytree_oscillator(a, xs):
+    def body(c, x):
+        new = {"pos": c["pos"] + c["vel"] * 0.1, "vel": c["vel"] - a * c["pos"] * 0.1 + x}
+        return new, (new["pos"], [new["vel"] * 2])
+    c, (ps, [vs]) = gt.scan(body, {"pos": np.array([1.0, 0.0]), "vel": np.zeros(2)}, xs)
+    return np.sum(c["pos"] ** 2) + np.sum(ps) + np.sum(vs**2)
+
+
+def no_xs(a):
+    c, ys = gt.scan(lambda c, _: (c * a + 1.0, c), np.ones(3), None, length=6)
+    return np.sum(c) + np.sum(ys**2)
+
+
+def test_rnn_runs_both_loops_natively():
+    params, xs = _rnn_params(), RNG.normal(size=(12, 3))
+    compiled = compiled_agrees(rnn_scan, params, xs, argnums=(0, 1))
+    assert native_states(compiled, params, xs) == {"scan": True, "scan_bwd": True}
+    expected = gt.grad(rnn_python, argnums=(0, 1))(params, xs)
+    got = compiled(params, xs)[1]
+    for g, e in zip(leaves(got), leaves(expected)):
+        close(g, e, 1e-10)
+
+
+@pytest.mark.parametrize("f, args, argnums", [
+    (scalar_reverse, (RNG.random(9),), 0),
+    (pytree_oscillator, (0.8, RNG.normal(size=(7, 2)) * 0.1), (0, 1)),
+    (no_xs, (0.9,), 0),
+], ids=["scalar-carry-reverse", "pytree-carry-captured-scalar", "xs-none"])
+def test_loops_run_natively(f, args, argnums):
+    compiled = compiled_agrees(f, *args, argnums=argnums)
+    assert native_states(compiled, *args) == {"scan": True, "scan_bwd": True}
+
+
+def test_float32_rnn():
+    params = {k: v.astype(np.float32) for k, v in _rnn_params().items()}
+    xs = RNG.normal(size=(10, 3)).astype(np.float32)
+    compiled = compiled_agrees(rnn_scan, params, xs, rtol=2e-5)
+    assert native_states(compiled, params, xs) == {"scan": True, "scan_bwd": True}
+
+
+def test_a_new_length_reuses_the_compiled_drivers():
+    params = _rnn_params()
+    vg = gt.compile(gt.value_and_grad(rnn_scan), backend="numba")
+    xs = RNG.normal(size=(8, 3))
+    vg(params, xs), vg(params, xs)
+    assert native_states(vg, params, xs) == {"scan": True, "scan_bwd": True}
+    modules = len(numba_backend._REGISTRY)
+    longer = RNG.normal(size=(21, 3))
+    vg(params, longer), vg(params, longer)
+    assert native_states(vg, params, longer) == {"scan": True, "scan_bwd": True}
+    assert len(numba_backend._REGISTRY) == modules  # same texts: nothing compiled again
+    close(vg(params, longer)[1]["W"], gt.grad(rnn_python)(params, longer)["W"], 1e-10)
+
+
+def test_while_loop_backward_runs_natively():
+    compiled = compiled_agrees(newton_sqrt, 2.0)
+    assert native_states(compiled, 2.0)["scan_bwd"]
+    close(compiled(2.0)[1], np.float64(0.5 / np.sqrt(2.0)), 1e-8)
+
+
+def test_a_step_leaving_the_recorded_path_runs_in_python_exactly():
+    def body(c, x):
+        if x > 0.5:
+            return c + x**2, x
+        return c * x, -x
+
+    def f(xs):
+        c, ys = gt.scan(body, 1.0, xs)
+        return c + np.sum(ys)
+
+    xs = np.array([0.1, 0.9, 0.2, 0.7, 0.6, 0.3])
+    compiled_agrees(f, xs)
+    compiled_agrees(f, xs[::-1].copy())
+
+
+def test_checkpointed_scan_warns_and_stays_exact():
+    def f(xs):
+        c, ys = gt.scan(lambda c, x: (np.sin(c) + x, c * x), 0.3, xs, checkpoint=3)
+        return c + np.sum(ys)
+
+    numba_backend._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = compiled_agrees(f, RNG.random(10))
+    assert any(issubclass(w.category, NativeFallbackWarning) and "checkpoint" in str(w.message)
+               for w in caught)
+    assert native_states(compiled, RNG.random(10))["scan_bwd"] is False
+
+
+def test_hessian_through_a_native_scan():
+    xs = np.linspace(0, 1, 4)
+
+    def f(a):
+        c, ys = gt.scan(lambda c, x: (np.sin(c * a[0]) + a[1] * x, c * c), 0.5, xs)
+        return c + np.sum(ys)
+
+    a = np.array([0.8, 1.3])
+    compiled = gt.compile(gt.hessian(f), backend="numba")
+    close(compiled(a), gt.hessian(f)(a), 1e-10)
+    close(compiled(a), gt.hessian(f)(a), 1e-10)
+
+
+def test_unsupported_body_names_the_primitive():
+    with pytest.raises(native_loops.Unsupported, match="checkpoint"):
+        native_loops.build_spec("scan", {"checkpoint": 2}, ())
