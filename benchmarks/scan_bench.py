@@ -2,17 +2,18 @@
 
 Run: python benchmarks/scan_bench.py [--quick] [--lengths T ...] [--repeat K]
 
-Issue 5's figures. The model is the bench's ``rnn_scan`` workload (h = tanh(W h + U x_t),
-loss = 0.5 * sum_t (v.h_t - z_t)**2, gradient w.r.t. W), timed as value and gradient with:
-gradtape's eager ``grad`` of ``gt.scan``, ``gt.compile(gt.value_and_grad(f))`` of the same
-function, gradtape's eager ``grad`` of the plain Python loop (unrolled on the tape), JAX's
-``jit(value_and_grad)`` of ``lax.scan`` (its compile time reported separately), and the
-hand-written NumPy backpropagation through time as the yardstick. Every gradient is checked
-against the hand-written one before it is timed. A second table gives the time to the first
-gradient at a length not seen before (T+1, T+2, ...: JAX recompiles, gradtape reuses the
-recorded body). Single-threaded: thread variables are set before NumPy and JAX are imported.
-Each timing is a median over samples of back-to-back calls, in wall time and in the process's CPU
-time (the steadier figure on a machine that other work shares; both are printed).
+Issue 5's figures. The model is the bench's ``rnn_scan`` workload (h = tanh(W h + U x_t), loss =
+0.5 * sum_t (v.h_t - z_t)**2, gradient w.r.t. W), timed as value and gradient with: gradtape's
+eager ``grad`` of ``gt.scan``, ``gt.compile(gt.value_and_grad(f))`` of the same function on the
+numpy backend (the loop runs in Python, one generated-NumPy call per step) and on the numba backend
+(the loop and its backward loop are native Numba drivers), gradtape's eager ``grad`` of the plain
+Python loop (unrolled on the tape), JAX's ``jit(value_and_grad)`` of ``lax.scan`` (its compile time
+reported separately), and the hand-written NumPy backpropagation through time as the yardstick.
+Every gradient is checked against the hand-written one before it is timed. A second table gives the
+time to the first gradient at a length not seen before (T+1, T+2, ...: JAX recompiles, gradtape
+reuses the recorded body). Single-threaded: thread variables are set before NumPy and JAX are
+imported. Each timing is a median over samples of back-to-back calls, in wall time and in the
+process's CPU time (the steadier figure on a machine that other work shares; both are printed).
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ from gradtape.bench.workloads import (  # noqa: E402
     rnn_scan_hand,
     rnn_scan_problem,
 )
+from gradtape.compile import numba_backend  # noqa: E402
 
 ValueAndGrad = Callable[..., tuple[Any, Any]]
 REFERENCE = "hand BPTT (NumPy)"
-EAGER, COMPILED, UNROLLED, JAX_JIT = (
-    "gradtape scan, eager", "gradtape scan, compiled", "gradtape unrolled loop", "jax lax.scan jit")
+EAGER, COMPILED, NATIVE, UNROLLED, JAX_JIT = (
+    "gradtape scan, eager", "gradtape scan, compiled numpy", "gradtape scan, compiled numba",
+    "gradtape unrolled loop", "jax lax.scan jit")
 RTOL = 1e-9
 
 
@@ -64,11 +67,14 @@ def gradtape_methods() -> dict[str, ValueAndGrad]:
     """Each gradtape variant as value_and_grad(x, xs, targets, U, v, h0) w.r.t. x."""
     with_scan = functools.partial(rnn_loss, np, gt.scan)
     unrolled = functools.partial(rnn_loss, np, functools.partial(python_scan, np))
-    return {
+    methods = {
         EAGER: gt.value_and_grad(with_scan),
-        COMPILED: gt.compile(gt.value_and_grad(with_scan)),
+        COMPILED: gt.compile(gt.value_and_grad(with_scan), backend="numpy"),
         UNROLLED: gt.value_and_grad(unrolled),
     }
+    if numba_backend.available():  # native loops; compiled before the first call returns
+        methods[NATIVE] = gt.compile(gt.value_and_grad(with_scan), backend="numba")
+    return methods
 
 
 def jax_method() -> tuple[ValueAndGrad, Callable[..., Any]] | None:
@@ -199,6 +205,8 @@ def print_tables(lengths: list[int], results: dict[int, dict[str, dict[str, floa
             ("unrolled loop / scan (both eager)", UNROLLED, EAGER),
             ("eager / compiled", EAGER, COMPILED),
             ("gradtape compiled / jax jit", COMPILED, JAX_JIT),
+            ("gradtape numba / jax jit", NATIVE, JAX_JIT),
+            ("gradtape numba / hand BPTT", NATIVE, REFERENCE),
             ("gradtape eager / jax jit", EAGER, JAX_JIT),
             ("gradtape compiled / hand BPTT", COMPILED, REFERENCE),
             ("jax jit / hand BPTT", JAX_JIT, REFERENCE),
@@ -211,11 +219,11 @@ def print_tables(lengths: list[int], results: dict[int, dict[str, dict[str, floa
     print("\n## ratios of CPU medians\n")
     print(markdown_table(["ratio", *(f"T={t}" for t in lengths)], rows))
 
-    timed = [n for n in (EAGER, COMPILED, JAX_JIT) if n in new_length[lengths[0]]]
+    timed = [n for n in (EAGER, COMPILED, NATIVE, JAX_JIT) if n in new_length[lengths[0]]]
     print("\n## time to the first gradient at a new length (wall, median over T+1, T+2, ...)\n")
-    print(markdown_table(["T", *timed, "jax jit / gradtape compiled"], [
+    print(markdown_table(["T", *timed, "jax jit / gradtape numba"], [
         [str(t), *(fmt(new_length[t][n]) for n in timed),
-         ratio(new_length[t].get(JAX_JIT), new_length[t].get(COMPILED))]
+         ratio(new_length[t].get(JAX_JIT), new_length[t].get(NATIVE))]
         for t in lengths
     ]))
 
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     results, new_length = {}, {}
     for steps in lengths:
         results[steps] = measure_length(steps, methods, timing)
-        timed = {n: m for n, m in methods.items() if n in (EAGER, COMPILED, JAX_JIT)}
+        timed = {n: m for n, m in methods.items() if n in (EAGER, COMPILED, NATIVE, JAX_JIT)}
         new_length[steps] = measure_new_lengths(steps, timed, args.new_lengths)
         print(f"T={steps} done", flush=True)
     print_tables(lengths, results, new_length, list(methods))

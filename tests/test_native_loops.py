@@ -163,3 +163,34 @@ def test_hessian_through_a_native_scan():
 def test_unsupported_body_names_the_primitive():
     with pytest.raises(native_loops.Unsupported, match="checkpoint"):
         native_loops.build_spec("scan", {"checkpoint": 2}, ())
+
+
+# --- loop counters as indices (dyn_getitem, dyn_scatter_add) -------------------------------------
+def counter_indexed(x, M):
+    def body(i, c):
+        return c + x[i] * i * c + np.sum(M[i, :] * M[:, -i - 1]) * x[-i - 1]
+    return gt.fori_loop(0, len(x), body, 1.0)
+
+
+def test_loop_counter_indices_run_natively():
+    x, M = RNG.random(6), RNG.random((6, 6)) * 0.1
+    compiled = compiled_agrees(counter_indexed, x, M, argnums=(0, 1))
+    assert native_states(compiled, x, M) == {"scan": True, "scan_bwd": True}
+
+
+def test_an_index_out_of_range_raises_like_numpy():
+    def f(x):
+        shift = (x[0] > 0.5).astype(np.int64) * 10  # a traced integer: 0 or 10
+
+        return gt.fori_loop(0, len(x), lambda i, c: c + x[i + shift] * c, 1.0)
+
+    inside, outside = np.full(5, 0.25), np.full(5, 0.75)
+    compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+    for _ in range(2):
+        close(compiled(inside)[1], gt.grad(f)(inside))
+    assert native_states(compiled, inside) == {"scan": True, "scan_bwd": True}
+    with pytest.raises(IndexError):
+        gt.grad(f)(outside)
+    with pytest.raises(IndexError):
+        compiled(outside)
+    close(compiled(inside)[1], gt.grad(f)(inside))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..rules.indexing import _Slot
 from ..tape import Instruction, Var
 from . import fusion
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
@@ -251,6 +252,10 @@ def _index_parts(idx: tuple, ndim: int) -> list | None:
     return parts
 
 
+# primitives indexing with traced integers: how many leading arguments precede the indices
+DYNAMIC_INDEXING = {"dyn_getitem": 1, "dyn_setitem": 2, "dyn_scatter_add": 2}
+
+
 def _basic_index(idx) -> bool:
     return all(isinstance(i, (int, slice)) or i is None or i is Ellipsis for i in idx)
 
@@ -268,6 +273,25 @@ def _one_int_array(parts: list) -> int | None:
     return found
 
 
+def _dynamic_lowerable(ins: Instruction) -> bool:
+    """Indexing by traced integers (a loop counter): basic indices once the slots are filled."""
+    n = DYNAMIC_INDEXING[ins.prim.name]
+    base, out = ins.invars[0], ins.outvars[0]
+    if base is None and n == 2 and isinstance(ins.args[0], np.ndarray):
+        base = Var(-1, ins.args[0].shape, ins.args[0].dtype)  # a constant base: copied
+    if base is None or not base.shape or base.dtype not in SUPPORTED_DTYPES or (
+            out.dtype != base.dtype):
+        return False
+    if n == 2 and (ins.invars[1].dtype if ins.invars[1] is not None else
+                   np.asarray(ins.args[1]).dtype) not in SUPPORTED_DTYPES:
+        return False
+    if any(v is None or v.shape != () or v.dtype.kind not in "iu" for v in ins.invars[n:]):
+        return False
+    parts = _index_parts(ins.params["template"], len(base.shape))
+    return parts is not None and all(
+        isinstance(p, (int, slice, _Slot)) or p is None for p in parts)
+
+
 def lowerable(ins: Instruction) -> bool:
     """Whether a non-fused instruction has a Numba translation here (else: python stage)."""
     if ins.prim.multiple_results or len(ins.outvars) != 1:
@@ -276,6 +300,8 @@ def lowerable(ins: Instruction) -> bool:
     if out.dtype not in SUPPORTED_DTYPES:
         return False
     name = ins.prim.name
+    if name in DYNAMIC_INDEXING:
+        return _dynamic_lowerable(ins)
     scalar_ok = name in ("setitem", "scatter_add", "reshape", "broadcast_to")
     for k, (v, a) in enumerate(zip(ins.invars, ins.args)):
         dtype = v.dtype if v is not None else np.asarray(a).dtype
@@ -740,6 +766,8 @@ class _KernelWriter:
                            ":".join("" if x is None else str(x) for x in (i.start, i.stop)))
             elif isinstance(i, np.ndarray):
                 out.append(self.const_array(i))
+            elif isinstance(i, str):  # a traced integer's expression (dynamic_parts)
+                out.append(i)
             else:
                 out.append(str(int(i)))
         return ", ".join(out) if out else ""
@@ -750,8 +778,13 @@ class _KernelWriter:
         target = f"s{out.id}" if out.shape == () else f"a{out.id}"
         args = [self.op_operand(v, a) for v, a in zip(ins.invars, ins.args)]
         x = ins.invars[0]
+        pre: list[str] = []
+        if name in DYNAMIC_INDEXING:  # fill the slots with the checked integer values
+            pre, parts = self.dynamic_parts(ins, args[0])
+            name = name[4:]
         if name == "getitem":
-            parts = _index_parts(ins.params["idx"], len(x.shape))
+            if not pre:
+                parts = _index_parts(ins.params["idx"], len(x.shape))
             expr = f"{args[0]}[{self.index_text(parts)}]"
         elif name in ("reshape", "broadcast_to") and x is not None and x.shape == ():
             expr = f"np.full({self.shape_expr(out.shape)}, {args[0]})"
@@ -772,14 +805,16 @@ class _KernelWriter:
             expr = f"np.{name}({args[0]})"
         elif name in ("setitem", "scatter_add"):
             ndim = len(x.shape) if x is not None else np.ndim(ins.args[0])
-            parts = _index_parts(ins.params["idx"], ndim)
+            if not pre:
+                parts = _index_parts(ins.params["idx"], ndim)
             v = ins.invars[1]
             value = args[1]
             if v is None and not np.ndim(ins.args[1]):
                 value = literal(ins.args[1], out.dtype)
-            lines = [f"{target} = {args[0]}.copy()"]
-            if name == "setitem" or _basic_index(parts):
-                view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[tuple(parts)].shape
+            lines = pre + [f"{target} = {args[0]}.copy()"]
+            shape_parts = tuple(0 if isinstance(p, str) else p for p in parts)
+            if name == "setitem" or _basic_index(shape_parts):
+                view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[shape_parts].shape
                 value_shape = None if (v is None and not np.ndim(ins.args[1])) or (
                     v is not None and v.shape == ()) else (
                     v.shape if v is not None else np.shape(ins.args[1]))
@@ -806,7 +841,25 @@ class _KernelWriter:
         if out.shape != () and self.gen.read_by_loop(out) and self.gen.maybe_strided(
                 out, self.segment):
             expr = f"np.ascontiguousarray({expr})"
-        return [f"{target} = {expr}"]
+        return pre + [f"{target} = {expr}"]
+
+    def dynamic_parts(self, ins: Instruction, base: str) -> tuple[list[str], list]:
+        """(bounds checks, index parts) of a dyn_* instruction: each slot becomes its integer's
+        expression; an index out of range fails a check, and NumPy then raises IndexError."""
+        n = DYNAMIC_INDEXING[ins.prim.name]
+        values = iter(ins.invars[n:])
+        lines, parts, axis = [], [], 0
+        ndim = np.ndim(ins.args[0]) if ins.invars[0] is None else len(ins.invars[0].shape)
+        for p in _index_parts(ins.params["template"], ndim):
+            if isinstance(p, _Slot):
+                i = self.scalar_ref(next(values))
+                lines.append(f"if not (-{base}.shape[{axis}] <= {i} < {base}.shape[{axis}]):")
+                lines.append(f"    return {self.status_tuple(STATUS_CHECK)}")
+                p = i
+            if p is not None:
+                axis += 1
+            parts.append(p)
+        return lines, parts
 
     def _element(self, value: str, value_shape: tuple | None, index: tuple[str, ...],
                  value_dtype: np.dtype, dtype: np.dtype) -> str:
@@ -956,7 +1009,7 @@ class _Generator:
         if home is None or home.segment != segment or home.kind != OP:
             return False
         ins = home.members[0]
-        return ins.prim.name in ("getitem", "transpose", "broadcast_to")
+        return ins.prim.name in ("getitem", "dyn_getitem", "transpose", "broadcast_to")
 
 
 def generate(program: Program, threads: int = 1) -> Generated:
