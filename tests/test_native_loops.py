@@ -112,10 +112,32 @@ def test_a_new_length_reuses_the_compiled_drivers():
     close(vg(params, longer)[1]["W"], gt.grad(rnn_python)(params, longer)["W"], 1e-10)
 
 
-def test_while_loop_backward_runs_natively():
+def test_while_loop_runs_natively_both_ways():
     compiled = compiled_agrees(newton_sqrt, 2.0)
-    assert native_states(compiled, 2.0)["scan_bwd"]
-    close(compiled(2.0)[1], np.float64(0.5 / np.sqrt(2.0)), 1e-8)
+    assert native_states(compiled, 2.0) == {"while_loop": True, "scan_bwd": True}
+    for a in (2.0, 0.5, 1e4):  # other trip counts, same compiled drivers
+        close(compiled(a)[1], np.float64(0.5 / np.sqrt(a)), 1e-8)
+
+
+def decaying_oscillator(k):
+    """Array carries, a trip count found at run time (>16: the stored carries grow)."""
+    def cond(c):
+        return np.sum(c[1] ** 2) > 1e-6
+
+    def body(c):
+        t, y = c
+        damping = np.eye(2) * (1.0 - 0.05 * k) + np.array([[0.0, 0.1], [-0.1, 0.0]])
+        return t + 1.0, damping @ y
+
+    t, y = gt.while_loop(cond, body, (0.0, np.array([1.0, 0.5])))
+    return t + np.sum(y)
+
+
+def test_while_loop_with_array_carries_and_many_trips():
+    compiled = compiled_agrees(decaying_oscillator, 1.3)
+    assert native_states(compiled, 1.3) == {"while_loop": True, "scan_bwd": True}
+    assert compiled(1.3)[0] > 16  # the trip count
+    compiled_agrees(decaying_oscillator, 0.7)
 
 
 def test_a_step_leaving_the_recorded_path_runs_in_python_exactly():

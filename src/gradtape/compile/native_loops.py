@@ -27,7 +27,8 @@ from ..tape import Instruction
 from . import numba_codegen
 from .numba_codegen import Generated, Kernel, KernelArg, literal
 
-LOOP_PRIMS = frozenset({"scan", "scan_bwd"})
+LOOP_PRIMS = frozenset({"scan", "scan_bwd", "while_loop"})
+_FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
 _MAX_FAILURES = 3  # a loop whose steps keep leaving the recorded path stays in Python
 _I64 = np.dtype(np.int64)
 _NOT_YET, _BUILDING, _READY, _OFF = "not yet", "building", "ready", "off"
@@ -58,6 +59,7 @@ class LoopSpec:
     consts: list = field(default_factory=list)
     length_from: int | None = None  # argument whose leading axis is the length
     length: int = 0
+    grows: bool = False  # a while loop: the driver returns its trip count and stored carries
 
     def call(self, driver, args) -> tuple | None:
         """Run the driver on the primitive's arguments; None when it must run in Python."""
@@ -74,6 +76,10 @@ class LoopSpec:
             arr = (np.zeros if o.zeros else np.empty)(shape, o.dtype)
             outs.append(arr)
             driver_outs.append(arr if arr.ndim else arr.reshape(1))
+        if self.grows:
+            status, trips, *stored = driver(*converted, _FIRST_CAPACITY, *driver_outs,
+                                            *self.consts)
+            return None if status else tuple(outs + [h[:trips] for h in stored])
         if driver(*converted, steps, *driver_outs, *self.consts) != 0:
             return None
         return tuple(outs)
@@ -161,7 +167,8 @@ def build_spec(name: str, params: dict, args: tuple) -> LoopSpec:
     """The driver of this loop instruction (raises Unsupported for what stays in Python)."""
     if params.get("checkpoint") is not None:
         raise Unsupported("checkpoint= recomputes carries in Python")
-    return (_forward_spec if name == "scan" else _backward_spec)(params, args)
+    build = {"scan": _forward_spec, "scan_bwd": _backward_spec, "while_loop": _while_spec}[name]
+    return build(params, args)
 
 
 def _step_kernel(program) -> numba_codegen.Generated:
@@ -288,6 +295,53 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     return w.spec(slots, outputs, length_from=nc + ny if nc else None, length=length)
 
 
+def _while_spec(params: dict, args: tuple) -> LoopSpec:
+    from ..rules.loops import body_inputs, step_program
+
+    body, cond = params["body"], params["cond"]
+    nc, nb = params["n_carry"], params["n_body_caps"]
+    tape, _, positions = body.variants[0]
+    c_tape, _, c_positions = cond.variants[0]
+    w = _DriverWriter(_step_kernel(step_program(tape, body_inputs(tape))))
+    cond_gen = _step_kernel(step_program(c_tape, body_inputs(c_tape)))
+    slots = [_slot(a) for a in args]
+    carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
+    bcaps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc:nc + nb])]
+    ccaps = [w.value_arg(f"cc{i}", a) for i, a in enumerate(args[nc + nb:])]
+    w.add_arg("T", _I64, None)
+    outputs = [_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in args[:nc]]
+    finals = [w.out_arg(f"fc{j}", o) for j, o in enumerate(outputs)]
+    scalar_carry = [not o.shape for o in outputs]
+    w.open_carries(carries, scalar_carry)
+    stored = [f"hd{j}" for j in range(nc)]
+    for j, o in enumerate(outputs):
+        shape = "".join(f"{s}, " for s in ["T", *(f"a{j}.shape[{k}]" for k in range(len(o.shape)))])
+        w.lines.append(f"hd{j} = np.empty(({shape}), {numba_codegen._numpy_type(o.dtype)})")
+    w.lines += ["capacity = T", "n = 0", "while True:"]
+    w.fail = f"return (r[0], n, {''.join(h + ', ' for h in stored)})"
+    w.step([f"a{j}" for j in range(nc)] + [ccaps[p] for p in c_positions], ["go"], cond_gen,
+           "cond")
+    w.body("if not go:")
+    w.body("    break")
+    w.body("if n == capacity:  # room for twice as many stored carries")
+    for j, (h, o) in enumerate(zip(stored, outputs)):
+        w.body(f"    grown{j} = np.empty((2 * capacity,) + {h}.shape[1:], "
+               f"{numba_codegen._numpy_type(o.dtype)})")
+        w.body(f"    grown{j}[:n] = {h}[:n]")
+        w.body(f"    {h} = grown{j}")
+    w.body("    capacity *= 2")
+    for j, h in enumerate(stored):
+        w.body(f"{h}[n] = a{j}" if scalar_carry[j] else f"copy_into({h}[n], a{j})")
+    w.step([f"a{j}" for j in range(nc)] + [bcaps[p] for p in positions],
+           [f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)])
+    w.swap_carries(scalar_carry)
+    w.body("n += 1")
+    w.close_carries(finals, scalar_carry, result=f"(0, n, {''.join(h + ', ' for h in stored)})")
+    spec = w.spec(slots, outputs, length_from=None, length=0, helpers={"cond": cond_gen})
+    spec.grows = True
+    return spec
+
+
 # --- the driver's text ------------------------------------------------------------------------
 class _DriverWriter:
     """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
@@ -300,6 +354,7 @@ class _DriverWriter:
         self.lines: list[str] = []
         self.consts: list = []
         self.const_names: list[str] = []
+        self.fail = "return r[0]"  # what the driver returns when a step's status is not 0
 
     def add_arg(self, name: str, dtype: np.dtype, ndim: int | None) -> str:
         self.args.append(KernelArg(name, np.dtype(dtype), ndim))
@@ -334,29 +389,32 @@ class _DriverWriter:
         for j, is_scalar in enumerate(scalar):
             self.body(f"a{j} = n{j}" if is_scalar else f"a{j}, b{j} = b{j}, a{j}")
 
-    def close_carries(self, finals: list[str], scalar: list[bool]) -> None:
+    def close_carries(self, finals: list[str], scalar: list[bool], result: str = "0") -> None:
         for j, (f, is_scalar) in enumerate(zip(finals, scalar)):
             self.lines.append(f"{f}[0] = a{j}" if is_scalar else f"copy_into({f}, a{j})")
-        self.lines.append("return 0")
+        self.lines.append(f"return {result}")
 
-    def step(self, inputs: list[str], targets: list[str | None]) -> None:
-        """Call the step kernel: `inputs` are the step program's inputs, `targets` where its
-        outputs go (an array to write into, or a scalar variable or element to assign)."""
-        program, kernel = self.program, self.kernel
+    def step(self, inputs: list[str], targets: list[str | None], gen=None,
+             function: str = "step") -> None:
+        """Call a step kernel (`gen`'s; the body's by default): `inputs` are its program's
+        inputs, `targets` where its outputs go (an array to write into, or a scalar variable
+        or element to assign)."""
+        gen = gen or self.gen
+        program, kernel = gen.generator.program, gen.kernels[0]
         call_args = []
         for a in kernel.args:
             kind, k = a.name[0], int(a.name[1:])
             if kind == "x":
                 call_args.append(inputs[k])
             elif kind == "c":
-                call_args.append(self.const(self.gen.consts[k]))
+                call_args.append(self.const(gen.consts[k]))
             elif kind == "o":
                 call_args.append(targets[k])
             else:
                 raise Unsupported(f"the step kernel takes {a.name}")
-        self.body(f"r = step({', '.join(call_args)})")
+        self.body(f"r = {function}({', '.join(call_args)})")
         self.body("if r[0] != 0:")
-        self.body("    return r[0]")
+        self.body(f"    {self.fail}")
         returned = {v.id: pos for pos, (_, v) in enumerate(kernel.returns, start=1)}
         input_pos = {v.id: k for k, v in enumerate(program.inputs)}
         written = {a.name for a in kernel.args if a.name.startswith("o")}
@@ -383,13 +441,16 @@ class _DriverWriter:
             if v is not None:
                 first_target.setdefault(v.id, target)
 
-    def spec(self, slots, outputs, length_from, length) -> LoopSpec:
+    def spec(self, slots, outputs, length_from, length, helpers: dict | None = None) -> LoopSpec:
         for name, c in zip(self.const_names, self.consts):
             self.add_arg(name, np.asarray(c).dtype, np.ndim(c) or None)
         driver = Kernel("loop", self.args, [], self.lines)
         module = self.gen.module.replace("\ndef kernel0(", "\ndef step(", 1)
+        for name, gen in (helpers or {}).items():  # other kernels: their functions, renamed
+            module += f"\ndef {name}(" + gen.module.split("\ndef kernel0(", 1)[1]
+        names = ("step", *(helpers or {}))
         module += ("\nfrom gradtape.compile._numba_rt import add_into, copy_into  # noqa: E402\n"
-                   "\nHELPERS = ('step',)\n\n"
+                   f"\nHELPERS = {names!r}\n\n"
                    f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
                    + "".join(f"    {line}\n" for line in self.lines))
         return LoopSpec(module, driver, slots, outputs, self.consts, length_from, length)
