@@ -323,6 +323,24 @@ def test_branch_alternating_inputs_record_once_per_path():
     assert "guard bool" in text and "np.sum(x) > 1" in text
 
 
+def test_one_array_hot_path_follows_signatures_and_variants():
+    """One-array calls replay through the hot path (the last signature and variant); it counts
+    every replay, follows switches of shape and path, and steps aside under an outer grad."""
+    cf = np_compile(gt.grad(branching))
+    low, high, longer = np.array([0.1, 0.2, 0.3]), np.array([1.1, 1.2, 1.3]), np.full(5, 0.4)
+    for x in (low, high, longer, low, longer, high, high, low):
+        np.testing.assert_allclose(cf(x), CLOSED_FORMS[branching](x), rtol=1e-13)
+    per = cf.stats["per_signature"]
+    assert per["(f64[3])"]["calls"] == 6 and per["(f64[3])"]["recordings"] == 2
+    assert per["(f64[5])"] == {"replays": 1, "recordings": 1, "guard_failures": 0,
+                               "eager_calls": 0, "variants": 1, "calls": 2}
+    # under grad, a plain-array call runs the function itself (not counted as a replay)
+    w = np.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(gt.grad(lambda w: np.sum(cf(low) * w))(w),
+                               CLOSED_FORMS[branching](low), rtol=1e-13)
+    assert cf.stats["calls"] == 8
+
+
 def test_nested_branches_select_variants_by_guard_answers():
     def f(x):
         y = np.sin(x)

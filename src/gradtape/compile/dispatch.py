@@ -38,6 +38,7 @@ from .program import (
 )
 
 _TRACE_STATE = trace._state  # the thread-local stack of levels: non-empty while tracing
+_ndarray = np.ndarray  # (a global name is found faster than a module attribute)
 
 # --- backends -------------------------------------------------------------------------------
 # name -> lower(program) -> an object with `run(*leaves, out_leaves)` and `source`: run returns
@@ -233,49 +234,44 @@ class CompiledFunction:
         self._signatures: dict = {}
         self._lock = threading.Lock()
         self._warned = False
-        self._last_single: tuple = (None, None, None)
+        self._last: tuple = (None,) * 5  # the hot path's signature; see _make_hot
 
     # --- calling ---------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
+        if out is None and not kwargs and len(args) == 1:
+            # the hot path: one array of the signature last replayed, whose variant still holds
+            a = args[0]
+            last = self._last  # (shape, dtype, run, variant, stats); see _make_hot
+            if (type(a) is _ndarray and a.shape == last[0] and a.dtype is last[1]
+                    and not _TRACE_STATE.__dict__.get("stack")):
+                try:
+                    result = last[2](a, None)
+                except GuardFailure as gf:  # another path: _dispatch selects or records it
+                    return self._dispatch(self._call_info(args, kwargs), None, (last[3], gf))[0]
+                last[4].replays += 1
+                return result
         if _TRACE_STATE.__dict__.get("stack"):  # (getattr is slow in a thread without one)
             # under an outer transformation (grad(compile(f))): it records f's operations itself
             if out is not None:
                 raise GradtapeError("compile: out= cannot be used while the compiled function is "
                                     "being traced by another transformation.")
             return self._fun(*args, **kwargs)
-        if not kwargs and not self._static:
-            # the hot path: positional arrays, the signature's last variant still holds
-            sig = None
-            if len(args) == 1:
-                a = args[0]
-                if type(a) is np.ndarray:
-                    last = self._last_single  # (shape, dtype, signature) of the last such call
-                    if a.shape == last[0] and a.dtype is last[1]:
-                        sig = last[2]
-                    else:
-                        sig = self._signatures.get(((a.shape, a.dtype),))
-                        if sig is not None:
-                            self._last_single = (a.shape, a.dtype, sig)
+        sig = None
+        if not kwargs and not self._static:  # positional arrays: their key, without flattening
+            sig = self._signatures.get(_array_key(args))
+        variant = None if sig is None else sig.hot
+        if variant is None:
+            return self._dispatch(self._call_info(args, kwargs), out)[0]
+        try:
+            if out is None:
+                result = variant.run(*args, None)
             else:
-                key = _array_key(args)
-                if key is not None:
-                    sig = self._signatures.get(key)
-            if sig is not None:
-                variant = sig.hot
-                if variant is not None:
-                    try:
-                        if out is None:
-                            result = variant.run(*args, None)
-                        else:
-                            variant.run(*args, _out_leaves(variant.program, out, args))
-                            result = out
-                    except GuardFailure as gf:
-                        # another path: the general path selects or records its variant
-                        return self._dispatch(self._call_info(args, kwargs), out,
-                                              (variant, gf))[0]
-                    sig.stats.replays += 1
-                    return result
-        return self._dispatch(self._call_info(args, kwargs), out)[0]
+                variant.run(*args, _out_leaves(variant.program, out, args))
+                result = out
+        except GuardFailure as gf:
+            return self._dispatch(self._call_info(args, kwargs), out, (variant, gf))[0]
+        sig.stats.replays += 1
+        return result
 
     def _call_info(self, args: tuple, kwargs: dict) -> _CallInfo:
         if not kwargs and not self._static:
@@ -318,7 +314,7 @@ class CompiledFunction:
             except GuardFailure as gf:
                 variant, failure = self._after_failure(sig, variant, gf)
                 continue
-            sig.hot = variant
+            self._make_hot(sig, variant, info)
             stats.replays += 1
             return (out if out is not None else result), variant
         if sig.eager_reason is not None:
@@ -370,8 +366,16 @@ class CompiledFunction:
                 f"{gf.actual!r}). Does it read random numbers or global state? The result of this "
                 "call comes from the recording.")
             return self._deliver(traced, out), variant
-        sig.hot = variant
+        self._make_hot(sig, variant, info)
         return (out if out is not None else result), variant
+
+    def _make_hot(self, sig: _Signature, variant: _Variant, info: _CallInfo) -> None:
+        """Make `variant` the one the hot path replays first for `sig`; a one-array signature
+        also becomes `_last`, which the hot path checks without hashing a key."""
+        sig.hot = variant
+        if info.in_tree is None and len(info.leaves) == 1:
+            (shape, dtype), = info.key
+            self._last = (shape, dtype, variant.run, variant, sig.stats)
 
     def _record(self, info: _CallInfo):
         """Run the function on stage Tracers; returns (tape, program, traced result)."""
