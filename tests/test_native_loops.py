@@ -15,7 +15,7 @@ from test_scan import _rnn_params, newton_sqrt, rnn_python, rnn_scan
 
 import gradtape as gt
 from gradtape._pytree import tree_flatten
-from gradtape.compile import native_loops, numba_backend
+from gradtape.compile import numba_backend
 from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
 
 pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
@@ -155,18 +155,23 @@ def test_a_step_leaving_the_recorded_path_runs_in_python_exactly():
     compiled_agrees(f, xs[::-1].copy())
 
 
-def test_checkpointed_scan_warns_and_stays_exact():
-    def f(xs):
-        c, ys = gt.scan(lambda c, x: (np.sin(c) + x, c * x), 0.3, xs, checkpoint=3)
-        return c + np.sum(ys)
+@pytest.mark.parametrize("checkpoint", [1, 3, 4, 10, 25])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_checkpointed_scans_run_natively(checkpoint, reverse):
+    def f(xs, W):
+        def body(c, x):
+            h, s = c
+            h = np.tanh(W @ h + x)
+            return (h, s * 0.9 + np.sum(h)), np.sum(h * h)
+        (h, s), ys = gt.scan(body, (np.ones(3) * 0.1, 0.5), xs, checkpoint=checkpoint,
+                             reverse=reverse)
+        return np.sum(h) + s + np.sum(ys * np.arange(len(xs)))
 
-    numba_backend._warned.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        compiled = compiled_agrees(f, RNG.random(10))
-    assert any(issubclass(w.category, NativeFallbackWarning) and "checkpoint" in str(w.message)
-               for w in caught)
-    assert native_states(compiled, RNG.random(10))["scan_bwd"] is False
+    xs, W = RNG.normal(size=(10, 3)), RNG.normal(size=(3, 3)) * 0.5
+    compiled = compiled_agrees(f, xs, W, argnums=(0, 1))
+    assert native_states(compiled, xs, W) == {"scan": True, "scan_bwd": True}
+    expected = gt.value_and_grad(f, argnums=(0, 1))(xs, W)  # another length, same drivers
+    close(expected[1][1], gt.grad(lambda W: f(xs, W))(W))
 
 
 def test_hessian_through_a_native_scan():
@@ -182,9 +187,19 @@ def test_hessian_through_a_native_scan():
     close(compiled(a), gt.hessian(f)(a), 1e-10)
 
 
-def test_unsupported_body_names_the_primitive():
-    with pytest.raises(native_loops.Unsupported, match="checkpoint"):
-        native_loops.build_spec("scan", {"checkpoint": 2}, ())
+def test_a_body_without_native_translation_warns_once_and_stays_exact():
+    def f(xs):
+        c, ys = gt.scan(lambda c, x: (np.sort(c * x)[::-1], np.max(c)), np.arange(3.0), xs)
+        return np.sum(c) + np.sum(ys)
+
+    xs = RNG.random(6) + 0.5
+    numba_backend._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = compiled_agrees(f, xs)
+    messages = [str(w.message) for w in caught if issubclass(w.category, NativeFallbackWarning)]
+    assert any("sort" in m and "scan loop" in m for m in messages), messages
+    assert native_states(compiled, xs) == {"scan": False, "scan_bwd": False}
 
 
 # --- loop counters as indices (dyn_getitem, dyn_scatter_add) -------------------------------------

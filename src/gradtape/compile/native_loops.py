@@ -46,6 +46,7 @@ class _Output:
     dtype: np.dtype
     per_step: bool
     zeros: bool
+    every: int = 1  # one entry per `every` steps (stored carries with checkpoint=)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class LoopSpec:
         steps = self.length if self.length_from is None else args[self.length_from].shape[0]
         outs, driver_outs = [], []
         for o in self.outputs:
-            shape = (steps, *o.shape) if o.per_step else o.shape
+            shape = (-(-steps // o.every), *o.shape) if o.per_step else o.shape
             arr = (np.zeros if o.zeros else np.empty)(shape, o.dtype)
             outs.append(arr)
             driver_outs.append(arr if arr.ndim else arr.reshape(1))
@@ -165,8 +166,6 @@ class _TooShort(Exception):
 # --- specs ---------------------------------------------------------------------------------------
 def build_spec(name: str, params: dict, args: tuple) -> LoopSpec:
     """The driver of this loop instruction (raises Unsupported for what stays in Python)."""
-    if params.get("checkpoint") is not None:
-        raise Unsupported("checkpoint= recomputes carries in Python")
     build = {"scan": _forward_spec, "scan_bwd": _backward_spec, "while_loop": _while_spec}[name]
     return build(params, args)
 
@@ -201,9 +200,10 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
     caps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc + nx:])]
     w.add_arg("T", _I64, None)
     carry_avals = [(np.shape(a), np.asarray(a).dtype) for a in args[:nc]]
+    every = params["checkpoint"] or 1
     outputs = ([_Output(s, d, False, False) for s, d in carry_avals]
                + [_Output(tuple(s), np.dtype(d), True, False) for s, d in body.out_avals[nc:]]
-               + [_Output(s, d, True, False) for s, d in carry_avals])
+               + [_Output(s, d, True, False, every) for s, d in carry_avals])
     finals = [w.out_arg(f"fc{j}", o) for j, o in enumerate(outputs[:nc])]
     ys = [w.out_arg(f"ys{i}", o) for i, o in enumerate(outputs[nc:nc + ny])]
     stored = [w.out_arg(f"hd{j}", o) for j, o in enumerate(outputs[nc + ny:])]
@@ -211,8 +211,13 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
     w.open_carries(carries, scalar_carry)
     w.lines.append("for k in range(T):")
     w.lines.append("    t = T - 1 - k" if params["reverse"] else "    t = k")
+    if every > 1:  # checkpoint=: every `every`-th carry is stored
+        w.body(f"if k % {every} == 0:")
     for j in range(nc):
-        w.body(f"{stored[j]}[k] = a{j}" if scalar_carry[j] else f"copy_into({stored[j]}[k], a{j})")
+        at = "k" if every == 1 else f"k // {every}"
+        w.body(("    " if every > 1 else "") + (
+            f"{stored[j]}[{at}] = a{j}" if scalar_carry[j] else
+            f"copy_into({stored[j]}[{at}], a{j})"))
     step_inputs = ([f"a{j}" for j in range(nc)] + [f"{xs[i]}[t]" for i in range(nx)]
                    + [caps[p] for p in positions])
     targets = ([f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
@@ -225,7 +230,7 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     from ..interpret import GuardFailure
-    from ..rules.loops import record_step_vjp, step_program
+    from ..rules.loops import body_inputs, record_step_vjp, step_program
 
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
@@ -233,11 +238,16 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     stored, xs = args[nc + ny:2 * nc + ny], args[2 * nc + ny:2 * nc + ny + nx]
     rest = args[2 * nc + ny + nx:]
     caps = rest[:len(rest) - nc] if params["stored_cotangents"] else rest
-    length = np.shape(stored[0])[0] if nc else params["length"]
+    every = params["checkpoint"] or 1
+    length = np.shape(stored[0])[0] if nc and every == 1 else params["length"]
     if length == 0:
         raise _TooShort
-    last, t_last = length - 1, 0 if params["reverse"] else length - 1
-    example = [np.asarray(s)[last] for s in stored] + [np.asarray(x)[t_last] for x in xs]
+    # the example step the VJP is recorded on: the first one the backward loop differentiates
+    # (with checkpoint=, the first step of the last segment, whose carry is stored)
+    last = (length - 1) // every * every
+    t_last = length - 1 - last if params["reverse"] else last
+    example = ([np.asarray(s)[last // every] for s in stored]
+               + [np.asarray(x)[t_last] for x in xs])
     cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
     for tape, guards, positions in body.variants:
         try:
@@ -276,9 +286,15 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     for i, p in enumerate(positions):
         if not scalar_cap[i]:
             w.lines.append(f"q{i} = np.empty_like({ogp[p]})")
-    w.lines.append("for k in range(T - 1, -1, -1):")
-    w.lines.append("    t = T - 1 - k" if params["reverse"] else "    t = k")
-    step_inputs = ([f"{st[j]}[k]" for j in range(nc)] + [f"{xa[i]}[t]" for i in range(nx)]
+    if every == 1:
+        w.lines.append("for k in range(T - 1, -1, -1):")
+        carry_at = [f"{st[j]}[k]" for j in range(nc)]
+    else:  # recompute each segment's carries from its stored one, then walk it back
+        forward = _step_kernel(step_program(tape, body_inputs(tape)))
+        _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry)
+        carry_at = [f"sg{j}[k - start]" for j in range(nc)]
+    w.body("t = T - 1 - k" if params["reverse"] else "t = k")
+    step_inputs = (carry_at + [f"{xa[i]}[t]" for i in range(nx)]
                    + [cp[p] for p in positions] + [f"a{j}" for j in range(nc)]
                    + [f"{gy[i]}[t]" for i in range(ny)])
     targets = ([f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
@@ -288,11 +304,49 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     w.step(step_inputs, targets)
     for i, p in enumerate(positions):
         w.body(f"{ogp[p]}[0] += qs{i}" if scalar_cap[i] else f"add_into({ogp[p]}, q{i})")
+    if gs and every > 1:
+        w.body(f"if k % {every} == 0:")
     for j, g in enumerate(gs):
-        w.body(f"n{j} += {g}[k]" if scalar_carry[j] else f"add_into(b{j}, {g}[k])")
+        at = "k" if every == 1 else f"k // {every}"
+        w.body(("    " if every > 1 else "") + (
+            f"n{j} += {g}[{at}]" if scalar_carry[j] else f"add_into(b{j}, {g}[{at}])"))
     w.swap_carries(scalar_carry)
+    w.indent = "    "
     w.close_carries(finals, scalar_carry)
-    return w.spec(slots, outputs, length_from=nc + ny if nc else None, length=length)
+    if every == 1:
+        length_from = nc + ny if nc else None
+    else:
+        length_from = 2 * nc + ny if nx else None
+    return w.spec(slots, outputs, length_from=length_from, length=length,
+                  helpers={"forward_step": forward} if every > 1 else None)
+
+
+def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry) -> None:
+    """Open the backward loop of a checkpointed scan: for each segment, from the last, the
+    forward step kernel refills `sg` (the segment's carries) from the stored first one."""
+    every, nc = params["checkpoint"], params["n_carry"]
+    for j, name in enumerate(st):
+        w.lines.append(f"sg{j} = np.empty(({every},) + {name}.shape[1:], {name}.dtype)")
+    y_targets = []
+    for i, (shape, dtype) in enumerate(body.out_avals[nc:]):
+        if tuple(shape):  # the step's ys are not needed again: a scratch buffer
+            w.lines.append(f"ys{i} = np.empty({tuple(shape)!r}, "
+                           f"{numba_codegen._numpy_type(np.dtype(dtype))})")
+        y_targets.append(f"ys{i}")
+    w.lines.append(f"for start in range((T - 1) // {every} * {every}, -1, -{every}):")
+    w.body(f"end = min(start + {every}, T)")
+    for j, name in enumerate(st):
+        w.body(f"sg{j}[0] = {name}[start // {every}]" if scalar_carry[j] else
+               f"copy_into(sg{j}[0], {name}[start // {every}])")
+    w.body("for k in range(start, end - 1):")
+    w.indent = "        "
+    w.body("t = T - 1 - k" if params["reverse"] else "t = k")
+    w.step([f"sg{j}[k - start]" for j in range(nc)] + [f"{x}[t]" for x in xa]
+           + [cp[p] for p in positions],
+           [f"sg{j}[k - start + 1]" for j in range(nc)] + y_targets, forward, "forward_step")
+    w.indent = "    "
+    w.body("for k in range(end - 1, start - 1, -1):")
+    w.indent = "        "
 
 
 def _while_spec(params: dict, args: tuple) -> LoopSpec:
@@ -355,6 +409,7 @@ class _DriverWriter:
         self.consts: list = []
         self.const_names: list[str] = []
         self.fail = "return r[0]"  # what the driver returns when a step's status is not 0
+        self.indent = "    "  # of the statements in the loop over steps
 
     def add_arg(self, name: str, dtype: np.dtype, ndim: int | None) -> str:
         self.args.append(KernelArg(name, np.dtype(dtype), ndim))
@@ -375,7 +430,7 @@ class _DriverWriter:
         return name
 
     def body(self, line: str) -> None:
-        self.lines.append("    " + line)
+        self.lines.append(self.indent + line)
 
     def open_carries(self, sources: list[str], scalar: list[bool]) -> None:
         for j, (src, is_scalar) in enumerate(zip(sources, scalar)):
