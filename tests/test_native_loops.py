@@ -231,3 +231,24 @@ def test_an_index_out_of_range_raises_like_numpy():
     with pytest.raises(IndexError):
         compiled(outside)
     close(compiled(inside)[1], gt.grad(f)(inside))
+
+
+# --- eager loops -------------------------------------------------------------------------------
+def test_eager_scans_go_native_after_a_few_calls():
+    from gradtape.rules import loops
+
+    params, xs = _rnn_params(hidden=5), RNG.normal(size=(9, 3))
+    g = gt.grad(rnn_scan)
+    expected = gt.grad(rnn_python)(params, xs)
+    for _ in range(loops.EAGER_NATIVE_AFTER + 1):
+        got = g(params, xs)
+    numba_backend.wait_for_kernels(120)
+    for steps in (9, 14):  # a new length: the same drivers
+        xs = RNG.normal(size=(steps, 3))
+        got, expected = g(params, xs), gt.grad(rnn_python)(params, xs)
+        for k in params:
+            close(got[k], expected[k], 1e-10)
+    programs = [p for p, _ in loops._PROGRAMS.values() if p.native]
+    states = {key[0]: loop.native for p in programs for key, loop in p.native.items()
+              if p.variants[0][0].inputs[0].shape == (5,)}
+    assert states == {"scan": True, "scan_bwd": True}, states

@@ -37,6 +37,8 @@ class Primitive:
                each argument; vjps and jvp are derived from it (and the native backend inlines it).
     transparent: recorded as one instruction by staging levels, but differentiated by tracing
                through `impl` (for loops whose backward pass is itself a loop primitive).
+    python_impl: for loops, `impl` without the native driver eager calls may use (what the
+               numpy backend calls: its code runs NumPy only).
     jvp_batched: the jvp rule also accepts tangents with extra leading (batch) axes, the same
                on every tangent, and returns the output tangent with them: the forward
                interpreter then pushes a whole batch of directions at once (jacfwd, hessian).
@@ -44,7 +46,8 @@ class Primitive:
     """
 
     __slots__ = ("name", "impl", "vjps", "jvp", "nondiff", "multiple_results", "partials",
-                 "linear", "safe", "variadic", "vjp_all", "transparent", "jvp_batched")
+                 "linear", "safe", "variadic", "vjp_all", "transparent", "jvp_batched",
+                 "python_impl")
 
     def __init__(self, name: str, impl: Callable, vjps=None, jvp=None, nondiff: bool = False,
                  multiple_results: bool = False, partials=None, linear: bool = False,
@@ -64,6 +67,7 @@ class Primitive:
         # differentiating levels trace through `impl` instead of recording one instruction
         self.transparent = transparent
         self.jvp_batched = jvp_batched
+        self.python_impl = None
         REGISTRY[name] = self
 
     def __call__(self, *args, **params):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..tape import Instruction
+from ..primitives import Primitive
 from . import numba_codegen
 from .numba_codegen import Generated, Kernel, KernelArg, literal
 
@@ -59,10 +59,9 @@ class LoopSpec:
     outputs: list[_Output]
     consts: list = field(default_factory=list)
     length_from: int | None = None  # argument whose leading axis is the length
-    length: int = 0
     grows: bool = False  # a while loop: the driver returns its trip count and stored carries
 
-    def call(self, driver, args) -> tuple | None:
+    def call(self, driver, args, params: dict) -> tuple | None:
         """Run the driver on the primitive's arguments; None when it must run in Python."""
         converted = []
         for a, (dtype, scalar) in zip(args, self.arg_slots):
@@ -70,7 +69,8 @@ class LoopSpec:
             if a.dtype != dtype:
                 return None
             converted.append(a[()] if scalar else np.ascontiguousarray(a))
-        steps = self.length if self.length_from is None else args[self.length_from].shape[0]
+        steps = (params.get("length", 0) if self.length_from is None else
+                 args[self.length_from].shape[0])
         outs, driver_outs = [], []
         for o in self.outputs:
             shape = (-(-steps // o.every), *o.shape) if o.per_step else o.shape
@@ -87,10 +87,16 @@ class LoopSpec:
 
 
 class NativeLoop:
-    """What a compiled wrapper calls for a scan or scan_bwd instruction (see module doc)."""
+    """A loop primitive's native driver, built on the first call (see the module docstring).
 
-    def __init__(self, ins: Instruction):
-        self.prim = ins.prim
+    A compiled wrapper calls it in place of the primitive (one per instruction); eager calls
+    reach it through `try_call` (one per recorded body, `quiet`: no warnings).
+    """
+
+    def __init__(self, prim: Primitive, quiet: bool = False):
+        self.prim = prim
+        self._python = prim.python_impl or prim.impl
+        self.quiet = quiet
         self.wait = False  # backend="numba": compile before the first call returns
         self.state = _NOT_YET
         self.spec: LoopSpec | None = None
@@ -105,21 +111,26 @@ class NativeLoop:
         return self.driver is not None
 
     def __call__(self, *args, **params):
+        result = self.try_call(args, params)
+        return self._python(*args, **params) if result is None else result
+
+    def try_call(self, args: tuple, params: dict) -> tuple | None:
+        """The loop's results from the native driver; None when this call must run in Python
+        (the driver is not built yet, cannot be, or a step left the recorded path)."""
         driver = self.driver
         if driver is None:
             if self.state != _NOT_YET:
-                return self.prim.impl(*args, **params)
+                return None
             self._prepare(args, params)
             driver = self.driver
             if driver is None:
-                return self.prim.impl(*args, **params)
-        result = self.spec.call(driver, args)
+                return None
+        result = self.spec.call(driver, args, params)
         if result is None:
             self.failures += 1
             if self.failures >= _MAX_FAILURES:
                 self.driver, self.state = None, _OFF
                 self.reason = "its steps kept leaving the body's recorded path"
-            return self.prim.impl(*args, **params)
         return result
 
     def _prepare(self, args, params) -> None:
@@ -134,8 +145,9 @@ class NativeLoop:
                 return  # no step to record the VJP on: try again on the next call
             except Unsupported as exc:
                 self.state, self.reason = _OFF, str(exc)
-                numba_backend._warn_once(f"numba backend: a {self.prim.name} loop runs step by "
-                                         f"step through NumPy: {exc}")
+                if not self.quiet:
+                    numba_backend._warn_once(f"numba backend: a {self.prim.name} loop runs step "
+                                             f"by step through NumPy: {exc}")
                 return
             self.spec, self.state = spec, _BUILDING
         generated = Generated(spec.module, hashlib.sha256(spec.module.encode()).hexdigest()[:32],
@@ -147,9 +159,10 @@ class NativeLoop:
                 self.driver, self.state = nk.functions[-1], _READY
             else:
                 self.state, self.reason = _OFF, nk.error
-                numba_backend._warn_once(f"numba backend: Numba could not compile a "
-                                         f"{self.prim.name} loop ({nk.error}); it runs through "
-                                         "NumPy")
+                if not self.quiet:
+                    numba_backend._warn_once(f"numba backend: Numba could not compile a "
+                                             f"{self.prim.name} loop ({nk.error}); it runs "
+                                             "through NumPy")
 
         if self.wait:
             nk.compile_now()
@@ -225,7 +238,7 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
     w.step(step_inputs, targets)
     w.swap_carries(scalar_carry)
     w.close_carries(finals, scalar_carry)
-    return w.spec(slots, outputs, length_from=nc if nx else None, length=params["length"])
+    return w.spec(slots, outputs, length_from=nc if nx else None)
 
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
@@ -317,7 +330,7 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
         length_from = nc + ny if nc else None
     else:
         length_from = 2 * nc + ny if nx else None
-    return w.spec(slots, outputs, length_from=length_from, length=length,
+    return w.spec(slots, outputs, length_from=length_from,
                   helpers={"forward_step": forward} if every > 1 else None)
 
 
@@ -391,7 +404,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     w.swap_carries(scalar_carry)
     w.body("n += 1")
     w.close_carries(finals, scalar_carry, result=f"(0, n, {''.join(h + ', ' for h in stored)})")
-    spec = w.spec(slots, outputs, length_from=None, length=0, helpers={"cond": cond_gen})
+    spec = w.spec(slots, outputs, length_from=None, helpers={"cond": cond_gen})
     spec.grows = True
     return spec
 
@@ -496,7 +509,7 @@ class _DriverWriter:
             if v is not None:
                 first_target.setdefault(v.id, target)
 
-    def spec(self, slots, outputs, length_from, length, helpers: dict | None = None) -> LoopSpec:
+    def spec(self, slots, outputs, length_from, helpers: dict | None = None) -> LoopSpec:
         for name, c in zip(self.const_names, self.consts):
             self.add_arg(name, np.asarray(c).dtype, np.ndim(c) or None)
         driver = Kernel("loop", self.args, [], self.lines)
@@ -508,4 +521,4 @@ class _DriverWriter:
                    f"\nHELPERS = {names!r}\n\n"
                    f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
                    + "".join(f"    {line}\n" for line in self.lines))
-        return LoopSpec(module, driver, slots, outputs, self.consts, length_from, length)
+        return LoopSpec(module, driver, slots, outputs, self.consts, length_from)

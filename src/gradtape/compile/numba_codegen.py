@@ -1025,7 +1025,7 @@ def generate(program: Program, threads: int = 1) -> Generated:
     gen = _Generator(program, plan, threads)
     from .native_loops import LOOP_PRIMS, NativeLoop
 
-    gen.loops = {id(s.members[0]): NativeLoop(s.members[0]) for s in plan.stages
+    gen.loops = {id(s.members[0]): NativeLoop(s.members[0].prim) for s in plan.stages
                  if s.kind == PYTHON and s.members[0].prim.name in LOOP_PRIMS}
     kernels = []
     for segment in range(plan.segments):

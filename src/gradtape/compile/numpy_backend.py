@@ -268,7 +268,8 @@ EMITTERS: dict[str, Emitter] = {
 
 def _fallback(gen, ins, out, args):
     """Call the primitive's own implementation (it may return a view: treated as one)."""
-    return [f"{out} = {_call(gen, ins.prim.impl, args, ins.params, 'p_' + _ident(ins.prim.name))}"]
+    impl = ins.prim.python_impl or ins.prim.impl  # loops: never their native drivers here
+    return [f"{out} = {_call(gen, impl, args, ins.params, 'p_' + _ident(ins.prim.name))}"]
 
 
 def _ident(name: str) -> str:

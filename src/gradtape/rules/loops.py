@@ -11,6 +11,7 @@ instruction; differentiating the backward loop again traces through it.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 
@@ -60,6 +61,8 @@ class BodyProgram:
         self._fwd: list = []
         self._bwd: list = []
         self._lowering_failed = False
+        self.native: dict = {}  # loop kind and options -> its native driver (eager calls)
+        self.native_calls: dict = {}  # eager calls per loop kind before a driver is built
 
     def record(self, inputs) -> None:
         """Record the body on these (concrete) inputs as a new variant."""
@@ -421,8 +424,55 @@ def _stack(items, aval, length):
     return np.stack(items)
 
 
-def _scan_bwd_impl(*args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
-                   stored_cotangents):
+# --- eager loops as native drivers ----------------------------------------------------------------
+EAGER_NATIVE_AFTER = 3  # eager calls of one loop (same body, same options) before its driver
+_PER_CALL_PARAMS = frozenset({"program", "body", "cond", "length"})
+_native_usable: list = []
+
+
+def _eager_native_enabled() -> bool:
+    """Numba installed and not turned off (GRADTAPE_NUMBA=0); checked once."""
+    if not _native_usable:
+        from ..compile import numba_backend
+
+        off = os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off")
+        _native_usable.append(numba_backend.available() and not off)
+    return _native_usable[0]
+
+
+def _native(owner: BodyProgram, prim: Primitive, args: tuple, params: dict):
+    """An eager loop's results from its native driver, or None: run it in Python.
+
+    A body's loops get native drivers (compile/native_loops.py) after EAGER_NATIVE_AFTER
+    eager calls, built in the background, so `grad` of a scan in an optimiser's loop runs
+    native code after a few iterations while a one-off call never waits for Numba.
+    """
+    key = (prim.name, *sorted((k, v) for k, v in params.items() if k not in _PER_CALL_PARAMS))
+    loop = owner.native.get(key)
+    if loop is None:
+        if not _eager_native_enabled():
+            return None
+        with owner._lock:
+            count = owner.native_calls[key] = owner.native_calls.get(key, 0) + 1
+            if count < EAGER_NATIVE_AFTER:
+                return None
+            from ..compile.native_loops import NativeLoop
+
+            loop = owner.native.setdefault(key, NativeLoop(prim, quiet=True))
+    return loop.try_call(args, params)
+
+
+def _scan_bwd_impl(*args, **params):
+    """scan_bwd: the native driver on concrete values once built, else the Python loop."""
+    if not any(_is_tracer(a) for a in args):
+        result = _native(params["program"], scan_bwd_p, args, params)
+        if result is not None:
+            return result
+    return _scan_bwd_python(*args, **params)
+
+
+def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
+                     stored_cotangents):
     """The backward loop: from the last step to the first, one step's VJP at a time.
 
     Arguments: cotangents of the final carry and of ys, the stored carries, xs, the
@@ -488,13 +538,19 @@ def _scan_bwd_impl(*args, program, n_carry, n_x, n_y, length, reverse, checkpoin
 
 
 scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, transparent=True)
+scan_bwd_p.python_impl = _scan_bwd_python
 
 
 # --- scan -----------------------------------------------------------------------------------
-def _scan_impl(*args, program, n_carry, n_x, length, reverse, checkpoint):
+def _scan_impl(*args, **params):
     if any(_is_tracer(a) for a in args):  # values of a lower level: the loop is bound there
-        return bind(scan_p, args, dict(program=program, n_carry=n_carry, n_x=n_x,
-                                        length=length, reverse=reverse, checkpoint=checkpoint))
+        return bind(scan_p, args, params)
+    result = _native(params["program"], scan_p, args, params)
+    return _scan_python(*args, **params) if result is None else result
+
+
+def _scan_python(*args, program, n_carry, n_x, length, reverse, checkpoint):
+    """The forward loop in Python: one call of the body's generated NumPy code per step."""
     carry = list(args[:n_carry])
     xs = args[n_carry:n_carry + n_x]
     caps = list(args[n_carry + n_x:])
@@ -544,6 +600,7 @@ def _stored_cotangents(g_hidden, hidden) -> list:
 
 
 scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp)
+scan_p.python_impl = _scan_python
 scan_p.vjp_all = _scan_vjp_all
 
 
@@ -637,10 +694,15 @@ def fori_loop(lower: int, upper: int, body, init_val):
 
 
 # --- while_loop -------------------------------------------------------------------------------
-def _while_impl(*args, body, cond, n_carry, n_body_caps):
+def _while_impl(*args, **params):
     if any(_is_tracer(a) for a in args):
-        return bind(while_p, args, dict(body=body, cond=cond, n_carry=n_carry,
-                                         n_body_caps=n_body_caps))
+        return bind(while_p, args, params)
+    result = _native(params["body"], while_p, args, params)
+    return _while_python(*args, **params) if result is None else result
+
+
+def _while_python(*args, body, cond, n_carry, n_body_caps):
+    """The loop in Python: the condition's and the body's generated NumPy code per step."""
     carry = list(args[:n_carry])
     bcaps = list(args[n_carry:n_carry + n_body_caps])
     ccaps = list(args[n_carry + n_body_caps:])
@@ -684,6 +746,7 @@ def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
 
 
 while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp)
+while_p.python_impl = _while_python
 while_p.vjp_all = _while_vjp_all
 
 
