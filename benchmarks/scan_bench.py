@@ -9,7 +9,9 @@ numpy backend (the loop runs in Python, one generated-NumPy call per step) and o
 (the loop and its backward loop are native Numba drivers), gradtape's eager ``grad`` of the plain
 Python loop (unrolled on the tape), JAX's ``jit(value_and_grad)`` of ``lax.scan`` (its compile time
 reported separately), and the hand-written NumPy backpropagation through time as the yardstick.
-Every gradient is checked against the hand-written one before it is timed. A second table gives the
+Every gradient is checked against the hand-written one before it is timed, then each method is
+called a few more times and the background compiler is waited for (eager scans get native drivers
+after a few calls; see the first-call columns for what a cold call costs). A second table gives the
 time to the first gradient at a length not seen before (T+1, T+2, ...: JAX recompiles, gradtape
 reuses the recorded body). Single-threaded: thread variables are set before NumPy and JAX are
 imported. Each timing is a median over samples of back-to-back calls, in wall time and in the
@@ -48,6 +50,7 @@ from gradtape.bench.workloads import (  # noqa: E402
     rnn_scan_problem,
 )
 from gradtape.compile import numba_backend  # noqa: E402
+from gradtape.rules.loops import EAGER_NATIVE_AFTER  # noqa: E402
 
 ValueAndGrad = Callable[..., tuple[Any, Any]]
 REFERENCE = "hand BPTT (NumPy)"
@@ -148,6 +151,10 @@ def measure_length(steps: int, methods: dict[str, tuple[ValueAndGrad, Callable]]
         converted = convert(args)
         first, output = timed_first_call(fn, converted)
         check(f"{name} at T={steps}", output, reference)
+        for _ in range(EAGER_NATIVE_AFTER):  # eager scans get native drivers after a few calls
+            fn(*converted)
+        if numba_backend.available():
+            numba_backend.wait_for_kernels(120)
         wall, cpu = per_call_medians(lambda fn=fn, converted=converted: fn(*converted), timing)
         rows[name] = {"first": first, "wall": wall, "cpu": cpu}
     return rows
