@@ -318,3 +318,29 @@ def test_hessian_through_scan():
 def test_jvp_through_while_loop():
     t_out = gt.jvp(newton_sqrt, (2.0,), (1.0,))[1]
     _same(t_out, 0.5 / np.sqrt(2.0), rtol=1e-8)
+
+
+def test_jvp_of_a_scan_is_a_loop_under_compile():
+    params, xs = _rnn_params(), RNG.normal(size=(30, 3))
+    v = RNG.normal(size=params["W"].shape)
+
+    def f_scan(W):
+        return rnn_scan({**params, "W": W}, xs)
+
+    def f_py(W):
+        return rnn_python({**params, "W": W}, xs)
+
+    def tangent(W):
+        return gt.jvp(f_scan, (W,), (v,))
+
+    compiled = gt.compile(tangent, backend="numpy")
+    out, t = compiled(params["W"])
+    out_py, t_py = gt.jvp(f_py, (params["W"],), (v,))
+    _same(out, out_py)
+    _same(t, t_py)
+    names = [ins.prim.name for ins in compiled.tape(params["W"]).instructions]
+    assert names.count("scan") == 2 and len(names) < 40, names  # the primal and tangent loops
+    # forward mode inside reverse mode: the tangent loop is differentiated as a loop
+    g = gt.grad(lambda W: gt.jvp(f_scan, (W,), (v,))[1])(params["W"])
+    g_py = gt.grad(lambda W: gt.jvp(f_py, (W,), (v,))[1])(params["W"])
+    _same(g, g_py)

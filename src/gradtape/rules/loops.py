@@ -382,7 +382,11 @@ def _zero_tangent(t, like):
 
 
 def _scan_jvp(ts, ans, *args, program, n_carry, n_x, length, reverse, checkpoint):
-    """Forward mode through scan: each step's tangents pushed through its recorded tape."""
+    """Forward mode through scan. On traced values (compile, nested transforms) it is another
+    scan, over (carry, tangent) pairs, whose body pushes one step's tangents: one instruction,
+    not one per step. On concrete values, each step's tangents go through its recorded tape."""
+    if any(_is_tracer(a) for a in (*args, *ts)):
+        return _scan_jvp_as_scan(ts, args, program, n_carry, n_x, length, reverse, checkpoint)
     nc, nx = n_carry, n_x
     carry = list(args[:nc])
     xs = args[nc:nc + nx]
@@ -408,6 +412,25 @@ def _scan_jvp(ts, ans, *args, program, n_carry, n_x, length, reverse, checkpoint
     hidden = [_stack([s[i] for s in t_stored], program.out_avals[i], len(t_stored))
               for i in range(nc)]
     return tuple(t_carry + ys + hidden)
+
+
+def _scan_jvp_as_scan(ts, args, program, nc, nx, length, reverse, checkpoint) -> tuple:
+    carry, xs, caps = list(args[:nc]), list(args[nc:nc + nx]), list(args[nc + nx:])
+    t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:nc], carry)]
+    t_xs = [_zero_tangent(t, x) for t, x in zip(ts[nc:nc + nx], xs)]
+    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx:], caps)]
+
+    def tangent_step(pair, x_pair):
+        (c, tc), (x, tx) = pair, x_pair
+        out, t_out = _step_jvp(program, c + x, caps, tc + tx, t_caps)
+        t_out = [_zero_tangent(t, o) for t, o in zip(t_out, out)]
+        return (out[:nc], t_out[:nc]), (out[nc:], t_out[nc:])
+
+    outs, _, _, n_leaves, n_ys = _bind_scan(tangent_step, (carry, t_carry), (xs, t_xs),
+                                            length, reverse, checkpoint)
+    ny = n_ys // 2  # outputs: carries, tangents; ys, their tangents; stored of both
+    return tuple([*outs[nc:n_leaves], *outs[n_leaves + ny:n_leaves + n_ys],
+                  *outs[n_leaves + n_ys + nc:]])
 
 
 def _add(a, b):
@@ -613,6 +636,13 @@ def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
     keeps every k-th carry for the backward pass and recomputes the others
     (memory T/k + k carries instead of T). `unroll` is accepted for compatibility.
     """
+    outs, carry_td, y_td, nc, ny = _bind_scan(body, init, xs, length, reverse, checkpoint)
+    return tree_unflatten(carry_td, list(outs[:nc])), tree_unflatten(y_td, list(outs[nc:nc + ny]))
+
+
+def _bind_scan(body, init, xs, length, reverse, checkpoint) -> tuple:
+    """Bind scan_p for `scan`: (all its outputs: carry leaves, ys leaves, stored carries;
+    the carry's and ys' tree structures; the numbers of carry and ys leaves)."""
     carry_leaves, carry_td = tree_flatten(init)
     carry_leaves = [c if hasattr(c, "dtype") else np.asarray(c) for c in carry_leaves]
     xs_leaves, xs_td = tree_flatten(xs)
@@ -646,10 +676,7 @@ def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
     outs = bind(scan_p, (*carry_leaves, *xs_leaves, *caps),
                 dict(program=program, n_carry=nc, n_x=len(xs_leaves), length=n,
                      reverse=bool(reverse), checkpoint=checkpoint))
-    ny = len(program.out_avals) - nc
-    carry = tree_unflatten(carry_td, list(outs[:nc]))
-    ys = tree_unflatten(program.out_treedef, list(outs[nc:nc + ny]))
-    return carry, ys
+    return outs, carry_td, program.out_treedef, nc, len(program.out_avals) - nc
 
 
 def _scan_length(xs_leaves, length) -> int:
