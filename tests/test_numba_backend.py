@@ -420,17 +420,41 @@ def test_parallel_loops_are_deterministic():
     try:
         parallel = gt.compile(gt.value_and_grad(normal_like), backend="numba")
         first = parallel(x)
+        assert "prange(" in lowered(parallel, x).generated.module
+        close(first, expected, rtol=1e-12)
+        for _ in range(5):
+            again = parallel(x)
+            assert again[0] == first[0] and np.array_equal(again[1], first[1])
     finally:
         numba_backend.set_num_threads(1)
-    assert "prange(" in lowered(parallel, x).generated.module
-    close(first, expected, rtol=1e-12)
-    for _ in range(5):
-        again = parallel(x)
-        assert again[0] == first[0] and np.array_equal(again[1], first[1])
 
 
 def normal_like(x):
     return np.sum(-0.5 * ((x - 0.3) / 1.7) ** 2 + np.exp(-x * x))
+
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+def test_set_num_threads_applies_to_functions_compiled_before(backend):
+    x = np.random.default_rng(7).normal(size=70_000)  # summed in two chunks: another last bit
+    cf = gt.compile(gt.value_and_grad(normal_like), backend=backend)
+    cf(x)
+    assert numba_backend.wait_for_kernels(timeout=120)
+    serial = cf(x)
+    assert "prange(" not in lowered(cf, x).generated.module
+    numba_backend.set_num_threads(2)
+    try:
+        assert numba_backend.wait_for_kernels(timeout=120)
+        two = cf(x)  # two chunks: the sum is added in another order
+        assert "prange(" in lowered(cf, x).generated.module and lowered(cf, x).tier == "native"
+        fresh = gt.compile(gt.value_and_grad(normal_like), backend="numba")(x)
+        assert two[0] == fresh[0] and np.array_equal(two[1], fresh[1])
+        assert two[0] != serial[0]
+        close(two, serial, rtol=1e-12)
+    finally:
+        numba_backend.set_num_threads(1)
+    assert numba_backend.wait_for_kernels(timeout=120)
+    again = cf(x)
+    assert again[0] == serial[0] and np.array_equal(again[1], serial[1])
 
 
 # --- the disk cache ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from . import tracer as _tracer  # noqa: F401  (installs the Tracer and the NumPy rules)
 from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
+from .compile.cache import clear as clear_cache
 from .compile.numba_backend import get_num_threads, set_num_threads
 from .rules.control import custom_jvp, custom_vjp, stop_gradient
 from .rules.loops import fori_loop, scan, while_loop
@@ -17,6 +18,6 @@ __all__ = [
     "CompileWarning", "GradCheck", "GradtapeError", "Tape", "check_grad", "compile", "custom_vjp",
     "fori_loop", "grad", "scan", "stop_gradient", "trace", "value_and_grad", "vjp", "while_loop",
     "custom_jvp", "hessian", "hvp", "jacfwd", "jacobian", "jacrev", "jvp", "get_num_threads",
-    "set_num_threads",
+    "set_num_threads", "clear_cache",
 ]
 __version__ = "0.1.0"

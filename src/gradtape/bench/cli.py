@@ -1,4 +1,4 @@
-"""The ``gradtape`` command line: ``gradtape bench ...`` (subcommands leave room for more).
+"""The ``gradtape`` command line: ``gradtape bench ...`` and ``gradtape cache [--clear]``.
 
 Only this module is imported at startup; jax, torch, numba and autograd are imported by the
 benchmark methods on first use, after ``pin_threads`` has set their thread environment.
@@ -65,7 +65,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"timing samples per measurement (default: {QUICK_REPEAT} "
                        f"with --quick, else {FULL_REPEAT})")
     bench.set_defaults(handler=run_bench_command)
+    cache = commands.add_parser(
+        "cache", help="show or clear the numba backend's kernel cache",
+        description="Show where the numba backend's kernel cache is and how much it holds; "
+        "--clear removes every cached kernel (they are compiled again when next needed).")
+    cache.add_argument("--clear", action="store_true", help="remove every cached kernel")
+    cache.set_defaults(handler=run_cache_command)
     return parser
+
+
+def run_cache_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``gradtape cache [--clear]``: the kernel cache's place and size; clear it."""
+    from gradtape.compile import cache
+
+    if args.clear:
+        print(f"removed {cache.clear()} cached kernel modules")
+    directory, count, size = cache.usage()
+    if directory is None:
+        print("kernel cache: disabled (GRADTAPE_CACHE=0)")
+    else:
+        print(f"kernel cache: {directory}: {count} modules, {size / 2**20:.1f} MB")
+    return 0
 
 
 def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:

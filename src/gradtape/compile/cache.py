@@ -14,6 +14,13 @@ files are pickles: a directory others can write to is refused, with a warning). 
 written atomically (a temporary file, then a rename). A module whose text is not the
 expected one (truncated, or another version's) is rewritten; Numba's cache files that fail to
 load are deleted and rebuilt (`discard`).
+
+Pruning: an entry is a module and Numba's files of its key. Loading an entry sets its module's
+access time (its modification time stays: Numba's cache is keyed on it), so that time says
+when it was last used. A process that writes a new entry prunes once, after compiling it (in
+the compiler, never in a call): entries unused for `GRADTAPE_CACHE_MAX_AGE_DAYS` (default
+30) are removed, then the least recently used ones until the rest fit in
+`GRADTAPE_CACHE_MAX_MB` (default 256). `clear()` removes every entry.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -113,7 +122,19 @@ def module_file(directory: Path, key: str, source: str) -> Path:
             current = None
         if current != source:
             write_atomically(path, source)
+            _new_entries.append(key)
+        else:
+            _touch(path)
+        _used_keys.add(key)
     return path
+
+
+def _touch(path: Path) -> None:
+    """Mark a module used now: its access time (its modification time keys Numba's cache)."""
+    try:
+        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
+    except OSError:
+        pass
 
 
 def import_file(path: Path, name: str) -> ModuleType:
@@ -147,3 +168,140 @@ def discard(directory: Path, key: str) -> None:
             f.unlink()
         except OSError:
             pass
+
+
+# --- pruning and clearing --------------------------------------------------------------------
+DEFAULT_MAX_MB = 256
+DEFAULT_MAX_AGE_DAYS = 30
+_RECENT_SECONDS = 60.0  # an entry used this recently is never pruned (another process loads it)
+_new_entries: list[str] = []  # keys whose module this process wrote
+_used_keys: set[str] = set()  # keys this process loaded or wrote: never pruned by it
+_pruned: list[bool] = []
+
+
+@dataclass
+class Entry:
+    """One cached kernel module and Numba's files of it."""
+
+    key: str
+    files: list[Path] = field(default_factory=list)
+    size: int = 0
+    last_used: float = 0.0  # seconds since the epoch; 0 for Numba files without a module
+
+
+def entries(directory: Path) -> list[Entry]:
+    """The entries of a kernel directory, least recently used first."""
+    found: dict[str, Entry] = {}
+
+    def add(path: Path, key: str, is_module: bool) -> None:
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        entry = found.setdefault(key, Entry(key))
+        entry.files.append(path)
+        entry.size += st.st_size
+        if is_module:
+            entry.last_used = max(st.st_atime, st.st_mtime)
+
+    for path in directory.glob("k_*.py"):
+        add(path, path.stem[2:], True)
+    pycache = directory / "__pycache__"
+    if pycache.is_dir():
+        for path in pycache.glob("k_*.*"):
+            add(path, path.name.split(".", 1)[0][2:], False)
+    return sorted(found.values(), key=lambda e: e.last_used)
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        _warn_once(f"gradtape: {name}={text!r} is not a number; using {default}")
+        return default
+
+
+def prune(directory: Path, max_bytes: float | None = None, max_age_seconds: float | None = None,
+          keep: set[str] | frozenset = frozenset()) -> list[str]:
+    """Remove entries unused for `max_age_seconds`, then the least recently used ones until the
+    rest take at most `max_bytes` (defaults: the environment, see the module docstring); never
+    the keys in `keep` nor entries used in the last minute. Returns the removed keys."""
+    if max_bytes is None:
+        max_bytes = _env_number("GRADTAPE_CACHE_MAX_MB", DEFAULT_MAX_MB) * 2**20
+    if max_age_seconds is None:
+        max_age_seconds = _env_number("GRADTAPE_CACHE_MAX_AGE_DAYS", DEFAULT_MAX_AGE_DAYS) * 86400
+    now = time.time()
+    found = entries(directory)
+    total = sum(e.size for e in found)
+    removed = []
+    for entry in found:  # least recently used first
+        if entry.key in keep or now - entry.last_used < _RECENT_SECONDS:
+            continue
+        if total <= max_bytes and now - entry.last_used <= max_age_seconds:
+            break
+        for path in entry.files:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        total -= entry.size
+        removed.append(entry.key)
+    _remove_stale_temporaries(directory, now)
+    return removed
+
+
+def _remove_stale_temporaries(directory: Path, now: float) -> None:
+    """Temporary files left by a process killed while writing (older than an hour)."""
+    for path in directory.glob(".tmp-*"):
+        try:
+            if now - path.stat().st_mtime > 3600:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def prune_once(directory: Path) -> None:
+    """Prune (see `prune`) once per process, and only if this process wrote a new entry: called
+    by the compiler after building kernels, never on a call's path."""
+    with _lock:
+        if _pruned or not _new_entries:
+            return
+        _pruned.append(True)
+        keep = set(_used_keys)
+    try:
+        prune(directory, keep=keep)
+    except OSError as exc:
+        _warn_once(f"gradtape: pruning the kernel cache failed: {exc}")
+
+
+def clear() -> int:
+    """Remove every cached kernel (module sources and Numba's files); returns how many entries
+    were removed. Kernels already loaded in this process keep running."""
+    root = cache_root()
+    directory = None if root is None else root / "kernels"
+    if directory is None or not directory.is_dir():
+        return 0
+    removed = 0
+    with _lock:
+        for entry in entries(directory):
+            for path in entry.files:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            removed += 1
+        _remove_stale_temporaries(directory, time.time())
+    return removed
+
+
+def usage() -> tuple[Path | None, int, int]:
+    """(kernel directory or None when the cache is disabled, entries, bytes)."""
+    root = cache_root()
+    if root is None:
+        return None, 0, 0
+    directory = root / "kernels"
+    found = entries(directory) if directory.is_dir() else []
+    return directory, len(found), sum(e.size for e in found)

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import math
 import os
 import queue
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -76,20 +78,31 @@ def available() -> bool:
 
 # --- settings ----------------------------------------------------------------------------------
 _threads = [1]
+_threads_lock = threading.Lock()
+# variants large enough for parallel loops: set_num_threads gives them kernels for the new count
+_thread_dependent: weakref.WeakSet = weakref.WeakSet()
 
 
 def set_num_threads(n: int) -> None:
-    """Threads for the fused loops of kernels lowered from now on (default 1).
+    """Threads for the fused loops (default 1), from the next call of every compiled function.
 
     With more than one thread, a loop over at least 2 * `PARALLEL_MIN_CHUNK` elements is
     split into min(n, size // PARALLEL_MIN_CHUNK) fixed chunks run in parallel (Numba's
     threading layer, at most NUMBA_NUM_THREADS threads); per-chunk partial reductions are
-    added in chunk order, so results do not depend on thread timing.
+    added in chunk order, so results do not depend on thread timing. Variants already
+    compiled with such loops get kernels for `n` threads: compiled before this returns on
+    backend="numba" (or loaded from the cache), in the background on "auto" (their current
+    kernels run until then).
     """
     n = int(n)
     if n < 1:
         raise ValueError("set_num_threads: n must be at least 1")
-    _threads[0] = n
+    with _threads_lock:
+        changed = n != _threads[0]
+        _threads[0] = n
+        variants = list(_thread_dependent) if changed else []
+    for variant in variants:
+        variant.use_threads(n)
 
 
 def get_num_threads() -> int:
@@ -296,12 +309,14 @@ def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
     path = cache.module_file(directory, nk.key, nk.module_text)
     module = cache.import_file(path, name)
     try:
-        return _jit_all(numba, module, nk, use_cache=True)
+        built = _jit_all(numba, module, nk, use_cache=True)
     except Exception:
         # Numba's cache files of this module failed to load: delete them, compile again
         cache.discard(directory, nk.key)
         module = cache.import_file(path, name)
-        return _jit_all(numba, module, nk, use_cache=True)
+        built = _jit_all(numba, module, nk, use_cache=True)
+    cache.prune_once(directory)  # if this process wrote a new entry; here, off the call path
+    return built
 
 
 def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, bool]:
@@ -347,7 +362,8 @@ class NumbaLowered:
         numpy_run = self.numpy.run
         self.native: NativeKernels | None = None
         try:
-            generated = numba_codegen.generate(program, get_num_threads())
+            threads = get_num_threads()
+            generated = numba_codegen.generate(program, threads)
         except NotImplementedError as exc:
             _warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
             self.run = numpy_run
@@ -425,13 +441,55 @@ class NumbaLowered:
             ready(nk)
         else:
             nk.when_ready(ready)
-        if wait and state.kernels is not None:
+        self._bound = wait and state.kernels is not None
+        if self._bound:
             # the kernels are known now: bind them into the wrapper (no per-call lookup)
             source, extra = generated.bound_wrapper()
             extra.update({f"k{j}": k for j, k in enumerate(state.kernels)})
             state.run = self.run = build(source, extra)
         else:
             state.run = self.run = build(generated.wrapper, generated.wrapper_consts)
+        if generated.kernels and _large_enough_for_threads(program):
+            self._program, self._wait, self._threads_wanted = program, wait, threads
+            with _threads_lock:
+                _thread_dependent.add(self)
+                current = get_num_threads()
+            if current != threads:  # set_num_threads ran while this was being lowered
+                self.use_threads(current)
+
+    def use_threads(self, n: int) -> None:
+        """Switch to the kernels generated for `n` threads (see set_num_threads): they take the
+        same arguments, so the wrapper stays and only the kernels it calls change."""
+        self._threads_wanted = n
+        generated = numba_codegen.generate(self._program, n)
+        if generated.key == self.native.key:
+            return
+        if generated.wrapper != self.generated.wrapper:  # (not expected) keep the kernels
+            _warn_once("numba backend: a variant's kernels for another thread count take other "
+                       "arguments; it keeps its thread count")
+            return
+        nk = kernels_for(generated)
+
+        def swap(nk: NativeKernels) -> None:
+            if nk.functions is None:
+                _warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
+                           f"({nk.error}); that variant keeps its kernels")
+                return
+            if self._threads_wanted != n:
+                return  # another count was set since
+            self.native, self.generated = nk, generated
+            self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
+            if self._bound:
+                _rebind(self.run, nk.functions)
+            else:
+                self._state.kernels = nk.functions
+
+        if self._wait:
+            nk.compile_now()
+            swap(nk)
+        else:
+            nk.request()
+            nk.when_ready(swap)
 
     @property
     def tier(self) -> str:
@@ -449,6 +507,20 @@ class NumbaLowered:
         if not self.native.ready.wait(timeout):
             return False
         return self._state.kernels is not None
+
+
+def _large_enough_for_threads(program: Program) -> bool:
+    """Whether some value of `program` has enough elements for a loop in parallel chunks."""
+    least = 2 * numba_codegen.PARALLEL_MIN_CHUNK
+    return any(math.prod(v.shape) >= least for v in program.inputs) or any(
+        math.prod(v.shape) >= least for ins in program.instructions for v in ins.outvars)
+
+
+def _rebind(run: Callable, kernels: tuple) -> None:
+    """Point a bound wrapper's kernels k0, k1, ... (closure cells) at other kernels."""
+    cells = dict(zip(run.__code__.co_freevars, run.__closure__))
+    for j, kernel in enumerate(kernels):
+        cells[f"k{j}"].cell_contents = kernel
 
 
 def lowered(compiled, *args, **kwargs):
