@@ -372,6 +372,20 @@ def scan_case(draw):
 
 
 @st.composite
+def scan_bwd_case(draw):
+    """The gradient of a scan: its backward loop (hessian-vector products go through it)."""
+    dtype = draw(DTYPES)
+    c0 = _values(draw, (2,), dtype, 0.5, 1.5)
+    xs = _values(draw, (draw(st.integers(1, 3)), 2), dtype)
+
+    def loss(c0, xs):
+        carry, ys = gt.scan(lambda c, x: (np.sin(c * x) + c0 * x, np.sum(c * c)), c0, xs)
+        return np.sum(carry) + np.sum(ys)
+
+    return gt.grad(loss, argnums=(0, 1)), (c0, xs), dtype
+
+
+@st.composite
 def while_case(draw):
     dtype = draw(DTYPES)
     x = _values(draw, (2,), dtype, 0.5, 1.5)
@@ -505,6 +519,7 @@ CASES = {
     "dyn_setitem": dynamic_index_case(write=True),
     "dyn_scatter_add": dynamic_index_case(write=True, scatter=True),
     "scan": scan_case(),
+    "scan_bwd": scan_bwd_case(),
     "while_loop": while_case(),
     "custom_jvp": custom_case(softplus),
     "custom_vjp": custom_case(cube),

@@ -221,6 +221,76 @@ def test_indexing_reductions_and_linear_algebra():
     assert all(s.kind != fusion.PYTHON for s in plan.stages)  # every op is native
 
 
+# --- matrix products: row products and column accumulations in loops, explicit loops --------
+def regression(w, design, labels):
+    """A logistic loss with the design matrix as an argument (its gradient too)."""
+    z = design @ w
+    return np.sum(np.logaddexp(0.0, z) - labels * z)
+
+
+def regression_parts(w, design, labels):
+    """Row products, a transposed product of a loop value, strided and transposed matrices."""
+    z = design @ w
+    r = np.tanh(z) - labels
+    cols = design[:, ::2]  # a strided view read by a row product
+    return (np.sum(r * r) + np.sum(design.T @ r) + np.sum(np.cos(cols @ w[::2]))
+            + np.sum((labels @ design) * w))
+
+
+@pytest.mark.parametrize("n, k", [(40, 3), (257, 8), (1000, 1), (2, 5), (1, 4)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matrix_products_agree_with_the_numpy_backend(n, k, dtype):
+    rng = np.random.default_rng([n, k])
+    w = rng.normal(size=k).astype(dtype)
+    design = (rng.normal(size=(n, k)) / math.sqrt(k)).astype(dtype)
+    labels = (rng.random(n) < 0.5).astype(dtype)
+    tol = {"rtol": 1e-11} if dtype == np.float64 else {"rtol": 3e-5, "atol_scale": 3e-5}
+    for f in (regression, regression_parts):
+        g = gt.value_and_grad(f, argnums=(0, 1))
+        native = gt.compile(g, backend="numba")
+        reference = gt.compile(g, backend="numpy")
+        for args in ((w, design, labels), (w[::-1], np.asfortranarray(design), labels)):
+            close(native(*args), reference(*args), **tol)
+        assert lowered(native, w, design, labels).tier == "native"
+        source = lowered(native, w, design, labels).generated.module
+        assert "np.dot(" not in source  # no BLAS: explicit loops
+    if n > 1:  # one loop computes X @ w, the loss and accumulates X.T @ r
+        source = lowered(gt.compile(gt.value_and_grad(regression), backend="numba"), w, design,
+                         labels).generated.module
+        assert source.count("for i in range(u0, u1):") == 1, source
+
+
+def test_matrix_products_in_parallel_chunks_are_deterministic():
+    design = RNG.normal(size=(50_000, 6)) / 3
+    labels = (RNG.random(50_000) < 0.5).astype(np.float64)
+    w = RNG.normal(size=6)
+    f = gt.value_and_grad(lambda w: regression(w, design, labels))
+    expected = gt.compile(f, backend="numba")(w)
+    numba_backend.set_num_threads(2)
+    try:
+        parallel = gt.compile(f, backend="numba")
+        first = parallel(w)
+        assert "prange(" in lowered(parallel, w).generated.module
+        for _ in range(3):
+            again = parallel(w)
+            assert again[0] == first[0] and np.array_equal(again[1], first[1])
+    finally:
+        numba_backend.set_num_threads(1)
+    close(first, expected, rtol=1e-12)
+    close(first, gt.compile(f, backend="numpy")(w), rtol=1e-11)
+
+
+def test_matrix_matrix_products_call_blas_only_when_large():
+    def f(a, b):
+        return np.sum(np.tanh(a @ b))
+
+    for size, blas in ((8, False), (48, True)):
+        a, b = RNG.normal(size=(size, size)), RNG.normal(size=(size, size + 1))
+        native = gt.compile(gt.value_and_grad(f, argnums=(0, 1)), backend="numba")
+        close(native(a, b), gt.value_and_grad(f, argnums=(0, 1))(a, b), rtol=1e-11)
+        assert ("np.dot(" in lowered(native, a, b).generated.module) == blas
+
+
 # --- guards and variants ----------------------------------------------------------------------
 def test_guards_select_variants_like_the_numpy_backend():
     cf = gt.compile(gt.value_and_grad(branching), backend="numba")

@@ -344,3 +344,25 @@ def test_jvp_of_a_scan_is_a_loop_under_compile():
     g = gt.grad(lambda W: gt.jvp(f_scan, (W,), (v,))[1])(params["W"])
     g_py = gt.grad(lambda W: gt.jvp(f_py, (W,), (v,))[1])(params["W"])
     _same(g, g_py)
+
+
+def test_second_derivatives_of_a_scan_are_loops_under_compile():
+    xs = np.linspace(0, 1, 40)
+
+    def f(a):
+        c, ys = gt.scan(lambda c, x: (np.sin(c * a[0]) + a[1] * x, c * c), 0.5, xs)
+        return c + np.sum(ys)
+
+    def f_py(a):
+        c, tot = 0.5, 0.0
+        for x in xs:
+            tot = tot + c * c
+            c = np.sin(c * a[0]) + a[1] * x
+        return c + tot
+
+    a, v = np.array([0.8, 1.3]), np.array([0.3, -1.0])
+    for transform, expected in ((gt.hessian(f), gt.hessian(f_py)(a)),
+                                (lambda a: gt.hvp(f, a, v), gt.hvp(f_py, a, v))):
+        compiled = gt.compile(transform, backend="numpy")
+        _same(compiled(a), expected, rtol=1e-9)
+        assert len(compiled.tape(a).instructions) < 60  # not one group per step

@@ -26,6 +26,14 @@ hand-written loop does); a cheap value (a difference) used by a later loop costs
 and one read per element where recomputing it could be cheaper at sizes beyond the caches —
 not done, as none of the seeds' workloads has such a value.
 
+Matrix-vector products join loops too. A **row product** `M @ v` (M of shape (N, k), v of
+shape (k,), both computed before the loop) is a member of a loop over (N,): each element is
+the dot product of a row of M with v. A **column accumulation** `g @ M` (g of shape (N,),
+M of shape (N, k)), or `M.T @ g` with M.T a transpose of such an M or g a value of the loop,
+folds into the loop over (N,) that produces g, like a reduction: its result of shape (k,)
+is an array available after the loop. `X @ w` followed by elementwise work and `X.T @ r` (a
+regression's gradient) thus reads X in one pass.
+
 This module knows nothing about code generation: the backend passes predicates saying which
 instructions it can express as scalar expressions (`fusable`) and as ops (`lowerable`).
 """
@@ -110,6 +118,39 @@ def vector_dot(ins: Instruction) -> bool:
             and a.dtype == b.dtype and a.dtype.kind == "f")
 
 
+def _float_matmul(ins: Instruction) -> tuple | None:
+    """The operand shapes of a matmul of two floating arrays of one dtype (traced or constant)."""
+    if ins.prim.name != "matmul" or len(ins.outvars) != 1:
+        return None
+    dtypes = {v.dtype if v is not None else np.asarray(a).dtype
+              for v, a in zip(ins.invars, ins.args)}
+    if len(dtypes) != 1 or dtypes != {ins.outvars[0].dtype} or ins.outvars[0].dtype.kind != "f":
+        return None
+    if any(v is None and not isinstance(a, np.ndarray) for v, a in zip(ins.invars, ins.args)):
+        return None
+    return tuple(v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args))
+
+
+def row_product(ins: Instruction) -> bool:
+    """matmul of a (N, k) matrix by a (k,) vector with N > 1: one dot product per loop element."""
+    shapes = _float_matmul(ins)
+    return shapes is not None and len(shapes[0]) == 2 and len(shapes[1]) == 1 and (
+        shapes[0][0] > 1)
+
+
+def accumulated_vector(ins: Instruction) -> Var | None:
+    """The (N,) operand of `g @ M` or `M @ g` (M 2-d, N > 1) when the product could be a
+    column accumulation in a loop over g's shape (see the module docstring), else None."""
+    shapes = _float_matmul(ins)
+    if shapes is None or sorted(map(len, shapes)) != [1, 2]:
+        return None
+    vector_first = len(shapes[0]) == 1
+    g = ins.invars[0 if vector_first else 1]
+    if g is None or g.shape[0] <= 1:
+        return None
+    return g
+
+
 def operands(ins: Instruction) -> list[Var]:
     return [v for v in ins.invars if v is not None]
 
@@ -149,13 +190,33 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
             return stage.index < loop.index
         return stage.index < loop.index or stage is loop
 
-    def join_loop(ins: Instruction, shape: tuple, reads: list[Var]) -> Stage:
+    def join_loop(ins: Instruction, shape: tuple, reads: list[Var],
+                  before: tuple[Var, ...] = ()) -> Stage:
+        """The latest loop of `shape` that can read `reads` (and `before`, which must be
+        computed before it), or a new one."""
         for stage in reversed(stages):
             if stage.kind == LOOP and stage.shape == shape and all(
-                    usable_in(v, stage) for v in reads):
+                    usable_in(v, stage) for v in reads) and all(
+                    defined_in.get(v.id) is not stage for v in before):
                 stage.members.append(ins)
                 return stage
         return new_stage(LOOP, ins, shape=shape)
+
+    def transposed(v: Var | None) -> bool:
+        """Whether `v` is a transpose of a matrix (its rows are the matrix's columns)."""
+        stage = defined_in.get(v.id) if v is not None else None
+        return stage is not None and stage.kind == OP and stage.members[0].prim.name == (
+            "transpose")
+
+    def column_accumulation(ins: Instruction) -> bool:
+        g = accumulated_vector(ins)
+        if g is None:
+            return False
+        if ins.invars[0] is g:  # g @ M: M's rows are read in order
+            return True
+        # M @ g: M's columns are read in order; fine when M is a transpose, or worth it
+        # when g is computed by a loop this product joins
+        return transposed(ins.invars[0]) or held.get(g.id) == HELD_LOOP
 
     checks_after: dict[int, list[int]] = {}
     for k, c in enumerate(program.checks):
@@ -173,6 +234,16 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
             loop = join_loop(ins, shape, operands(ins))
             reductions[outs[0].id] = loop
             held[outs[0].id] = HELD_SCALAR
+            defined_in[outs[0].id] = loop
+        elif column_accumulation(ins):
+            loop = join_loop(ins, accumulated_vector(ins).shape, operands(ins))
+            reductions[outs[0].id] = loop
+            held[outs[0].id] = HELD_ARRAY
+            defined_in[outs[0].id] = loop
+        elif row_product(ins):
+            ops = tuple(operands(ins))
+            loop = join_loop(ins, outs[0].shape, list(ops), before=ops)
+            held[outs[0].id] = HELD_LOOP
             defined_in[outs[0].id] = loop
         elif len(outs) == 1 and fusable(ins):
             out = outs[0]
@@ -195,7 +266,8 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
         if stage.kind == LOOP:
             stage.nested = any(
                 broadcasts_partially(shape, stage.shape)
-                for ins in stage.members for shape in operand_shapes(ins))
+                for ins in stage.members if ins.prim.name != "matmul"
+                for shape in operand_shapes(ins))
 
     # segments: python stages separate native kernels
     segment = 0

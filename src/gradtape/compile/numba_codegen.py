@@ -34,6 +34,10 @@ from .program import Program, tree_expr
 
 GENERATOR_VERSION = "1"
 PARALLEL_MIN_CHUNK = 16384  # elements per parallel chunk at least (a launch costs ~10 us)
+# matrix products (see _KernelWriter.blocked_loop and matmul_loops)
+ROW_BLOCK = 256  # rows per block of a loop with matrix products (its row buffers stay in L1)
+ROW_GROUP = 4  # rows per pass of a product's inner loop (four independent sums)
+BLAS_MIN_WORK = 32**3  # multiply-adds from which a matrix-matrix product calls BLAS (np.dot)
 STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
 SUPPORTED_DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
@@ -292,6 +296,27 @@ def _dynamic_lowerable(ins: Instruction) -> bool:
         isinstance(p, (int, slice, _Slot)) or p is None for p in parts)
 
 
+def blas_matmul(ins: Instruction) -> bool:
+    """A matrix-matrix product large enough for BLAS to pay (np.dot): the loops written
+    instead do not block for the caches, and a kernel calling BLAS costs Numba about 1.5 s
+    more to compile (its BLAS bindings) and keeps its loops serial (see generate)."""
+    shapes = [v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args)]
+    return (ins.prim.name == "matmul" and all(len(s) == 2 for s in shapes)
+            and shapes[0][0] * shapes[0][1] * shapes[1][1] >= BLAS_MIN_WORK)
+
+
+def matrix_member(ins: Instruction) -> bool:
+    """A row product or column accumulation of a loop (fusion.py): a matmul with a 1-d result."""
+    return ins.prim.name == "matmul" and len(ins.outvars[0].shape) == 1
+
+
+def _pairwise_sum(terms: list[str]) -> str:
+    while len(terms) > 1:
+        terms = [f"({terms[k]} + {terms[k + 1]})" if k + 1 < len(terms) else terms[k]
+                 for k in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def lowerable(ins: Instruction) -> bool:
     """Whether a non-fused instruction has a Numba translation here (else: python stage)."""
     if ins.prim.multiple_results or len(ins.outvars) != 1:
@@ -399,6 +424,16 @@ class _Consts:
             n = self._by_id[key] = f"c{len(self.arrays)}"
             self.arrays.append(np.ascontiguousarray(a))
         return n
+
+
+@dataclass
+class _LoopProducts:
+    """The row products and column accumulations of one loop (written by blocked_loop)."""
+
+    rows: list[tuple[int, np.dtype]] = field(default_factory=list)  # (var id, dtype)
+    # (var id, dtype, length expression, matrix transposed: read M[j, r] instead of M[r, j])
+    columns: list[tuple[int, np.dtype, str, bool]] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
 
 
 class _KernelWriter:
@@ -639,13 +674,17 @@ class _KernelWriter:
 
         stores: list[str] = []
         accumulators: list[tuple[str, str, str]] = []  # (acc, init, finish)
+        products = _LoopProducts()
         for ins in members:
             out = ins.outvars[0]
-            if out.id in self.plan.reductions:
+            if matrix_member(ins):
+                body.append(self.matrix_step(ins, access, pre, products))
+            elif out.id in self.plan.reductions:
                 body.extend(self.reduction_step(ins, access, accumulators, pre))
                 continue
-            args = self.operand_exprs(ins, access, const_access)
-            body.append(f"v{out.id} = {scalar_expression(ins, args, in_loop=True)}")
+            else:
+                args = self.operand_exprs(ins, access, const_access)
+                body.append(f"v{out.id} = {scalar_expression(ins, args, in_loop=True)}")
             if out.id in self.plan.stored:
                 kind, k = self.plan.storage[out.id]
                 target = self.add_arg(f"o{k}", out.dtype, len(out.shape), out.shape) \
@@ -655,7 +694,9 @@ class _KernelWriter:
         load_lines = [f"{t} = {text}" for text, t in loads.items()]
         inner = load_lines + body + stores
         lines = list(pre)
-        if nested:
+        if products.rows or products.columns:
+            lines.extend(self.blocked_loop(size, inner, accumulators, products))
+        elif nested:
             indent = ""
             for k, d in enumerate(shape):
                 lines.append(f"{indent}for {idx_names[k]} in range({self.dim(d)}):")
@@ -667,6 +708,133 @@ class _KernelWriter:
             lines.append(f"for i in range({size}):")
             lines.extend("    " + s for s in inner)
         lines.extend(acc[2] for acc in accumulators)
+        lines.extend(products.finish)
+        return lines
+
+    # --- matrix products in loops ---
+    def matrix_step(self, ins: Instruction, access, pre: list[str],
+                    products: _LoopProducts) -> str:
+        """The loop-body line of a row product or a column accumulation (fusion.py), which
+        blocked_loop computes around the elementwise loop; operands are bound before it."""
+        out = ins.outvars[0]
+        vid, dtype = out.id, _numpy_type(out.dtype)
+        operand = [lambda k=k: self.op_operand(ins.invars[k], ins.args[k]) for k in (0, 1)]
+        if vid not in self.plan.reductions:  # row product M @ v: computed per block
+            pre.extend([f"mx{vid} = {operand[0]()}", f"vx{vid} = {operand[1]()}"])
+            products.rows.append((vid, out.dtype))
+            return f"v{vid} = zb{vid}[i - u0]"
+        vector_first = len(ins.invars[0].shape if ins.invars[0] is not None else
+                           np.shape(ins.args[0])) == 1  # g @ M, else M @ g
+        g = ins.invars[0 if vector_first else 1]
+        length = f"mx{vid}.shape[{1 if vector_first else 0}]"
+        # explicit zeros: under parallel=True, np.zeros would become a parallel region
+        pre.extend([f"mx{vid} = {operand[1 if vector_first else 0]()}",
+                    f"qa{vid} = np.empty({length}, {dtype})", f"for j in range({length}):",
+                    f"    qa{vid}[j] = {literal(0.0, out.dtype)}"])
+        products.columns.append((vid, out.dtype, length, not vector_first))
+        products.finish.append(f"a{vid} = qa{vid}")
+        return f"gb{vid}[i - u0] = {access(g)}"
+
+    def blocked_loop(self, size: str, inner: list[str], accumulators: list,
+                     products: _LoopProducts) -> list[str]:
+        """A flat loop with matrix products, by blocks of ROW_BLOCK rows: the block's row
+        products into buffers, then the elementwise loop (vectorized; it reads the products
+        and writes the weights of the column accumulations into buffers), then the column
+        accumulations. `X @ w`, the elementwise work and `X.T @ r` read X from memory once.
+
+        With threads, chunks of blocks run in parallel as in parallel_loop; each chunk has
+        its own accumulated vectors, added in chunk order afterwards (deterministic).
+        """
+        buffers = [(f"zb{vid}", dt) for vid, dt in products.rows] + [
+            (f"gb{vid}", dt) for vid, dt, *_ in products.columns]
+        n = f"n{self.tmp}"
+        serial = [f"{name} = np.empty({ROW_BLOCK}, {_numpy_type(dt)})"
+                  for name, dt in buffers] + self.block_pass("0", n, inner, products, "")
+        lines = [f"{n} = {size}"]
+        if self.gen.threads <= 1:
+            return lines + serial
+        nch = f"nch{self.tmp}"
+        work = " + ".join([f"mx{vid}.shape[1]" for vid, _ in products.rows]
+                          + [length for _, _, length, _ in products.columns])
+        lines += [f"{nch} = min({self.gen.threads}, ({n} * ({work})) // {PARALLEL_MIN_CHUNK})",
+                  f"if {nch} <= 1:"]
+        lines += ["    " + line for line in serial]
+        lines.append("else:")
+        renamed = inner
+        for name in [acc for acc, *_ in accumulators] + [name for name, _ in buffers]:
+            renamed = [re.sub(rf"\b{name}\b", f"{name}_c", line) for line in renamed]
+        for acc, _, _, _, dt in accumulators:
+            lines.append(f"    {acc}_p = np.empty({nch}, {_numpy_type(dt)})")
+        for vid, dt, length, _ in products.columns:
+            lines.append(f"    qa{vid}_p = np.empty(({nch}, {length}), {_numpy_type(dt)})")
+        chunk = ["prefer_wide_vectors()", f"lo = ({n} * c) // {nch}",
+                 f"hi = ({n} * (c + 1)) // {nch}"]
+        chunk += [f"{acc}_c = {init}" for acc, init, *_ in accumulators]
+        chunk += [f"{name}_c = np.empty({ROW_BLOCK}, {_numpy_type(dt)})" for name, dt in buffers]
+        for vid, dt, length, _ in products.columns:
+            chunk += [f"qa{vid}_c = np.empty({length}, {_numpy_type(dt)})",
+                      f"for j in range({length}):", f"    qa{vid}_c[j] = {literal(0.0, dt)}"]
+        chunk += self.block_pass("lo", "hi", renamed, products, "_c")
+        chunk += [f"{acc}_p[c] = {acc}_c" for acc, *_ in accumulators]
+        for vid, _, length, _ in products.columns:
+            chunk += [f"for j in range({length}):", f"    qa{vid}_p[c, j] = qa{vid}_c[j]"]
+        lines.append(f"    for c in prange({nch}):")
+        lines += ["        " + line for line in chunk]
+        for acc, _, _, step, _ in accumulators:
+            lines.append(f"    for c in range({nch}):")
+            lines.append(f"        {acc} = {step.format(a=acc, b=f'{acc}_p[c]')}")
+        for vid, _, length, _ in products.columns:
+            lines += [f"    for c in range({nch}):", f"        for j in range({length}):",
+                      f"            qa{vid}[j] += qa{vid}_p[c, j]"]
+        return lines
+
+    def block_pass(self, lo: str, hi: str, inner: list[str], products: _LoopProducts,
+                   suffix: str) -> list[str]:
+        """Rows lo .. hi by blocks (see blocked_loop); `suffix` names a chunk's buffers."""
+        # unsigned row indices, as in parallel_loop: Numba then skips the negative-index
+        # wraparound (measured: 10-15% of the time of X @ w and X.T @ r)
+        body = [f"i1 = min(i0 + {ROW_BLOCK}, {hi})", "u0 = np.uint64(i0)", "u1 = np.uint64(i1)",
+                f"u4 = np.uint64(i1 - (i1 - i0) % {ROW_GROUP})"]
+        for vid, dt in products.rows:
+            body += self.row_groups(lambda rows, vid=vid, dt=dt: self.row_product_group(
+                vid, dt, rows, suffix))
+        body.append("for i in range(u0, u1):")
+        body += ["    " + line for line in inner]
+        for vid, _, length, transposed in products.columns:
+            body += self.row_groups(lambda rows, vid=vid, length=length, transposed=transposed:
+                                    self.column_group(vid, length, transposed, rows, suffix))
+        return [f"for i0 in range({lo}, {hi}, {ROW_BLOCK}):"] + ["    " + line for line in body]
+
+    @staticmethod
+    def row_groups(group) -> list[str]:
+        """The rows u0 .. u1 of a block, ROW_GROUP at a time, then one at a time; `group(rows)`
+        writes the statements for the rows `rows` (index expressions)."""
+        lines = []
+        for start, stop, size in (("u0", "u4", ROW_GROUP), ("u4", "u1", 1)):
+            step = f", np.uint64({size})" if size > 1 else ""
+            lines.append(f"for r in range({start}, {stop}{step}):")
+            rows = ["r"] + [f"r + np.uint64({k})" for k in range(1, size)]
+            lines += ["    " + line for line in group(rows)]
+        return lines
+
+    @staticmethod
+    def row_product_group(vid: int, dtype: np.dtype, rows: list[str], suffix: str) -> list[str]:
+        """Dot products of some rows of M with v (independent sums: they overlap in the CPU)."""
+        lines = [f"y{k} = {literal(0.0, dtype)}" for k in range(len(rows))]
+        lines += [f"for j in range(mx{vid}.shape[1]):", f"    xj = vx{vid}[j]"]
+        lines += [f"    y{k} += mx{vid}[{row}, j] * xj" for k, row in enumerate(rows)]
+        lines += [f"zb{vid}{suffix}[{row} - u0] = y{k}" for k, row in enumerate(rows)]
+        return lines
+
+    @staticmethod
+    def column_group(vid: int, length: str, transposed: bool, rows: list[str],
+                     suffix: str) -> list[str]:
+        """Some rows of M, scaled by their weights, added to the accumulated vector."""
+        lines = [f"h{k} = gb{vid}{suffix}[{row} - u0]" for k, row in enumerate(rows)]
+        terms = [f"h{k} * mx{vid}[{f'j, {row}' if transposed else f'{row}, j'}]"
+                 for k, row in enumerate(rows)]
+        lines += [f"for j in range({length}):",
+                  f"    qa{vid}{suffix}[j] += {_pairwise_sum(terms)}"]
         return lines
 
     def parallel_loop(self, size: str, inner: list[str], accumulators: list) -> list[str]:
@@ -794,6 +962,8 @@ class _KernelWriter:
             expr = f"np.transpose({args[0]}, {tuple(ins.params['axes'])!r})"
         elif name == "broadcast_to":
             expr = f"np.broadcast_to({args[0]}, {self.shape_expr(out.shape)})"
+        elif name == "matmul" and not blas_matmul(ins):
+            return self.matmul_loops(ins, args[0], args[1], target)
         elif name == "matmul":
             a = self.contiguous(ins.invars[0], args[0])
             b = self.contiguous(ins.invars[1], args[1])
@@ -860,6 +1030,27 @@ class _KernelWriter:
                 axis += 1
             parts.append(p)
         return lines, parts
+
+    def matmul_loops(self, ins: Instruction, a: str, b: str, target: str) -> list[str]:
+        """A matmul as explicit loops (see blas_matmul): rows of b, scaled by elements of a,
+        added into the result's rows (the inner loop is contiguous and vectorizes)."""
+        out = ins.outvars[0]
+        a_2d, b_2d = (len(v.shape if v is not None else np.shape(x)) == 2
+                      for v, x in zip(ins.invars, ins.args))
+        rows = f"{a}.shape[0]" if a_2d else "1"
+        cols = f"{b}.shape[1]" if b_2d else "1"
+        acc = f"p{out.id}"
+        lines = [f"{acc} = np.zeros(({rows}, {cols}), {_numpy_type(out.dtype)})",
+                 f"for im in range({rows}):",
+                 f"    for jm in range({a}.shape[{1 if a_2d else 0}]):",
+                 f"        am = {a}[{'im, jm' if a_2d else 'jm'}]",
+                 f"        for lm in range({cols}):",
+                 f"            {acc}[im, lm] += am * {b}[{'jm, lm' if b_2d else 'jm'}]"]
+        if out.shape == ():
+            return lines + [f"{target} = {acc}[0, 0]"]
+        if a_2d and b_2d:
+            return lines + [f"{target} = {acc}"]
+        return lines + [f"{target} = {acc}.reshape(({rows if a_2d else cols},))"]
 
     def _element(self, value: str, value_shape: tuple | None, index: tuple[str, ...],
                  value_dtype: np.dtype, dtype: np.dtype) -> str:
@@ -1001,7 +1192,10 @@ class _Generator:
         self.carried_from.setdefault(home.segment, []).append(vid)
 
     def read_by_loop(self, v: Var) -> bool:
-        return any(s.kind == LOOP for s in self.readers.get(v.id, ()))
+        """Whether a loop reads `v` by flat index (matrix products index any layout)."""
+        return any(s.kind == LOOP and any(
+            not matrix_member(ins) and any(u.id == v.id for u in fusion.operands(ins))
+            for ins in s.members) for s in self.readers.get(v.id, ()))
 
     def maybe_strided(self, v: Var, segment: int) -> bool:
         """Whether `v` may be a non-contiguous array in this segment (a view)."""
@@ -1018,7 +1212,7 @@ def generate(program: Program, threads: int = 1) -> Generated:
     With `threads` > 1, flat loops are written to run in parallel chunks (`parallel_loop`).
     """
     plan = fusion.plan(program, fusable, lowerable)
-    if any(s.kind == OP and s.members[0].prim.name == "matmul" for s in plan.stages):
+    if any(s.kind == OP and blas_matmul(s.members[0]) for s in plan.stages):
         # BLAS runs its own thread pool: with Numba's OpenMP threads spinning beside it, the
         # two pools take the cores from each other (measured: 10x slower on 2 cores)
         threads = 1

@@ -414,20 +414,26 @@ def _scan_jvp(ts, ans, *args, program, n_carry, n_x, length, reverse, checkpoint
     return tuple(t_carry + ys + hidden)
 
 
-def _scan_jvp_as_scan(ts, args, program, nc, nx, length, reverse, checkpoint) -> tuple:
-    carry, xs, caps = list(args[:nc]), list(args[nc:nc + nx]), list(args[nc + nx:])
-    t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:nc], carry)]
-    t_xs = [_zero_tangent(t, x) for t, x in zip(ts[nc:nc + nx], xs)]
-    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx:], caps)]
-
+def _tangent_step(program: BodyProgram, nc: int, caps: list, t_caps: list):
+    """The body of a tangent loop: one step of `program` and its JVP, on (value, tangent)
+    pairs of carries and xs; the captured values and their tangents are closed over."""
     def tangent_step(pair, x_pair):
         (c, tc), (x, tx) = pair, x_pair
         out, t_out = _step_jvp(program, c + x, caps, tc + tx, t_caps)
         t_out = [_zero_tangent(t, o) for t, o in zip(t_out, out)]
         return (out[:nc], t_out[:nc]), (out[nc:], t_out[nc:])
 
-    outs, _, _, n_leaves, n_ys = _bind_scan(tangent_step, (carry, t_carry), (xs, t_xs),
-                                            length, reverse, checkpoint)
+    return tangent_step
+
+
+def _scan_jvp_as_scan(ts, args, program, nc, nx, length, reverse, checkpoint) -> tuple:
+    carry, xs, caps = list(args[:nc]), list(args[nc:nc + nx]), list(args[nc + nx:])
+    t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:nc], carry)]
+    t_xs = [_zero_tangent(t, x) for t, x in zip(ts[nc:nc + nx], xs)]
+    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx:], caps)]
+    outs, _, _, n_leaves, n_ys = _bind_scan(_tangent_step(program, nc, caps, t_caps),
+                                            (carry, t_carry), (xs, t_xs), length, reverse,
+                                            checkpoint)
     ny = n_ys // 2  # outputs: carries, tangents; ys, their tangents; stored of both
     return tuple([*outs[nc:n_leaves], *outs[n_leaves + ny:n_leaves + n_ys],
                   *outs[n_leaves + n_ys + nc:]])
@@ -487,11 +493,10 @@ def _native(owner: BodyProgram, prim: Primitive, args: tuple, params: dict):
 
 def _scan_bwd_impl(*args, **params):
     """scan_bwd: the native driver on concrete values once built, else the Python loop."""
-    if not any(_is_tracer(a) for a in args):
-        result = _native(params["program"], scan_bwd_p, args, params)
-        if result is not None:
-            return result
-    return _scan_bwd_python(*args, **params)
+    if any(_is_tracer(a) for a in args):  # values of a lower level: the loop is bound there
+        return bind(scan_bwd_p, args, params)
+    result = _native(params["program"], scan_bwd_p, args, params)
+    return _scan_bwd_python(*args, **params) if result is None else result
 
 
 def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
@@ -560,7 +565,72 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
     return tuple(g_carry + out_xs + out_caps)
 
 
-scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, transparent=True)
+def _retraced(impl, args: tuple, params: dict):
+    """(reverse level, its traced arguments, outputs): `impl` recorded on fresh inputs, so a
+    loop primitive is differentiated through its steps."""
+    with new_level("reverse") as level:
+        traced = [level.new_input(a) if dtype_of(a).kind in "fc" else a for a in args]
+        outs = impl(*traced, **params)
+    return level, traced, outs
+
+
+def _scan_bwd_vjp_all(g, ans, args, params, invars):
+    """Reverse mode through the backward loop (second derivatives): through its steps."""
+    from ..transforms.reverse import backward
+
+    level, traced, outs = _retraced(_scan_bwd_python, args, params)
+    mine = [_is_tracer(o) and o._level is level for o in outs]
+    got = backward(level.tape, [o._var if m else None for o, m in zip(outs, mine)],
+                   [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+                    for gi, a in zip(g, ans)])
+    return [got.get(t._var.id) if _is_tracer(t) and t._level is level else None for t in traced]
+
+
+def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
+                  stored_cotangents):
+    """Forward mode through the backward loop (hvp, hessian). On traced values it is the
+    backward loop of the tangent step (`_tangent_step`): for the pair map F(s, t) = (f(s),
+    Df(s) t), the VJP with cotangents (tangent of g, g) is (tangent of Df(s)^T g, Df(s)^T g),
+    so one loop computes the backward pass and its tangent. On concrete values, the
+    tangents go through the loop's steps."""
+    params = dict(program=program, n_carry=n_carry, n_x=n_x, n_y=n_y, length=length,
+                  reverse=reverse, checkpoint=checkpoint, stored_cotangents=stored_cotangents)
+    nc, nx, ny = n_carry, n_x, n_y
+    cut = [nc, nc + ny, 2 * nc + ny, 2 * nc + ny + nx, len(args) - (nc if stored_cotangents
+                                                                   else 0)]
+    parts = [list(args[a:b]) for a, b in zip([0] + cut, cut + [len(args)])]
+    g_carry, g_ys, stored, xs, caps, g_stored = parts
+    t_parts = [[_zero_tangent(t, a) for t, a in zip(ts[a:b], args[a:b])]
+               for a, b in zip([0] + cut, cut + [len(args)])]
+    if length == 0 or not caps or not all(_is_tracer(c) for c in caps) or not any(
+            _is_tracer(a) for a in args):
+        level, traced, outs = _retraced(_scan_bwd_python, args, params)
+        from ..transforms.forward import forward
+
+        seeds = {tr._var.id: t for tr, t in zip(traced, ts)
+                 if _is_tracer(tr) and tr._level is level and t is not None}
+        got = forward(level.tape, seeds)
+        return tuple(_zero_tangent(got.get(o._var.id) if _is_tracer(o) and o._level is level
+                                   else None, o) for o in outs)
+    t_g_carry, t_g_ys, t_stored, t_xs, t_caps, t_g_stored = t_parts
+    example = ([s[0] for s in stored], [t[0] for t in t_stored])
+    pair, pair_caps, _, _, _, _ = _scan_program(_tangent_step(program, nc, caps, t_caps),
+                                                example, (xs, t_xs), length)
+    outs = bind(scan_bwd_p, (*t_g_carry, *g_carry, *t_g_ys, *g_ys, *stored, *t_stored, *xs,
+                             *t_xs, *pair_caps, *t_g_stored, *g_stored),
+                dict(program=pair, n_carry=2 * nc, n_x=2 * nx, n_y=2 * ny, length=length,
+                     reverse=reverse, checkpoint=checkpoint,
+                     stored_cotangents=stored_cotangents))
+    g_pair_caps = outs[2 * nc + 2 * nx:]
+    t_g_caps = []
+    for c in caps:
+        i = next((i for i, p in enumerate(pair_caps) if p is c), None)
+        t_g_caps.append(g_pair_caps[i] if i is not None else _zero_tangent(None, c))
+    return tuple([*outs[:nc], *outs[2 * nc:2 * nc + nx], *t_g_caps])
+
+
+scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp)
+scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
 
@@ -643,6 +713,16 @@ def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
 def _bind_scan(body, init, xs, length, reverse, checkpoint) -> tuple:
     """Bind scan_p for `scan`: (all its outputs: carry leaves, ys leaves, stored carries;
     the carry's and ys' tree structures; the numbers of carry and ys leaves)."""
+    program, caps, carry_leaves, xs_leaves, n, carry_td = _scan_program(body, init, xs, length)
+    nc = len(carry_leaves)
+    outs = bind(scan_p, (*carry_leaves, *xs_leaves, *caps),
+                dict(program=program, n_carry=nc, n_x=len(xs_leaves), length=n,
+                     reverse=bool(reverse), checkpoint=checkpoint))
+    return outs, carry_td, program.out_treedef, nc, len(program.out_avals) - nc
+
+
+def _scan_program(body, init, xs, length) -> tuple:
+    """(the recorded body, its captured values, carry leaves, xs leaves, length, carry tree)."""
     carry_leaves, carry_td = tree_flatten(init)
     carry_leaves = [c if hasattr(c, "dtype") else np.asarray(c) for c in carry_leaves]
     xs_leaves, xs_td = tree_flatten(xs)
@@ -673,10 +753,7 @@ def _bind_scan(body, init, xs, length, reverse, checkpoint) -> tuple:
     if program.out_treedef is None:
         program.out_treedef = y_treedef[0]
     _check_carry(program, carry_leaves, name)
-    outs = bind(scan_p, (*carry_leaves, *xs_leaves, *caps),
-                dict(program=program, n_carry=nc, n_x=len(xs_leaves), length=n,
-                     reverse=bool(reverse), checkpoint=checkpoint))
-    return outs, carry_td, program.out_treedef, nc, len(program.out_avals) - nc
+    return program, caps, carry_leaves, xs_leaves, n, carry_td
 
 
 def _scan_length(xs_leaves, length) -> int:
