@@ -205,10 +205,9 @@ def methods(name: str, n: int, threads: int, peers: bool) -> dict[str, Callable]
     x, consts = _problem(name, n)
     f = (lambda x: body(np, x, *consts))
     calls: dict[str, Callable] = {}
-    numba_backend.set_num_threads(threads)  # read when the first call lowers the function
+    numba_backend.set_num_threads(threads)  # this process's setting (it applies to every call)
     compiled = gt.compile(gt.value_and_grad(f), backend="numba")
     compiled(x)
-    numba_backend.set_num_threads(1)
     calls["gt_numba"] = lambda: compiled(x)
     if not peers:
         return calls
