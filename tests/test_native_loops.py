@@ -272,3 +272,18 @@ def test_hessian_vector_products_run_natively():
     # the primal scan, the tangent scan, and one backward loop computing the gradient and its
     # tangent together (the plain backward loop's result is unused by an hvp: dropped)
     assert sorted(states) == [("scan", True), ("scan", True), ("scan_bwd", True)], states
+
+
+def test_a_driver_that_cannot_be_built_leaves_the_loop_in_python(monkeypatch):
+    from gradtape.compile import native_loops
+
+    def broken(*args, **kwargs):
+        raise NotImplementedError("a check kind the generator does not know")
+
+    monkeypatch.setattr(native_loops, "_forward_spec", broken)
+    xs = RNG.random(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NativeFallbackWarning)
+        compiled = compiled_agrees(scalar_reverse, xs)
+    states = native_states(compiled, xs)
+    assert states["scan"] is False and states["scan_bwd"] is True

@@ -143,8 +143,9 @@ class NativeLoop:
                 spec = build_spec(self.prim.name, params, args)
             except _TooShort:
                 return  # no step to record the VJP on: try again on the next call
-            except Unsupported as exc:
-                self.state, self.reason = _OFF, str(exc)
+            except Exception as exc:  # Unsupported, or what the generator cannot write:
+                # the loop stays in Python rather than failing a call that works there
+                self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
                     numba_backend._warn_once(f"numba backend: a {self.prim.name} loop runs step "
                                              f"by step through NumPy: {exc}")
