@@ -280,6 +280,25 @@ def test_matrix_products_in_parallel_chunks_are_deterministic():
     close(first, gt.compile(f, backend="numpy")(w), rtol=1e-11)
 
 
+def test_a_product_of_a_loop_value_reads_the_matrix_by_rows_unless_it_has_few():
+    """M @ tanh(x): accumulated column by column in x's loop for a few rows of M; for many,
+    a row product after that loop (columns of a large row-major M are far apart)."""
+    for rows, accumulated in ((3, True), (40, False)):
+        m = RNG.normal(size=(rows, 40))
+
+        def f(x, m=m):
+            return np.sum(np.cos(m @ np.tanh(x)))
+
+        native = gt.compile(gt.value_and_grad(f), backend="numba")
+        x = RNG.normal(size=40)
+        close(native(x), gt.compile(gt.value_and_grad(f), backend="numpy")(x), rtol=1e-11)
+        plan = lowered(native, x).generated.plan
+        forward = next(ins for s in plan.stages for ins in s.members
+                       if ins.prim.name == "matmul" and ins.invars[0] is None
+                       and ins.args[0].shape == (rows, 40))
+        assert (forward.outvars[0].id in plan.reductions) == accumulated
+
+
 def test_matrix_matrix_products_call_blas_only_when_large():
     def f(a, b):
         return np.sum(np.tanh(a @ b))
