@@ -622,3 +622,29 @@ def test_generated_source_is_shape_generic_and_typed():
     assert a.key == b.key and a.module == b.module
     assert "float64[::1]" in a.module and "d0 = " in a.module
     assert numba_codegen.STATUS_LAYOUT == 1
+
+
+def test_empty_arrays_run_natively():
+    """Numba gives an empty array strides of 0: still contiguous (it looped on the layout
+    retry before)."""
+    def f(w, X, y):
+        z = X @ w
+        return np.sum(np.logaddexp(0.0, z) - y * z)
+
+    compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+    w = np.ones(3)
+    for rows in (0, 1, 0):
+        X, y = np.full((rows, 3), 0.5), np.ones(rows)
+        value, grad = compiled(w, X, y)
+        expected = gt.value_and_grad(f)(w, X, y)
+        assert value == expected[0]
+        np.testing.assert_allclose(grad, expected[1], rtol=1e-13)
+
+
+def test_kernel_texts_name_the_runtime_they_inline():
+    """The helpers' digest is in every module (hence in its cache key): Numba's cache would
+    otherwise serve a kernel built against older helpers."""
+    cf = gt.compile(gt.value_and_grad(sum_exp), backend="numba")
+    x = np.linspace(0.0, 1.0, 5)
+    cf(x)
+    assert numba_codegen._runtime_digest() in lowered(cf, x).native.module_text

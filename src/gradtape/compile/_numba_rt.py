@@ -57,12 +57,13 @@ _inline = njit(inline="always", error_model="numpy")
 
 @_inline
 def is_c(a):
-    """Whether an array is C-contiguous (NumPy's rule: axes of length 1 do not count)."""
+    """Whether an array is C-contiguous (NumPy's rule: axes of length 1 do not count, and an
+    empty array is contiguous whatever its strides: Numba may give it strides of 0)."""
+    if a.size == 0:
+        return True
     expected = a.itemsize
     for k in range(a.ndim - 1, -1, -1):
         n = a.shape[k]
-        if n == 0:
-            return True
         if n != 1 and a.strides[k] != expected:
             return False
         expected *= n

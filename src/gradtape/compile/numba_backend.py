@@ -403,8 +403,10 @@ class NumbaLowered:
                     nk.request()
 
         def slow(status, args, O):
-            if status != STATUS_LAYOUT:
-                return numpy_run(*args, O)
+            if status != STATUS_LAYOUT or all(
+                    type(a) is not np.ndarray or a.flags.c_contiguous for a in args) and (
+                    O is None or all(o.flags.c_contiguous for o in O)):
+                return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
             args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
             if O is None:
                 return state.run(*args, None)
