@@ -131,8 +131,9 @@ def header_lines(run: BenchRun, context: RunContext) -> list[str]:
         f"Versions: {versions}",
         f"Timing: median of up to {run.config.repeat} samples, each ≥ "
         f"{run.config.min_sample_s * 1e3:g} ms of back-to-back calls (timeit, GC off), after a "
-        "warm-up; every method computes value and gradient, checked against the hand-written "
-        "NumPy gradient before it is timed (WRONG = not timed).",
+        "warm-up (for gradtape's methods: until kernels and loop drivers compiling in the "
+        "background are ready); every method computes value and gradient, checked against the "
+        "hand-written NumPy gradient before it is timed (WRONG = not timed).",
         f"Columns: ×numpy = time / plain f(x) (value only); ×best peer = time / fastest correct "
         f"of {peers}; 1st call = first call alone, with tracing and JIT compilation (the jax_jit "
         "compile time), not in the median.",
