@@ -366,3 +366,20 @@ def test_second_derivatives_of_a_scan_are_loops_under_compile():
         compiled = gt.compile(transform, backend="numpy")
         _same(compiled(a), expected, rtol=1e-9)
         assert len(compiled.tape(a).instructions) < 60  # not one group per step
+
+
+def test_compiled_derivatives_of_a_while_loop_follow_the_trip_count():
+    """A compiled grad, jvp or hvp of a while_loop replays with other trip counts (the
+    backward loop read its length from the recorded parameters, and the JVP unrolled the
+    recorded iterations: silently wrong for other inputs)."""
+    compiled = {
+        "grad": (gt.compile(gt.grad(newton_sqrt), backend="numpy"), lambda a: 0.5 / np.sqrt(a)),
+        "jvp": (gt.compile(lambda a: gt.jvp(newton_sqrt, (a,), (1.0,))[1], backend="numpy"),
+                lambda a: 0.5 / np.sqrt(a)),
+        "hvp": (gt.compile(lambda a: gt.hvp(newton_sqrt, a, 1.0), backend="numpy"),
+                lambda a: -0.25 * a ** -1.5),
+    }
+    for a in (2.0, 1e4, 1e-3, 2.0):
+        for fn, expected in compiled.values():
+            _same(fn(a), expected(a), rtol=1e-8)
+    assert all(fn.stats["recordings"] == 1 for fn, _ in compiled.values())

@@ -499,6 +499,16 @@ def _scan_bwd_impl(*args, **params):
     return _scan_bwd_python(*args, **params) if result is None else result
 
 
+def _backward_length(stored, xs, checkpoint, recorded: int) -> int:
+    """The number of steps the backward loop walks, read from its arrays: a while loop's trip
+    count changes from call to call, and a compiled replay keeps the recorded parameters."""
+    if stored and checkpoint is None:
+        return shape_of(stored[0])[0]
+    if xs:
+        return shape_of(xs[0])[0]
+    return recorded
+
+
 def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
                      stored_cotangents):
     """The backward loop: from the last step to the first, one step's VJP at a time.
@@ -515,6 +525,7 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
     rest = args[2 * nc + n_y + nx:]
     g_stored = rest[len(rest) - nc:] if stored_cotangents else ()
     caps = list(rest[:len(rest) - nc] if stored_cotangents else rest)
+    length = _backward_length(stored, xs, checkpoint, length)
     steps = list(range(length - 1, -1, -1)) if reverse else list(range(length))
     concrete = not any(_is_tracer(a) for a in args)
     run = program.run_fast if concrete else program.run
@@ -600,6 +611,7 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
                                                                    else 0)]
     parts = [list(args[a:b]) for a, b in zip([0] + cut, cut + [len(args)])]
     g_carry, g_ys, stored, xs, caps, g_stored = parts
+    length = _backward_length(stored, xs, checkpoint, length)
     t_parts = [[_zero_tangent(t, a) for t, a in zip(ts[a:b], args[a:b])]
                for a, b in zip([0] + cut, cut + [len(args)])]
     if length == 0 or not caps or not all(_is_tracer(c) for c in caps) or not any(
@@ -834,11 +846,24 @@ def _while_vjp_all(g, ans, args, params, invars):
 
 
 def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
+    """Forward mode through while_loop. On traced values (compile, nested transforms) it is
+    another while_loop, over (carry, tangent) pairs, whose trip count is found at run time
+    like the primal's; on concrete values each iteration's tangents go through its tape."""
     carry = list(args[:n_carry])
     bcaps = list(args[n_carry:n_carry + n_body_caps])
     ccaps = list(args[n_carry + n_body_caps:])
     t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:n_carry], carry)]
     t_bcaps = [_zero_tangent(t, c) for t, c in zip(ts[n_carry:n_carry + n_body_caps], bcaps)]
+    if any(_is_tracer(a) for a in (*args, *ts)):
+        def pair_cond(pair):
+            return cond.run(list(pair[0]), ccaps)[0]
+
+        def pair_body(pair):
+            out, t_out = _step_jvp(body, list(pair[0]), bcaps, list(pair[1]), t_bcaps)
+            return list(out), [_zero_tangent(t, o) for t, o in zip(t_out, out)]
+
+        outs, _, n = _bind_while(pair_cond, pair_body, (carry, t_carry))
+        return tuple([*outs[n_carry:n], *outs[n + n_carry:]])
     t_stored = []
     while bool(np.asarray(_concrete(cond.run(carry, ccaps)[0]))):
         t_stored.append(t_carry)
@@ -860,6 +885,13 @@ def while_loop(cond_fun, body_fun, init_val):
     The trip count is found at run time; the backward pass walks back through the
     stored carries of the iterations that ran.
     """
+    outs, td, n = _bind_while(cond_fun, body_fun, init_val)
+    return tree_unflatten(td, list(outs[:n]))
+
+
+def _bind_while(cond_fun, body_fun, init_val) -> tuple:
+    """Bind while_p: (its outputs, the final carry leaves then the stored ones; the carry's
+    tree structure; the number of carry leaves)."""
     leaves, td = tree_flatten(init_val)
     leaves = [c if hasattr(c, "dtype") else np.asarray(c) for c in leaves]
     name = getattr(body_fun, "__name__", "body")
@@ -884,4 +916,4 @@ def while_loop(cond_fun, body_fun, init_val):
                                      concrete, avals, td)
     outs = bind(while_p, (*leaves, *body_caps, *cond_caps),
                 dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body_caps)))
-    return tree_unflatten(td, list(outs[:len(leaves)]))
+    return outs, td, len(leaves)
