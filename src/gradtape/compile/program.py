@@ -23,6 +23,10 @@ from ..tape import Instruction, Tape, Var
 # primitives whose output shape depends on input values (not fixed by the signature):
 # the replay checks the shape it got, like a guard
 DYNAMIC_SHAPE_PRIMS = frozenset({"nonzero", "argwhere", "flatnonzero"})
+# a while loop's stored carries: one per iteration, so their length is the trip count. The
+# backward loop reads it from them; any other reader (a backward loop differentiated again,
+# traced through its steps) was recorded for one trip count: the replay checks it
+TRIP_COUNT_READERS = frozenset({"scan_bwd"})
 # what a replay can check: the guards the Tracer records, and shapes of DYNAMIC_SHAPE_PRIMS
 CHECK_KINDS = frozenset({"bool", "int", "index", "item", "value", "shape"})
 # primitives whose output value depends only on shapes (fixed per signature): folded
@@ -173,13 +177,23 @@ def _ordered_checks(tape: Tape) -> list[Check]:
     """Guards and shape checks in replay order, positioned in the recorded tape."""
     produced_at = {}
     shape_checks = []
+    readers: dict[int, set] = {}
+    for ins in tape.instructions:
+        for v in ins.invars:
+            if v is not None:
+                readers.setdefault(v.id, set()).add(ins.prim.name)
+    output_ids = {v.id for v in tape.outputs if isinstance(v, Var)}
     for pos, ins in enumerate(tape.instructions):
         for v in ins.outvars:
             produced_at[v.id] = pos
-        if ins.prim.name in DYNAMIC_SHAPE_PRIMS:
-            for v, o in zip(ins.outvars, ins.out if ins.prim.multiple_results else (ins.out,)):
-                shape_checks.append(Check(v, "shape", tuple(np.shape(o)),
-                                          f"data-dependent shape of {ins.prim.name}", pos))
+        outs = ins.out if ins.prim.multiple_results else (ins.out,)
+        checked = list(zip(ins.outvars, outs)) if ins.prim.name in DYNAMIC_SHAPE_PRIMS else []
+        if ins.prim.name == "while_loop":
+            checked = [(v, o) for v, o in list(zip(ins.outvars, outs))[ins.params["n_carry"]:]
+                       if v.id in output_ids or readers.get(v.id, set()) - TRIP_COUNT_READERS]
+        for v, o in checked:
+            shape_checks.append(Check(v, "shape", tuple(np.shape(o)),
+                                      f"data-dependent shape of {ins.prim.name}", pos))
     guards = []
     last = -1
     for g in tape.guards:

@@ -625,7 +625,7 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
         return tuple(_zero_tangent(got.get(o._var.id) if _is_tracer(o) and o._level is level
                                    else None, o) for o in outs)
     t_g_carry, t_g_ys, t_stored, t_xs, t_caps, t_g_stored = t_parts
-    example = ([s[0] for s in stored], [t[0] for t in t_stored])
+    example = ([_concrete(s)[0] for s in stored], [_concrete(t)[0] for t in t_stored])
     pair, pair_caps, _, _, _, _ = _scan_program(_tangent_step(program, nc, caps, t_caps),
                                                 example, (xs, t_xs), length)
     outs = bind(scan_bwd_p, (*t_g_carry, *g_carry, *t_g_ys, *g_ys, *stored, *t_stored, *xs,
