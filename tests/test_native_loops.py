@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
-from test_scan import _rnn_params, newton_sqrt, rnn_python, rnn_scan
+from test_scan import _rnn_params, guarded_scan, newton_sqrt, rnn_python, rnn_scan
 
 import gradtape as gt
 from gradtape._pytree import tree_flatten
@@ -141,18 +141,9 @@ def test_while_loop_with_array_carries_and_many_trips():
 
 
 def test_a_step_leaving_the_recorded_path_runs_in_python_exactly():
-    def body(c, x):
-        if x > 0.5:
-            return c + x**2, x
-        return c * x, -x
-
-    def f(xs):
-        c, ys = gt.scan(body, 1.0, xs)
-        return c + np.sum(ys)
-
     xs = np.array([0.1, 0.9, 0.2, 0.7, 0.6, 0.3])
-    compiled_agrees(f, xs)
-    compiled_agrees(f, xs[::-1].copy())
+    compiled_agrees(guarded_scan, xs)
+    compiled_agrees(guarded_scan, xs[::-1].copy())
 
 
 @pytest.mark.parametrize("checkpoint", [1, 3, 4, 10, 25])

@@ -135,20 +135,25 @@ def test_checkpointed_scan_gives_the_same_gradient():
         _same(gt.grad(lambda xs: f(xs, k))(xs), ref)
 
 
-def test_guarded_branch_inside_the_body():
-    def body(c, x):
-        if x > 0.5:
-            return c + x**2, x
-        return c * x, -x
+def guarded_body(c, x):
+    """A body with a Python `if` on its input: two recorded paths."""
+    if x > 0.5:
+        return c + x**2, x
+    return c * x, -x
 
-    def f(xs):
-        c, ys = gt.scan(body, 1.0, xs)
-        return c + np.sum(ys)
+
+def guarded_scan(xs):
+    c, ys = gt.scan(guarded_body, 1.0, xs)
+    return c + np.sum(ys)
+
+
+def test_guarded_branch_inside_the_body():
+    f = guarded_scan
 
     def f_py(xs):
         c, total = 1.0, 0.0
         for x in xs:
-            c, y = body(c, x)
+            c, y = guarded_body(c, x)
             total = total + y
         return c + total
 
@@ -297,22 +302,25 @@ def test_jvp_through_scan_matches_the_python_loop():
     _same(t, t_py)
 
 
+def sin_scan(a, xs):
+    """A scan with two parameters in its body: c <- sin(c a0) + a1 x, summing c^2."""
+    c, ys = gt.scan(lambda c, x: (np.sin(c * a[0]) + a[1] * x, c * c), 0.5, xs)
+    return c + np.sum(ys)
+
+
+def sin_python(a, xs):
+    c, tot = 0.5, 0.0
+    for x in xs:
+        tot = tot + c * c
+        c = np.sin(c * a[0]) + a[1] * x
+    return c + tot
+
+
 def test_hessian_through_scan():
     xs = np.linspace(0, 1, 4)
-
-    def f(a):
-        c, ys = gt.scan(lambda c, x: (np.sin(c * a[0]) + a[1] * x, c * c), 0.5, xs)
-        return c + np.sum(ys)
-
-    def f_py(a):
-        c, tot = 0.5, 0.0
-        for x in xs:
-            tot = tot + c * c
-            c = np.sin(c * a[0]) + a[1] * x
-        return c + tot
-
     a = np.array([0.8, 1.3])
-    _same(gt.hessian(f)(a), gt.hessian(f_py)(a), rtol=1e-9)
+    _same(gt.hessian(lambda a: sin_scan(a, xs))(a), gt.hessian(lambda a: sin_python(a, xs))(a),
+          rtol=1e-9)
 
 
 def test_jvp_through_while_loop():
@@ -350,15 +358,10 @@ def test_second_derivatives_of_a_scan_are_loops_under_compile():
     xs = np.linspace(0, 1, 40)
 
     def f(a):
-        c, ys = gt.scan(lambda c, x: (np.sin(c * a[0]) + a[1] * x, c * c), 0.5, xs)
-        return c + np.sum(ys)
+        return sin_scan(a, xs)
 
     def f_py(a):
-        c, tot = 0.5, 0.0
-        for x in xs:
-            tot = tot + c * c
-            c = np.sin(c * a[0]) + a[1] * x
-        return c + tot
+        return sin_python(a, xs)
 
     a, v = np.array([0.8, 1.3]), np.array([0.3, -1.0])
     for transform, expected in ((gt.hessian(f), gt.hessian(f_py)(a)),
