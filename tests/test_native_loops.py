@@ -239,7 +239,7 @@ def test_eager_scans_go_native_after_a_few_calls():
         got, expected = g(params, xs), gt.grad(rnn_python)(params, xs)
         for k in params:
             close(got[k], expected[k], 1e-10)
-    programs = [p for p, _ in loops._PROGRAMS.values() if p.native]
+    programs = [entry[0] for entry in loops._PROGRAMS.values() if entry[0].native]
     states = {key[0]: loop.native for p in programs for key, loop in p.native.items()
               if p.variants[0][0].inputs[0].shape == (5,)}
     assert states == {"scan": True, "scan_bwd": True}, states

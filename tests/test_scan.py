@@ -391,3 +391,50 @@ def test_compiled_derivatives_of_a_while_loop_follow_the_trip_count():
         _same(twice(a), -0.25 * a ** -1.5, rtol=1e-6)
     assert all(fn.stats["recordings"] == 1 for fn, _ in compiled.values())
     assert twice.stats["recordings"] == 3
+
+
+# --- a reused body never sees stale Python state -------------------------------------------------
+def test_a_closure_array_changed_in_place_is_seen_by_the_next_call():
+    weights = np.array([1.0, 2.0, 3.0])
+
+    def f(xs):
+        c, _ = gt.scan(lambda c, x: (c + np.sum(weights * x), None), 0.0, xs)
+        return c
+
+    xs = np.ones((4, 3))
+    _same(gt.grad(f)(xs), np.tile(weights, (4, 1)))
+    weights *= 10.0  # in place: the same object, new contents
+    _same(gt.grad(f)(xs), np.tile(weights, (4, 1)))
+    _same(f(xs), 4 * np.sum(weights))
+
+
+def test_a_dict_changed_in_place_is_seen_by_the_next_call():
+    params = {"a": 0.5}
+
+    def loss(xs):
+        c, _ = gt.scan(lambda c, x: (c * params["a"] + x, None), 0.0, xs)
+        return c
+
+    xs = np.ones(3)
+    for a in (0.5, 2.0, 3.0):
+        params["a"] = a  # the same dict, another value
+        _same(loss(xs), a * a + a + 1.0)
+        _same(gt.grad(loss)(xs), np.array([a * a, a, 1.0]))
+
+
+SCALE = np.array(2.0)
+
+
+def test_a_global_array_rebound_is_seen_by_the_next_call():
+    global SCALE
+
+    def f(xs):
+        return gt.scan(lambda c, x: (c + SCALE * x, None), 0.0, xs)[0]
+
+    xs = np.ones(3)
+    _same(f(xs), 6.0)
+    SCALE = np.array(5.0)
+    try:
+        _same(f(xs), 15.0)
+    finally:
+        SCALE = np.array(2.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 from collections import OrderedDict
 
 import numpy as np
@@ -178,76 +179,151 @@ class BodyProgram:
 
 # --- recorded bodies, reused across calls ---------------------------------------------------------
 _PROGRAMS: OrderedDict = OrderedDict()
-_PROGRAMS_MAX = 256
+_PROGRAMS_MAX = 128
 _programs_lock = threading.Lock()
 
 
-def _closure_key(fn):
-    """What identifies a body besides its code: its closure, traced cells by position only."""
-    cells = getattr(fn, "__closure__", None) or ()
-    key = []
-    for c in cells:
-        try:
-            v = c.cell_contents
-        except ValueError:  # an empty cell
-            key.append(None)
-            continue
-        if type(v) is trace.Tracer:
-            key.append("traced")
-        elif isinstance(v, (int, float, complex, str, bool, type(None))):
-            key.append(("value", type(v), v))
-        else:
-            key.append(id(v))
-    return tuple(key)
+_SNAPSHOT_MAX_BYTES = 1 << 20  # a closure array up to 1 MB is compared on reuse; larger: no reuse
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), np.generic, np.dtype, slice, range)
+_BY_IDENTITY = (types.ModuleType, type, np.ufunc, types.BuiltinFunctionType)
+
+
+class _Uncacheable(Exception):
+    """A body whose Python state cannot be checked cheaply: it is recorded on every call."""
+
+
+class _BodyState:
+    """What a body's code reads besides its inputs: closure cells and the globals it names.
+
+    `key` identifies it (traced values by position only: they are inputs of the loop; other
+    objects by identity); `tracers` are the traced values in key order; `arrays` the arrays
+    it read, whose contents must be unchanged for a recorded body to be reused (the recording
+    baked them in as constants: `keep` copies them); `pinned` keeps every object the key
+    names by identity alive, so that its id cannot come back as another object's.
+    """
+
+    def __init__(self, fn):
+        self.tracers: list = []
+        self.arrays: list = []
+        self.pinned: list = []
+        self.key = self._function(fn, 0)
+
+    def _function(self, fn, depth: int) -> tuple:
+        if depth > 2:
+            raise _Uncacheable
+        cells = []
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                cells.append(self._value(cell.cell_contents, depth))
+            except ValueError:  # an empty cell
+                cells.append(None)
+        env = getattr(fn, "__globals__", {})
+        named = tuple((name, self._value(env[name], depth)) for name in _global_names(fn.__code__)
+                      if name in env)
+        defaults = tuple(self._value(d, depth) for d in fn.__defaults__ or ())
+        keyword = tuple((k, self._value(d, depth)) for k, d in (fn.__kwdefaults__ or {}).items())
+        return (fn.__code__, tuple(cells), named, defaults, keyword)
+
+    def _value(self, v, depth: int):
+        t = type(v)
+        if t is trace.Tracer:
+            self.tracers.append(v)
+            return "traced"
+        if isinstance(v, _IMMUTABLE):
+            return ("value", t, v)
+        if t is np.ndarray:
+            if v.nbytes > _SNAPSHOT_MAX_BYTES or v.dtype.hasobject:
+                raise _Uncacheable
+            self.arrays.append(v)
+            return ("array", id(v))
+        if t in (list, tuple, dict) or (isinstance(v, tuple) and hasattr(t, "_fields")):
+            leaves, treedef = tree_flatten(v)
+            return ("tree", treedef, tuple(self._value(x, depth) for x in leaves))
+        if isinstance(v, _BY_IDENTITY):
+            self.pinned.append(v)
+            return ("object", id(v))
+        if isinstance(v, types.FunctionType):
+            self.pinned.append(v)
+            return ("function", self._function(v, depth + 1))
+        raise _Uncacheable
+
+    def keep(self) -> _BodyState:
+        """Copy the arrays' contents, for `unchanged` to compare with (when the body is cached)."""
+        self.copies = [a.copy() for a in self.arrays]
+        return self
+
+    def unchanged(self, recorded: _BodyState) -> bool:
+        """Whether the arrays this call reads hold what they held when the body was recorded."""
+        for now, then, copy in zip(self.arrays, recorded.arrays, recorded.copies):
+            if now is not then:
+                return False
+            if not (now == copy).all() and not np.array_equal(  # (NaNs: compared again)
+                    now, copy, equal_nan=now.dtype.kind in "fc"):
+                return False
+        return True
+
+
+def _global_names(code) -> tuple:
+    """The global names a code object (and the functions defined in it) may read."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.extend(_global_names(const))
+    return tuple(dict.fromkeys(names))
 
 
 def cached_program(kind: str, user_fn, flat_fn, name: str, inputs: list, avals: tuple,
                    structure) -> tuple:
     """(program, captured values for this call): recorded bodies are reused when the same
-    code, closure and input shapes come back (a new loop length records nothing).
+    code, Python state and input shapes come back (a new loop length records nothing).
 
-    A body whose captured traced values are all closure cells is reusable: this call's
-    values are read from its cells. Any other body is recorded again on each call.
+    Reuse needs the body's closure and the globals it reads to be what they were: traced
+    values by position (this call's are read from the same places), arrays by identity and
+    contents (the recording baked them in), functions, modules and numbers by identity or
+    value. A body reading other Python objects, large arrays, or traced values from
+    elsewhere is recorded again on each call.
     """
-    code = getattr(user_fn, "__code__", None)
-    key = None
-    if code is not None:
-        key = (kind, code, _closure_key(user_fn), avals, structure)
+    state = key = None
+    if isinstance(user_fn, types.FunctionType):
+        try:
+            state = _BodyState(user_fn)
+            key = (kind, state.key, avals, structure)
+        except (_Uncacheable, TypeError):  # (TypeError: an unhashable value in the key)
+            state = None
+    if key is not None:
         with _programs_lock:
             hit = _PROGRAMS.get(key)
             if hit is not None:
                 _PROGRAMS.move_to_end(key)
-        if hit is not None:
-            program, cells = hit
-            caps = [user_fn.__closure__[i].cell_contents for i in cells]
+        if hit is not None and state.unchanged(hit[2]):
+            program, paths, _ = hit
+            caps = [state.tracers[i] for i in paths]
             with program._lock:  # a new path found during this call is recorded with these
                 program.fn, program.caps = flat_fn, list(caps)
             return program, caps
     program = BodyProgram(flat_fn, name)
     program.record(inputs)
-    cells = _capture_cells(user_fn, program.caps)
-    if key is not None and cells is not None:
+    paths = _capture_paths(state, program.caps)
+    if key is not None and paths is not None:
         with _programs_lock:
-            _PROGRAMS[key] = (program, cells)
+            _PROGRAMS[key] = (program, paths, state.keep())
             while len(_PROGRAMS) > _PROGRAMS_MAX:
                 _PROGRAMS.popitem(last=False)
     return program, list(program.caps)
 
 
-def _capture_cells(fn, caps):
-    closure = getattr(fn, "__closure__", None) or ()
-    cells = []
+def _capture_paths(state: _BodyState | None, caps: list) -> list | None:
+    """Where each captured traced value sits among the body's traced values (None: not all
+    of them are there, so another call could not find its own)."""
+    if state is None:
+        return None
+    paths = []
     for c in caps:
-        for i, cell in enumerate(closure):
-            try:
-                if cell.cell_contents is c:
-                    cells.append(i)
-                    break
-            except ValueError:
-                continue
-        else:
+        where = next((i for i, t in enumerate(state.tracers) if t is c), None)
+        if where is None:
             return None
-    return cells
+        paths.append(where)
+    return paths
 
 
 _REPLAY_GUARD_FAILURE = []
