@@ -438,3 +438,13 @@ def test_a_global_array_rebound_is_seen_by_the_next_call():
         _same(f(xs), 15.0)
     finally:
         SCALE = np.array(2.0)
+
+
+def test_a_captured_traced_value_of_another_shape_records_the_body_again():
+    def f(x):
+        return gt.fori_loop(0, 2, lambda i, c: np.cos(c) * x[i], np.ones(2))
+
+    for n in (3, 2, 4):  # the body's code and closure are the same; x's shape is not
+        x = RNG.random((n, 2))
+        _same(gt.grad(lambda x: np.sum(f(x)))(x), gt.grad(
+            lambda x: np.sum(np.cos(np.cos(np.ones(2)) * x[0]) * x[1]))(x))

@@ -195,11 +195,12 @@ class _Uncacheable(Exception):
 class _BodyState:
     """What a body's code reads besides its inputs: closure cells and the globals it names.
 
-    `key` identifies it (traced values by position only: they are inputs of the loop; other
-    objects by identity); `tracers` are the traced values in key order; `arrays` the arrays
-    it read, whose contents must be unchanged for a recorded body to be reused (the recording
-    baked them in as constants: `keep` copies them); `pinned` keeps every object the key
-    names by identity alive, so that its id cannot come back as another object's.
+    `key` identifies it (traced values by position, shape and dtype: their values are inputs
+    of the loop; other objects by identity); `tracers` are the traced values in key order;
+    `arrays` the arrays it read, whose contents must be unchanged for a recorded body to be
+    reused (the recording baked them in as constants: `keep` copies them); `pinned` keeps
+    every object the key names by identity alive, so that its id cannot come back as another
+    object's.
     """
 
     def __init__(self, fn):
@@ -226,9 +227,9 @@ class _BodyState:
 
     def _value(self, v, depth: int):
         t = type(v)
-        if t is trace.Tracer:
+        if t is trace.Tracer:  # its value is an input of the loop; its shape is recorded
             self.tracers.append(v)
-            return "traced"
+            return ("traced", _aval(v))
         if isinstance(v, _IMMUTABLE):
             return ("value", t, v)
         if t is np.ndarray:
