@@ -8,6 +8,7 @@ complex input and is analytic there), both computed in float64.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -85,6 +86,29 @@ def complex_step_grad(f: Callable, args: Sequence, argnum: int) -> np.ndarray | 
     except TypeError:
         return None
     return out
+
+
+def disagreements_across_threads(compiled: Callable, reference: Callable,
+                                 agree: Callable, threads: int = 4, calls: int = 200) -> list:
+    """Call `compiled` and `reference` from several threads at once, on inputs that take both
+    paths of a branch at 0.01-scale values; the (seed, detail) of every call they disagree on.
+    `agree(got, expected)` returns a failure detail, or None when they agree."""
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(calls):
+            x = rng.random(30) * (0.01 if rng.random() < 0.5 else 1.0)
+            detail = agree(compiled(x), reference(x))
+            if detail is not None:
+                errors.append((seed, detail))
+
+    pool = [threading.Thread(target=work, args=(s,)) for s in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return errors
 
 
 def _expected_grad_dtype(arg):

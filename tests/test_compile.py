@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pickle
 import sys
-import threading
 import tracemalloc
 import warnings
 
 import numpy as np
 import pytest
 import scipy.special
+from conftest import disagreements_across_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seed_functions import branching, eam, normal_logpdf, sum_exp
@@ -277,22 +277,12 @@ def test_out_writes_in_place_and_allocates_nothing():
 
 def test_threads():
     cf = np_compile(gt.value_and_grad(branching))
-    eager = gt.value_and_grad(branching)
-    errors = []
 
-    def work(seed):
-        rng = np.random.default_rng(seed)
-        for _ in range(200):
-            x = rng.random(30) * (0.01 if rng.random() < 0.5 else 1.0)
-            (v, g), (ve, ge) = cf(x), eager(x)
-            if not (v == ve and np.array_equal(g, ge)):
-                errors.append((seed, x))
+    def bit_for_bit(got, expected):
+        (v, g), (ve, ge) = got, expected
+        return None if v == ve and np.array_equal(g, ge) else (v, g)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = disagreements_across_threads(cf, gt.value_and_grad(branching), bit_for_bit)
     assert not errors
     assert cf.stats["variants"] == 2
 

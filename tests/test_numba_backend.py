@@ -16,13 +16,12 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 import tracemalloc
 import warnings
 
 import numpy as np
 import pytest
-from conftest import central_difference_grad
+from conftest import central_difference_grad, disagreements_across_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -411,23 +410,15 @@ def test_0d_input_and_0d_result():
 
 def test_threads_share_a_compiled_function():
     cf = gt.compile(gt.value_and_grad(branching), backend="numba")
-    eager = gt.value_and_grad(branching)
-    errors = []
 
-    def work(seed):
-        rng = np.random.default_rng(seed)
-        for _ in range(200):
-            x = rng.random(30) * (0.01 if rng.random() < 0.5 else 1.0)
-            try:
-                close(cf(x), eager(x))
-            except AssertionError as exc:
-                errors.append((seed, exc))
+    def within_ulps(got, expected):
+        try:
+            close(got, expected)
+        except AssertionError as exc:
+            return exc
+        return None
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = disagreements_across_threads(cf, gt.value_and_grad(branching), within_ulps)
     assert not errors
     assert cf.stats["variants"] == 2
 

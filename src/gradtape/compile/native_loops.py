@@ -416,8 +416,6 @@ class _DriverWriter:
 
     def __init__(self, gen: numba_codegen.Generated):
         self.gen = gen
-        self.kernel = gen.kernels[0]
-        self.program = gen.generator.program
         self.args: list[KernelArg] = []
         self.lines: list[str] = []
         self.consts: list = []

@@ -29,6 +29,16 @@ def stop_gradient(x):
     return tree_unflatten(td, [bind(stop_gradient_p, (v,), {}) for v in leaves])
 
 
+
+def _top_level(args):
+    """The highest level among the Tracer arguments (None: plain values), as `bind` finds it."""
+    top = None
+    for a in args:
+        if type(a) is trace.Tracer and (top is None or a._level.id > top.id):
+            top = a._level
+    return top
+
+
 class custom_vjp:
     """A function with a user-supplied reverse-mode rule.
 
@@ -89,10 +99,7 @@ class custom_vjp:
         if self.fwd is None:
             raise GradtapeError(f"custom_vjp function {self.fun.__name__} has no rule: call "
                                 ".defvjp(fwd, bwd) first.")
-        top = None
-        for a in args:
-            if type(a) is trace.Tracer and (top is None or a._level.id > top.id):
-                top = a._level
+        top = _top_level(args)
         if top is None or top.kind != "reverse":
             return self.fun(*args)
         vals = tuple(a._value if type(a) is trace.Tracer and a._level is top else a for a in args)
@@ -163,10 +170,7 @@ class custom_jvp:
         if self.jvp_rule is None:
             raise GradtapeError(f"custom_jvp function {self.fun.__name__} has no rule: call "
                                 f"{self.fun.__name__}.defjvp(rule) first.")
-        top = None
-        for a in args:
-            if type(a) is trace.Tracer and (top is None or a._level.id > top.id):
-                top = a._level
+        top = _top_level(args)
         if top is None or top.kind != "reverse":
             return self.fun(*args)
         return bind(self._prim, args, {})
