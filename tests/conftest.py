@@ -267,7 +267,7 @@ def differentiable_ufuncs() -> list:
     """Every ufunc with a differentiable elementwise rule (NumPy's and scipy.special's)."""
     import scipy.special
 
-    from gradtape.primitives import UFUNCS, lookup_ufunc
+    from gradtape.core.primitive import UFUNCS, lookup_ufunc
 
     lookup_ufunc(scipy.special.erf)  # registers the scipy.special ufuncs
     return [uf for uf, prim in UFUNCS.items() if prim.partials is not None and not prim.nondiff]
@@ -281,7 +281,7 @@ def ufunc_id(uf) -> str:
 @pytest.fixture(autouse=True)
 def _no_level_left_behind():
     """Every test must leave the thread-local stack of trace levels empty."""
-    from gradtape.trace import current_levels
+    from gradtape.core.tracing import current_levels
 
     yield
     assert current_levels() == [], "a test left a trace level on the stack"

@@ -57,8 +57,8 @@ def np_compile(f, **options):
 
 def assert_same(actual, expected):
     """Compiled results equal eager ones: same structure, shapes, dtypes and values."""
-    a_leaves, a_tree = gt._pytree.tree_flatten(actual)
-    e_leaves, e_tree = gt._pytree.tree_flatten(expected)
+    a_leaves, a_tree = gt.core.pytree.tree_flatten(actual)
+    e_leaves, e_tree = gt.core.pytree.tree_flatten(expected)
     assert a_tree == e_tree
     for a, e in zip(a_leaves, e_leaves):
         assert np.shape(a) == np.shape(e)

@@ -14,8 +14,8 @@ from conftest import assert_grad_matches
 from seed_functions import branching, eam, normal_logpdf, sum_exp
 
 import gradtape as gt
-from gradtape.primitives import Primitive
-from gradtape.trace import GradtapeError, current_levels
+from gradtape.core.primitive import Primitive
+from gradtape.core.tracing import GradtapeError, current_levels
 
 
 def recording_levels(f):
@@ -301,7 +301,7 @@ def test_operations_on_constants_alone_are_not_recorded():
 
 def test_backward_never_computes_a_cotangent_for_a_constant(monkeypatch):
     """Spy on every VJP rule: none is ever asked for the cotangent of the closed-over array."""
-    from gradtape.primitives import REGISTRY
+    from gradtape.core.primitive import REGISTRY
 
     c = np.linspace(1.0, 2.0, 50)
     asked = []

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from scipy.special import log_softmax, logsumexp, polygamma, softmax, zeta
 
 import gradtape as gt
-from gradtape.trace import current_levels
+from gradtape.core.tracing import current_levels
 
 UFUNCS = differentiable_ufuncs()
 DTYPES = st.sampled_from([np.float64, np.float32])

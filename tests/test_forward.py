@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gradtape as gt
-from gradtape._pytree import tree_flatten, tree_map
-from gradtape.primitives import REGISTRY, Primitive
+from gradtape.core.primitive import REGISTRY, Primitive
+from gradtape.core.pytree import tree_flatten, tree_map
+from gradtape.core.tracing import GradtapeError, current_levels
 from gradtape.rules import indexing, reductions, shape
-from gradtape.trace import GradtapeError, current_levels
 from gradtape.transforms import forward as forward_module
 
 DTYPES = st.sampled_from([np.float64, np.float32])

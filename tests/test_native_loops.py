@@ -14,9 +14,9 @@ import pytest
 from test_scan import _rnn_params, guarded_scan, newton_sqrt, rnn_python, rnn_scan
 
 import gradtape as gt
-from gradtape._pytree import tree_flatten
 from gradtape.compile import numba_backend
 from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
+from gradtape.core.pytree import tree_flatten
 
 pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
 RNG = np.random.default_rng(7)

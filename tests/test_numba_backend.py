@@ -78,8 +78,8 @@ CLOSED_FORMS = {
 
 def close(actual, expected, rtol=1e-12, atol_scale=1e-13):
     """Native and NumPy results agree to a few ulps (relative to the result's scale)."""
-    a_leaves, a_tree = gt._pytree.tree_flatten(actual)
-    e_leaves, e_tree = gt._pytree.tree_flatten(expected)
+    a_leaves, a_tree = gt.core.pytree.tree_flatten(actual)
+    e_leaves, e_tree = gt.core.pytree.tree_flatten(expected)
     assert a_tree == e_tree
     for a, e in zip(a_leaves, e_leaves):
         assert np.shape(a) == np.shape(e)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._pytree import tree_flatten, tree_unflatten
+from .core.pytree import tree_flatten, tree_unflatten
 
 
 @dataclass

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import trace
 from ._malloc import keep_freed_memory
-from .primitives import FUNCTIONS, lookup_ufunc
+from .core import tracing as trace
+from .core.primitive import FUNCTIONS, lookup_ufunc
+from .core.tracing import GradtapeError, bind
 from .rules import elementwise as ew
 from .rules import indexing, linalg, reductions, scipy_special, shape
-from .trace import GradtapeError, bind
 
 
 def _no_float_message(what: str) -> str:

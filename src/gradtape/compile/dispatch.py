@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import trace
-from .._pytree import tree_flatten, tree_unflatten
-from ..tape import Tape, Var
-from ..trace import GradtapeError, new_level
+from ..core import tracing as trace
+from ..core.ir import Tape, Var
+from ..core.pytree import tree_flatten, tree_unflatten
+from ..core.tracing import GradtapeError, new_level
 from .program import (
     GuardFailure,
     Program,
@@ -126,11 +126,11 @@ def _replay_leaf(x):
 
 
 def _type_str(key) -> str:
-    from ..tape import _DTYPE_SHORT
+    from ..core.ir import DTYPE_SHORT
 
     if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], np.dtype):
         if key[0] == "scalar":
-            return f"{_DTYPE_SHORT.get(str(key[1]), str(key[1]))} scalar"
+            return f"{DTYPE_SHORT.get(str(key[1]), str(key[1]))} scalar"
         return Var(0, key[0], key[1]).type_str
     return getattr(key, "__name__", repr(key))
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..tape import Instruction, Var
+from ..core.ir import Instruction, Var
 from .program import Program
 
 LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..primitives import Primitive
+from ..core.primitive import Primitive
 from . import numba_codegen
 from .numba_codegen import Generated, Kernel, KernelArg, literal
 
@@ -243,7 +243,7 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..interpret import GuardFailure
+    from ..core.interpret import GuardFailure
     from ..rules.loops import body_inputs, record_step_vjp, step_program
 
     body = params["program"]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.ir import Instruction, Var
 from ..rules.indexing import _Slot
-from ..tape import Instruction, Var
 from . import fusion
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
 from .numpy_backend import _as_ufunc

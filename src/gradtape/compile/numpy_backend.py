@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..tape import Instruction, Var
+from ..core.ir import Instruction, Var
 from .program import GuardFailure, Program, tree_expr
 
 BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .._pytree import TreeDef
-from ..tape import Instruction, Tape, Var
+from ..core.ir import Instruction, Tape, Var
+from ..core.pytree import TreeDef
 
 # primitives whose output shape depends on input values (not fixed by the signature):
 # the replay checks the shape it got, like a guard

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import trace
-from .._pytree import tree_flatten, tree_unflatten
-from ..primitives import Primitive
-from ..tape import Instruction
-from ..trace import GradtapeError, bind, new_level
+from ..core import tracing as trace
+from ..core.ir import Instruction
+from ..core.primitive import Primitive
+from ..core.pytree import tree_flatten, tree_unflatten
+from ..core.tracing import GradtapeError, bind, new_level
 from ._util import dtype_of, shape_of
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import trace
-from ..primitives import Primitive, implements
-from ..trace import GradtapeError, bind
+from ..core import tracing as trace
+from ..core.primitive import Primitive, implements
+from ..core.tracing import GradtapeError, bind
 from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
 

@@ -18,12 +18,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import trace
-from .._pytree import tree_flatten, tree_unflatten
-from ..interpret import GuardFailure, eval_tape, guards_by_var
-from ..primitives import Primitive
-from ..tape import Var
-from ..trace import GradtapeError, bind, new_level
+from ..core import tracing as trace
+from ..core.interpret import GuardFailure, eval_tape, guards_by_var
+from ..core.ir import Var
+from ..core.primitive import Primitive
+from ..core.pytree import tree_flatten, tree_unflatten
+from ..core.tracing import GradtapeError, bind, new_level
 from ._util import dtype_of, shape_of
 
 _MAX_BODY_VARIANTS = 32
@@ -342,7 +342,7 @@ def _replay_guard_failure():
 def step_program(tape, inputs: list):
     """The compile Program of one body step: `tape` with these input vars, its outputs flat."""
     from ..compile.program import build_program, output_leaf
-    from ..tape import Tape
+    from ..core.ir import Tape
 
     flat = Tape()
     flat.inputs = list(inputs)

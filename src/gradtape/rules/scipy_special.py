@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from .. import trace
+from ..core import tracing as trace
 from .control import stop_gradient
 
 _installed = False

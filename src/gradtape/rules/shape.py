@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..primitives import Primitive, implements
-from ..trace import GradtapeError, bind
+from ..core.primitive import Primitive, implements
+from ..core.tracing import GradtapeError, bind
 from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
 reshape_p = Primitive(

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .._pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
+from ..core.ir import Instruction, Tape, Var
+from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
+from ..core.tracing import GradtapeError, Level, new_level
 from ..rules._util import dtype_of, shape_of
-from ..tape import Instruction, Tape, Var
-from ..trace import GradtapeError, Level, new_level
 from ..tracer import Tracer
 from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..core.ir import Tape, Var
+from ..core.tracing import GradtapeError, new_level
 from ..rules.control import custom_vjp
-from ..tape import Tape, Var
-from ..trace import GradtapeError, new_level
 from ..tracer import Tracer
 from .forward import (
     Recording,

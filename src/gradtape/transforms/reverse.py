@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import trace
-from .._pytree import tree_flatten, tree_map, tree_unflatten
+from ..core import tracing as trace
+from ..core.ir import Tape
+from ..core.pytree import tree_flatten, tree_map, tree_unflatten
+from ..core.tracing import GradtapeError, new_level
 from ..rules.indexing import SparseCotangent, materialize
-from ..tape import Tape
-from ..trace import GradtapeError, new_level
 
 Tracer = trace.Tracer
 

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import trace
-from .._pytree import tree_flatten, tree_unflatten
-from ..tape import Tape
-from ..trace import new_level
+from ..core import tracing as trace
+from ..core.ir import Tape
+from ..core.pytree import tree_flatten, tree_unflatten
+from ..core.tracing import new_level
 
 
 def trace_fn(f: Callable, *args, **kwargs) -> Tape:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-_DTYPE_SHORT = {
+DTYPE_SHORT = {
     "float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32",
     "bool": "bool", "complex128": "c128", "complex64": "c64", "uint8": "u8", "int8": "i8",
 }
@@ -39,7 +39,7 @@ class Var:
 
     @property
     def type_str(self) -> str:
-        dt = _DTYPE_SHORT.get(str(self.dtype), str(self.dtype))
+        dt = DTYPE_SHORT.get(str(self.dtype), str(self.dtype))
         return f"{dt}[{','.join(str(d) for d in self.shape)}]"
 
     def __repr__(self) -> str:
@@ -121,7 +121,7 @@ class Tape:
 
 def _const_str(a) -> str:
     if isinstance(a, np.ndarray) and a.size > 4:
-        dt = _DTYPE_SHORT.get(str(a.dtype), str(a.dtype))
+        dt = DTYPE_SHORT.get(str(a.dtype), str(a.dtype))
         return f"const:{dt}[{','.join(map(str, a.shape))}]"
     if isinstance(a, np.ndarray):
         return np.array2string(a, precision=4, separator=",").replace("\n", "")

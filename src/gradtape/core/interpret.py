@@ -11,8 +11,8 @@ import operator
 
 import numpy as np
 
-from .tape import Guard, Tape, Var
-from .trace import bind
+from .ir import Guard, Tape, Var
+from .tracing import bind
 
 
 class GuardFailure(Exception):

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from .tape import Guard, Instruction, Tape, Var
+from .ir import Guard, Instruction, Tape, Var
 
 Tracer = None  # the Tracer class; set by tracer.py (it imports this module)
 
@@ -188,7 +188,7 @@ def _leaked_error(level) -> GradtapeError:
     )
 
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gradtape package
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
 
 

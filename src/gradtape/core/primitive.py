@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from . import trace
+from . import tracing as trace
 
 # ufunc object -> primitive (filled by rules/elementwise.py); scipy's are added lazily
 UFUNCS: dict = {}
