@@ -5,8 +5,8 @@ from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
 from .compile.cache import clear as clear_cache
 from .compile.numba_backend import get_num_threads, set_num_threads
+from .core.errors import GradtapeError
 from .core.ir import Tape
-from .core.tracing import GradtapeError
 from .rules.control import custom_jvp, custom_vjp, stop_gradient
 from .rules.loops import fori_loop, scan, while_loop
 from .transforms.forward import jacfwd, jvp

@@ -13,8 +13,9 @@ import numpy as np
 
 from ._malloc import keep_freed_memory
 from .core import tracing as trace
+from .core.errors import GradtapeError
 from .core.primitive import FUNCTIONS, lookup_ufunc
-from .core.tracing import GradtapeError, bind
+from .core.tracing import bind
 from .rules import elementwise as ew
 from .rules import indexing, linalg, reductions, scipy_special, shape
 

@@ -2,7 +2,7 @@
 
 A call is keyed by its signature: the structure of the arguments, each leaf's
 shape and dtype, and the values of the static arguments. The first call with a
-signature records the whole program at a "stage" level (under `compile(grad(f))`
+signature records the whole program at a staging level (under `compile(grad(f))`
 the grad level sits above it, so forward and backward operations land on the
 same tape), builds a Program and lowers it with a backend. Later calls replay the
 lowered code. A replay checks every guard; when one fails, the answer it saw
@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from ..core import tracing as trace
+from ..core.errors import GradtapeError, GuardFailure
 from ..core.ir import Tape, Var
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import GradtapeError, new_level
+from ..core.tracing import LevelKind, new_level
 from .program import (
-    GuardFailure,
     Program,
     answer_key,
     build_program,
@@ -379,7 +379,7 @@ class CompiledFunction:
 
     def _record(self, info: _CallInfo):
         """Run the function on stage Tracers; returns (tape, program, traced result)."""
-        with new_level("stage") as level:
+        with new_level(LevelKind.STAGE) as level:
             tracers = [level.new_input(x) for x in info.leaves]
             args, kwargs = self._rebuild(info, tracers)
             result = self._fun(*args, **kwargs)

@@ -243,7 +243,7 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..core.interpret import GuardFailure
+    from ..core.errors import GuardFailure
     from ..rules.loops import body_inputs, record_step_vjp, step_program
 
     body = params["program"]

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.errors import GuardFailure
 from ..core.ir import Instruction, Var
-from .program import GuardFailure, Program, tree_expr
+from .program import Program, tree_expr
 
 BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output
 

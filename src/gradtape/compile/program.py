@@ -35,15 +35,6 @@ CONSTANT_VALUED_PRIMS = frozenset({"full_like"})
 IDENTITY_PRIMS = frozenset({"stop_gradient"})
 
 
-class GuardFailure(Exception):
-    """Raised by a replay when check `index` saw `actual` instead of the recorded answer."""
-
-    def __init__(self, index: int, actual: Any):
-        super().__init__(index, actual)
-        self.index = index
-        self.actual = actual
-
-
 @dataclass
 class Check:
     """A guard (or a shape check) the replay verifies right after `position`.

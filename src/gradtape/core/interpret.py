@@ -11,17 +11,9 @@ import operator
 
 import numpy as np
 
+from .errors import GuardFailure
 from .ir import Guard, Tape, Var
 from .tracing import bind
-
-
-class GuardFailure(Exception):
-    """A guard of the tape does not hold for these inputs: another path must be recorded."""
-
-    def __init__(self, guard: Guard, got):
-        super().__init__(f"{guard!r}: got {got!r}")
-        self.guard = guard
-        self.got = got
 
 
 def _concrete(x):

@@ -43,16 +43,34 @@ class Primitive:
                on every tangent, and returns the output tangent with them: the forward
                interpreter then pushes a whole batch of directions at once (jacfwd, hessian).
                Without it, a batch is pushed through this primitive one direction at a time.
+
+    Facts the compiler and the backends need, declared here rather than kept as name lists:
+
+    native:    for elementwise primitives, the scalar expression the native backend fuses into
+               its loops (see compile/numba/scalar.py for the forms it accepts); None: not fused.
+    shape_from_data: the output's shape depends on the input's values (nonzero): a replay
+               checks it.
+    constant_valued: the output's value depends only on the input's shape and dtype
+               (full_like): a replay folds it to a constant.
+    identity:  the output is the (only) input, unchanged (stop_gradient): a replay forwards it.
+    reads_trip_count: the primitive reads a loop's trip count from its inputs' shapes (the
+               backward loop of scan): the compiler keeps a shape check on what else reads them.
+    user_rule: the derivative rule is user code (custom_vjp/custom_jvp).
+    batch:     the batching rule (for vmap): `batch(args, batch_axes, **params)` ->
+               (outputs, output batch axes); None: batched by a loop over the batch.
     """
 
     __slots__ = ("name", "impl", "vjps", "jvp", "nondiff", "multiple_results", "partials",
                  "linear", "safe", "variadic", "vjp_all", "transparent", "jvp_batched",
-                 "python_impl")
+                 "python_impl", "native", "shape_from_data", "constant_valued", "identity",
+                 "reads_trip_count", "user_rule", "batch")
 
     def __init__(self, name: str, impl: Callable, vjps=None, jvp=None, nondiff: bool = False,
                  multiple_results: bool = False, partials=None, linear: bool = False,
                  safe: bool = False, variadic: bool = False, transparent: bool = False,
-                 jvp_batched: bool = False):
+                 jvp_batched: bool = False, native=None, shape_from_data: bool = False,
+                 constant_valued: bool = False, identity: bool = False,
+                 reads_trip_count: bool = False, user_rule: bool = False, batch=None):
         self.name = name
         self.impl = impl
         self.vjps = vjps
@@ -68,6 +86,13 @@ class Primitive:
         self.transparent = transparent
         self.jvp_batched = jvp_batched
         self.python_impl = None
+        self.native = native
+        self.shape_from_data = shape_from_data
+        self.constant_valued = constant_valued
+        self.identity = identity
+        self.reads_trip_count = reads_trip_count
+        self.user_rule = user_rule
+        self.batch = batch
         REGISTRY[name] = self
 
     def __call__(self, *args, **params):

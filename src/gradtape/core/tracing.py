@@ -8,12 +8,14 @@ among its arguments and computes the value by binding again one level down.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import threading
 
 import numpy as np
 
+from .errors import GradtapeError
 from .ir import Guard, Instruction, Tape, Var
 
 Tracer = None  # the Tracer class; set by tracer.py (it imports this module)
@@ -23,8 +25,20 @@ _level_counter = iter(range(1, 1 << 62))
 _counter_lock = threading.Lock()
 
 
-class GradtapeError(TypeError):
-    """A traced function did something gradtape cannot differentiate; the message says why."""
+class LevelKind(enum.Enum):
+    """What a level records.
+
+    DIFFERENTIATE: only what has a derivative (grad, vjp, jvp, jacobians): reverse mode walks
+        the tape backwards, forward mode pushes tangents along it.
+    STAGE: every operation, integer and boolean values too, because the tape is replayed on
+        new inputs (trace, compile).
+    LOOP_BODY: like STAGE, for a loop body recorded once; Tracers of outer levels the body
+        closes over become inputs of its own (closure conversion).
+    """
+
+    DIFFERENTIATE = "differentiate"
+    STAGE = "stage"
+    LOOP_BODY = "loop body"
 
 
 class Level:
@@ -33,14 +47,14 @@ class Level:
     __slots__ = ("id", "kind", "tape", "active", "record_all", "captures", "_nvars",
                  "__weakref__")
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: LevelKind):
         with _counter_lock:
             self.id = next(_level_counter)
         self.kind = kind
-        # "stage" (trace, compile) and "body" (a loop body recorded once) keep every operation
-        self.record_all = kind in ("stage", "body")
-        # a "body" level turns Tracers of outer levels into inputs of its own (closure conversion)
-        self.captures = {} if kind == "body" else None
+        # staging levels (trace, compile) and loop bodies keep every operation
+        self.record_all = kind is not LevelKind.DIFFERENTIATE
+        # a loop-body level turns outer Tracers into inputs of its own (closure conversion)
+        self.captures = {} if kind is LevelKind.LOOP_BODY else None
         self.tape = Tape()
         self.active = True
         self._nvars = 0
@@ -74,7 +88,7 @@ class Level:
         self.tape.guards.append(Guard(var, kind, answer, _user_source_line()))
 
     def __repr__(self) -> str:
-        return f"<Level {self.id} {self.kind}{'' if self.active else ' (closed)'}>"
+        return f"<Level {self.id} {self.kind.value}{'' if self.active else ' (closed)'}>"
 
 
 def _dtype_of(value) -> np.dtype:
@@ -103,7 +117,7 @@ class new_level:
 
     __slots__ = ("level", "stack")
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: LevelKind):
         for hook in level_hooks:
             hook()
         self.level = Level(kind)

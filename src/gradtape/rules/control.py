@@ -8,10 +8,11 @@ from collections.abc import Callable
 import numpy as np
 
 from ..core import tracing as trace
+from ..core.errors import GradtapeError
 from ..core.ir import Instruction
 from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import GradtapeError, bind, new_level
+from ..core.tracing import LevelKind, bind, new_level
 from ._util import dtype_of, shape_of
 
 
@@ -100,7 +101,7 @@ class custom_vjp:
             raise GradtapeError(f"custom_vjp function {self.fun.__name__} has no rule: call "
                                 ".defvjp(fwd, bwd) first.")
         top = _top_level(args)
-        if top is None or top.kind != "reverse":
+        if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
         vals = tuple(a._value if type(a) is trace.Tracer and a._level is top else a for a in args)
         out, res = self.fwd(*vals)
@@ -171,7 +172,7 @@ class custom_jvp:
             raise GradtapeError(f"custom_jvp function {self.fun.__name__} has no rule: call "
                                 f"{self.fun.__name__}.defjvp(rule) first.")
         top = _top_level(args)
-        if top is None or top.kind != "reverse":
+        if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
         return bind(self._prim, args, {})
 
@@ -189,7 +190,7 @@ class custom_jvp:
         # the reverse interpreter transposes the (linear) tangent map of the rule
         from ..transforms.reverse import backward
 
-        with new_level("reverse") as level:
+        with new_level(LevelKind.DIFFERENTIATE) as level:
             ts = tuple(None if v is None else level.new_input(_zero_tangent(a))
                        for a, v in zip(args, invars))
             t_out = _rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)

@@ -20,8 +20,9 @@ from collections import Counter
 
 import numpy as np
 
+from ..core.errors import GradtapeError
 from ..core.primitive import UFUNCS, Primitive, implements
-from ..core.tracing import GradtapeError, bind
+from ..core.tracing import bind
 from ._util import dtype_of, ndim_of, normalize_axis, shape_of, unbroadcast
 
 # the result types NumPy gives these functions (named tuples in NumPy 2, plain tuples before)

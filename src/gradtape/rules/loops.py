@@ -1,7 +1,7 @@
 """Loops recorded once and not unrolled: scan, fori_loop, while_loop.
 
 The body is recorded once (per carry/x signature and per path through its
-guards) on a "body" level, which turns the outer traced values it closes over
+guards) on a loop-body level, which turns the outer traced values it closes over
 (an RNN's weights) into inputs of its own. The loop itself is one primitive:
 `scan` evaluates the recorded body on each step, and its VJP is another loop
 primitive, `scan_bwd`, that walks the stored carries backwards, differentiating
@@ -19,11 +19,12 @@ from collections import OrderedDict
 import numpy as np
 
 from ..core import tracing as trace
-from ..core.interpret import GuardFailure, eval_tape, guards_by_var
+from ..core.errors import GradtapeError, GuardFailure
+from ..core.interpret import eval_tape, guards_by_var
 from ..core.ir import Var
 from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import GradtapeError, bind, new_level
+from ..core.tracing import LevelKind, bind, new_level
 from ._util import dtype_of, shape_of
 
 _MAX_BODY_VARIANTS = 32
@@ -73,7 +74,7 @@ class BodyProgram:
                 "through its Python control flow; use np.where for data-dependent choices "
                 "inside loop bodies."
             )
-        with new_level("body") as level:
+        with new_level(LevelKind.LOOP_BODY) as level:
             traced = [level.new_input(_concrete(x)) for x in inputs]
             outs = self.fn(*traced)
         tape = level.tape
@@ -116,7 +117,6 @@ class BodyProgram:
         """`run` for concrete arrays, through the numpy backend's generated code of the step."""
         if self._lowering_failed:
             return self.run(inputs, caps)
-        ReplayGuardFailure = _replay_guard_failure()
         for i, (tape, _, positions) in enumerate(self.variants):
             args = list(inputs) + [caps[p] for p in positions]
             fwd = self._fwd[i]
@@ -127,7 +127,7 @@ class BodyProgram:
                     return self.run(inputs, caps)
             try:
                 return list(fwd(*args, None))
-            except ReplayGuardFailure:
+            except GuardFailure:
                 continue
         with self._lock:
             self.record(inputs)
@@ -137,7 +137,6 @@ class BodyProgram:
         """(input cotangents, capture cotangents) of one step, by generated code of its VJP."""
         if self._lowering_failed:
             return _step_vjp(self, inputs, caps, cts)
-        ReplayGuardFailure = _replay_guard_failure()
         for i, (tape, guards, positions) in enumerate(self.variants):
             vcaps = [caps[p] for p in positions]
             bwd = self._bwd[i]
@@ -152,7 +151,7 @@ class BodyProgram:
                 self._bwd[i] = bwd
             try:
                 out = bwd(*inputs, *vcaps, *cts, None)
-            except ReplayGuardFailure:
+            except GuardFailure:
                 continue
             g_in = list(out[:len(inputs)])
             g_caps = [None] * len(caps)
@@ -327,18 +326,6 @@ def _capture_paths(state: _BodyState | None, caps: list) -> list | None:
     return paths
 
 
-_REPLAY_GUARD_FAILURE = []
-
-
-def _replay_guard_failure():
-    """The exception generated code raises on a failed guard (imported on first use)."""
-    if not _REPLAY_GUARD_FAILURE:
-        from ..compile.program import GuardFailure as ReplayGuardFailure
-
-        _REPLAY_GUARD_FAILURE.append(ReplayGuardFailure)
-    return _REPLAY_GUARD_FAILURE[0]
-
-
 def step_program(tape, inputs: list):
     """The compile Program of one body step: `tape` with these input vars, its outputs flat."""
     from ..compile.program import build_program, output_leaf
@@ -372,11 +359,11 @@ def record_step_vjp(tape, guards, inputs, caps, cts):
     output cotangents) to (input cotangents, capture cotangents), with the step's guards."""
     from ..transforms.reverse import backward
 
-    with new_level("stage") as stage:
+    with new_level(LevelKind.STAGE) as stage:
         s_in = [stage.new_input(np.asarray(x)) for x in inputs]
         s_caps = [stage.new_input(np.asarray(c)) for c in caps]
         s_cts = [stage.new_input(np.asarray(g)) for g in cts]
-        with new_level("reverse") as level:
+        with new_level(LevelKind.DIFFERENTIATE) as level:
             r_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in s_in]
             r_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in s_caps]
             outs = eval_tape(tape, r_in, r_caps, guards)
@@ -420,7 +407,7 @@ def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
     """Cotangents of one step's inputs and captures, given its output cotangents."""
     from ..transforms.reverse import backward
 
-    with new_level("reverse") as level:
+    with new_level(LevelKind.DIFFERENTIATE) as level:
         traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
         traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
         outs = program.run(traced_in, traced_caps)
@@ -437,7 +424,7 @@ def _step_jvp(program: BodyProgram, inputs: list, caps: list, t_inputs: list, t_
     """(outputs, output tangents) of one step, by the forward interpreter on its tape."""
     from ..transforms.forward import forward
 
-    with new_level("reverse") as level:
+    with new_level(LevelKind.DIFFERENTIATE) as level:
         traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
         traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
         outs = program.run(traced_in, traced_caps)
@@ -656,7 +643,7 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
 def _retraced(impl, args: tuple, params: dict):
     """(reverse level, its traced arguments, outputs): `impl` recorded on fresh inputs, so a
     loop primitive is differentiated through its steps."""
-    with new_level("reverse") as level:
+    with new_level(LevelKind.DIFFERENTIATE) as level:
         traced = [level.new_input(a) if dtype_of(a).kind in "fc" else a for a in args]
         outs = impl(*traced, **params)
     return level, traced, outs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.errors import GradtapeError
 from ..core.primitive import Primitive, implements
-from ..core.tracing import GradtapeError, bind
+from ..core.tracing import bind
 from ._util import (
     batch_shape,
     dtype_of,

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import GradtapeError
 from ..core.ir import Instruction, Tape, Var
 from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
-from ..core.tracing import GradtapeError, Level, new_level
+from ..core.tracing import Level, LevelKind, new_level
 from ..rules._util import dtype_of, shape_of
 from ..tracer import Tracer
 from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call
@@ -224,7 +225,7 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fals
     """
     tangent_leaves = _tangent_leaves(primals, tangents, "jvp")
     nums = tuple(range(len(primals)))
-    with new_level("reverse") as level:
+    with new_level(LevelKind.DIFFERENTIATE) as level:
         out, in_trees = _trace_call(f, tuple(primals), {}, nums, level)
         aux = None
         if has_aux:
@@ -271,7 +272,7 @@ def record(f: Callable, args: tuple, kwargs: dict, argnums, has_aux: bool,
            who: str) -> Recording:
     """Record f once with the arguments in argnums traced (the tape every Jacobian reads)."""
     nums, single = _normalize_argnums(argnums, len(args))
-    with new_level("reverse") as level:
+    with new_level(LevelKind.DIFFERENTIATE) as level:
         out, in_trees = _trace_call(f, args, kwargs, nums, level)
         aux = None
         if has_aux:

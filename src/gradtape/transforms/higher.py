@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
-from ..core.tracing import GradtapeError, new_level
+from ..core.tracing import LevelKind, new_level
 from ..rules.control import custom_vjp
 from ..tracer import Tracer
 from .forward import (
@@ -60,7 +61,7 @@ def jacobian_by_rows(rec: Recording) -> list:
     if sum(num_elements(v.shape) for v in out_like) == 1 or _uses_user_vjp(rec.level.tape):
         rows = _rows_one_by_one(rec, out_like)  # one backward pass per row
     else:
-        with new_level("reverse") as level:
+        with new_level(LevelKind.DIFFERENTIATE) as level:
             seeds = [level.new_input(_generic_seed(v)) for v in out_like]
             cts = backward(rec.level.tape, rec.outvars, seeds)
             in_cts = [cts.get(v.id) for v in invars]

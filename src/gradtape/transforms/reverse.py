@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..core import tracing as trace
+from ..core.errors import GradtapeError
 from ..core.ir import Tape
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
-from ..core.tracing import GradtapeError, new_level
+from ..core.tracing import LevelKind, new_level
 from ..rules.indexing import SparseCotangent, materialize
 
 Tracer = trace.Tracer
@@ -212,7 +213,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     @functools.wraps(f)
     def value_and_grad_f(*args, **kwargs):
         nums, single = _normalize_argnums(argnums, len(args))
-        with new_level("reverse") as level:
+        with new_level(LevelKind.DIFFERENTIATE) as level:
             out, in_trees = _trace_call(f, args, kwargs, nums, level)
             aux = None
             if has_aux:
@@ -250,7 +251,7 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
 def vjp(f: Callable, *primals, has_aux: bool = False) -> tuple[Any, Callable]:
     """`(f(*primals), vjp_fn)`; `vjp_fn(cotangent)` returns one cotangent per primal."""
     nums = tuple(range(len(primals)))
-    with new_level("reverse") as level:
+    with new_level(LevelKind.DIFFERENTIATE) as level:
         out, in_trees = _trace_call(f, primals, {}, nums, level)
         aux = None
         if has_aux:

@@ -9,7 +9,7 @@ import numpy as np
 from ..core import tracing as trace
 from ..core.ir import Tape
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import new_level
+from ..core.tracing import LevelKind, new_level
 
 
 def trace_fn(f: Callable, *args, **kwargs) -> Tape:
@@ -18,7 +18,7 @@ def trace_fn(f: Callable, *args, **kwargs) -> Tape:
     Every leaf of every argument becomes a tape input. Guards (Python values the
     function asked of traced values) are listed after the instructions.
     """
-    with new_level("stage") as level:
+    with new_level(LevelKind.STAGE) as level:
         inputs = []
         for a in args:
             leaves, td = tree_flatten(a)
