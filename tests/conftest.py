@@ -267,7 +267,7 @@ def differentiable_ufuncs() -> list:
     """Every ufunc with a differentiable elementwise rule (NumPy's and scipy.special's)."""
     import scipy.special
 
-    from gradtape.core.primitive import UFUNCS, lookup_ufunc
+    from gradtape.core.routes import UFUNCS, lookup_ufunc
 
     lookup_ufunc(scipy.special.erf)  # registers the scipy.special ufuncs
     return [uf for uf, prim in UFUNCS.items() if prim.partials is not None and not prim.nondiff]

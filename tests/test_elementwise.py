@@ -1,6 +1,6 @@
 """Every elementwise rule (NumPy and scipy.special ufuncs) against numerical derivatives.
 
-The list of functions is the rule table itself (`gradtape.primitives.UFUNCS`), so a new
+The list of functions is the rule table itself (`gradtape.core.routes.UFUNCS`), so a new
 ufunc rule without a domain in tests/conftest.py fails `test_every_rule_has_a_domain`.
 """
 

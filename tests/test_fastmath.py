@@ -308,7 +308,7 @@ def test_every_function_vectorizes(name):
 
 def test_registry_names_are_primitive_names():
     """The code generator looks functions up by primitive name (softplus is a pattern)."""
-    from gradtape.core.primitive import UFUNCS, lookup_ufunc
+    from gradtape.core.routes import UFUNCS, lookup_ufunc
 
     lookup_ufunc(special.expit)  # registers scipy.special's ufuncs
     names = {prim.name for prim in UFUNCS.values()}

@@ -365,7 +365,7 @@ def test_floordiv_has_zero_derivative_and_rfloordiv():
 
 
 def test_matmul_operator():
-    from gradtape.core.primitive import FUNCTIONS, UFUNCS
+    from gradtape.core.routes import FUNCTIONS, UFUNCS
 
     if np.matmul not in UFUNCS and np.matmul not in FUNCTIONS:
         pytest.skip("matmul has no rule yet (rules/linalg.py is being written)")

@@ -24,7 +24,7 @@ answered by the numpy backend's code, which raises the same `GuardFailure` (or r
 result when, a few ulps apart, its check passes), so dispatch's variants work unchanged.
 
 Kernels are re-entrant: every buffer is allocated inside the kernel (glibc keeps freed
-blocks, see _malloc.py), the result arrays per call, and the native code releases the GIL
+blocks, see gradtape/process.py), the result arrays per call, and the native code releases the GIL
 (`nogil`), so threads run compiled calls in parallel.
 """
 

@@ -1,4 +1,4 @@
-"""The Primitive type and the registries that route NumPy calls to primitives.
+"""The Primitive type: one declaration per operation, and the registry of all of them.
 
 A primitive is declared once with its NumPy implementation and its derivative
 rules. Rules are written with NumPy operations, so applied to Tracers they are
@@ -8,18 +8,11 @@ work with no extra machinery.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 from . import tracing as trace
 
-# ufunc object -> primitive (filled by rules/elementwise.py); scipy's are added lazily
-UFUNCS: dict = {}
-# ufunc name -> primitive, for scipy.special ufuncs registered the first time one is seen
-SCIPY_UFUNCS: dict = {}
-# numpy function (the public API object) -> implementation for Tracer arguments
-FUNCTIONS: dict = {}
-# name -> primitive
+# name -> primitive: every primitive declared (what backends and the registry test walk)
 REGISTRY: dict = {}
 
 
@@ -107,35 +100,3 @@ class Primitive:
 
     def __repr__(self) -> str:
         return f"<primitive {self.name}>"
-
-
-def lookup_ufunc(ufunc):
-    """The primitive for a NumPy or scipy.special ufunc, or None."""
-    prim = UFUNCS.get(ufunc)
-    if prim is None and "scipy.special" in sys.modules and SCIPY_UFUNCS:
-        special = sys.modules["scipy.special"]
-        private = getattr(special, "_ufuncs", None)
-        for name, p in SCIPY_UFUNCS.items():
-            uf = getattr(special, name, None)
-            if not _is_ufunc(uf):
-                uf = getattr(private, name, None)
-            if uf is not None:
-                UFUNCS.setdefault(uf, p)
-        SCIPY_UFUNCS.clear()
-        prim = UFUNCS.get(ufunc)
-    return prim
-
-
-def _is_ufunc(f) -> bool:
-    return f is not None and type(f).__name__ == "ufunc"
-
-
-def implements(*numpy_functions):
-    """Register a Tracer implementation of NumPy functions (used by `__array_function__`)."""
-
-    def deco(fn):
-        for f in numpy_functions:
-            FUNCTIONS[f] = fn
-        return fn
-
-    return deco

@@ -15,10 +15,9 @@ import threading
 
 import numpy as np
 
+from . import routes
 from .errors import GradtapeError
 from .ir import Guard, Instruction, Tape, Var
-
-Tracer = None  # the Tracer class; set by tracer.py (it imports this module)
 
 _state = threading.local()
 _level_counter = iter(range(1, 1 << 62))
@@ -220,3 +219,392 @@ def _user_source_line() -> str:
 
     line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
     return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}: {line}"
+
+
+# --- the Tracer ------------------------------------------------------------------------------
+_UFUNCS = routes.UFUNCS
+_METHODS = routes.METHODS
+
+
+def _no_float_message(what: str) -> str:
+    return (
+        f"{what} was called on a traced value: it would turn the value into a plain Python "
+        "number and silently cut the gradient. Use NumPy functions on the array instead "
+        "(np.exp, np.sqrt, ... rather than math.exp, math.sqrt). If you are writing it into a "
+        "plain NumPy array (a[i] = x), build that array from traced values instead: "
+        "y = np.zeros_like(x); y[i] = ...  or  np.stack([...]). If you really want a constant, "
+        "use gradtape.stop_gradient(x) or x.item() (which records a guard)."
+    )
+
+
+_AS_ARRAY_MESSAGE = (
+    "np.array / np.asarray was called on a traced value (or a list of them): NumPy would copy "
+    "the numbers into a plain array and cut the gradient. Build arrays from traced values with "
+    "np.stack([...]) (or np.concatenate, np.hstack), and write into an array with "
+    "y = np.zeros_like(x); y[i] = value."
+)
+
+
+class Tracer:
+    """A value being traced at one level; behaves like a NumPy array."""
+
+    __slots__ = ("_value", "_var", "_level")
+    __array_priority__ = 1000
+
+    def __init__(self, value, var, level):
+        self._value = value
+        self._var = var
+        self._level = level
+
+    # --- array attributes ---------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._var.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._var.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._var.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self._var.shape:
+            n *= d
+        return n
+
+    @property
+    def T(self):
+        return np.transpose(self)
+
+    @property
+    def real(self):
+        return self
+
+    def __len__(self) -> int:
+        if not self._var.shape:
+            raise TypeError("len() of unsized object")
+        return self._var.shape[0]
+
+    def __iter__(self):
+        if not self._var.shape:
+            raise TypeError("iteration over a 0-d array")
+        for i in range(self._var.shape[0]):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self._var.type_str} level {self._level.id}>({self._value!r})"
+
+    # --- NumPy's override protocols -----------------------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.pop("out", None)
+        if out is not None and not (isinstance(out, tuple) and all(o is None for o in out)):
+            raise GradtapeError(
+                f"np.{ufunc.__name__}(..., out=...) writes into an array in place, which cannot "
+                "be traced. Write `y = np.{0}(...)` instead.".format(ufunc.__name__)
+            )
+        if method == "__call__":
+            prim = routes.lookup_ufunc(ufunc)
+            if prim is None:
+                raise _no_rule_error(f"the ufunc {ufunc.__name__}")
+            if kwargs:
+                return _ufunc_with_kwargs(prim, inputs, kwargs, ufunc)
+            return bind(prim, inputs, {})
+        impl = routes.UFUNC_METHODS.get((ufunc, method))
+        if impl is not None:
+            return impl(*inputs, **kwargs)
+        raise _no_rule_error(f"np.{ufunc.__name__}.{method}")
+
+    def __array_function__(self, func, types, args, kwargs):
+        impl = routes.FUNCTIONS.get(func)
+        if impl is None:
+            # the public spelling: np.fft.fft, np.linalg.eig, np.sum, scipy.x.y
+            parts = [p for p in (getattr(func, "__module__", None) or "numpy").split(".")
+                     if not p.startswith("_")]
+            parts[:1] = ["np"] if parts[:1] == ["numpy"] else parts[:1]
+            raise _no_rule_error(".".join(parts + [func.__name__]))
+        return impl(*args, **kwargs)
+
+    def __array__(self, dtype=None, copy=None):
+        raise GradtapeError(_AS_ARRAY_MESSAGE)
+
+    # --- Python values: answered with the concrete value, recorded as a guard -----------
+    def __bool__(self) -> bool:
+        ans = bool(self._value)
+        self._level.add_guard(self._var, "bool", ans)
+        return ans
+
+    def __int__(self) -> int:
+        ans = int(self._value)
+        self._level.add_guard(self._var, "int", ans)
+        return ans
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iub":
+            raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
+        ans = self._value.__index__()
+        self._level.add_guard(self._var, "index", ans)
+        return ans
+
+    def item(self, *args):
+        """The concrete value as a Python scalar; records a guard (the gradient stops here)."""
+        v = self._value
+        ans = v.item(*args) if hasattr(v, "item") else v
+        self._level.add_guard(self._var, "item", ans)
+        return ans
+
+    def tolist(self):
+        v = self._value
+        ans = v.tolist()
+        self._level.add_guard(self._var, "value", np.array(v))
+        return ans
+
+    def __float__(self):
+        raise GradtapeError(_no_float_message("float()"))
+
+    def __complex__(self):
+        raise GradtapeError(_no_float_message("complex()"))
+
+    # --- operators ------------------------------------------------------------------------
+    def __add__(self, o):
+        return bind(_UFUNCS[np.add], (self, o), {})
+
+    def __radd__(self, o):
+        return bind(_UFUNCS[np.add], (o, self), {})
+
+    def __sub__(self, o):
+        return bind(_UFUNCS[np.subtract], (self, o), {})
+
+    def __rsub__(self, o):
+        return bind(_UFUNCS[np.subtract], (o, self), {})
+
+    def __mul__(self, o):
+        return bind(_UFUNCS[np.multiply], (self, o), {})
+
+    def __rmul__(self, o):
+        return bind(_UFUNCS[np.multiply], (o, self), {})
+
+    def __truediv__(self, o):
+        return bind(_UFUNCS[np.divide], (self, o), {})
+
+    def __rtruediv__(self, o):
+        return bind(_UFUNCS[np.divide], (o, self), {})
+
+    def __floordiv__(self, o):
+        return np.floor_divide(self, o)
+
+    def __rfloordiv__(self, o):
+        return np.floor_divide(o, self)
+
+    def __mod__(self, o):
+        return bind(_UFUNCS[np.remainder], (self, o), {})
+
+    def __rmod__(self, o):
+        return bind(_UFUNCS[np.remainder], (o, self), {})
+
+    def __pow__(self, o):
+        if type(o) is int and o == 2:
+            return bind(_UFUNCS[np.square], (self,), {})
+        return bind(_UFUNCS[np.power], (self, o), {})
+
+    def __rpow__(self, o):
+        return bind(_UFUNCS[np.power], (o, self), {})
+
+    def __matmul__(self, o):
+        return np.matmul(self, o)
+
+    def __rmatmul__(self, o):
+        return np.matmul(o, self)
+
+    def __neg__(self):
+        return bind(_UFUNCS[np.negative], (self,), {})
+
+    def __pos__(self):
+        return Tracer(self._value, self._var, self._level)
+
+    def __abs__(self):
+        return bind(_UFUNCS[np.absolute], (self,), {})
+
+    def __lt__(self, o):
+        return np.less(self, o)
+
+    def __le__(self, o):
+        return np.less_equal(self, o)
+
+    def __gt__(self, o):
+        return np.greater(self, o)
+
+    def __ge__(self, o):
+        return np.greater_equal(self, o)
+
+    def __eq__(self, o):
+        return np.equal(self, o)
+
+    def __ne__(self, o):
+        return np.not_equal(self, o)
+
+    def __and__(self, o):
+        return np.logical_and(self, o) if self.dtype == bool else np.bitwise_and(self, o)
+
+    def __or__(self, o):
+        return np.logical_or(self, o) if self.dtype == bool else np.bitwise_or(self, o)
+
+    def __invert__(self):
+        return np.logical_not(self) if self.dtype == bool else np.invert(self)
+
+    __hash__ = None
+
+    def __iadd__(self, o):
+        return self + o
+
+    def __isub__(self, o):
+        return self - o
+
+    def __imul__(self, o):
+        return self * o
+
+    def __itruediv__(self, o):
+        return self / o
+
+    def __ipow__(self, o):
+        return self**o
+
+    # --- indexing -----------------------------------------------------------------------
+    def __getitem__(self, idx):
+        return _METHODS["__getitem__"](self, idx)
+
+    def __setitem__(self, idx, value):
+        new = _METHODS["__setitem__"](self, idx, value)
+        # a functional update: this Tracer now stands for the updated array
+        self._value, self._var, self._level = new._value, new._var, new._level
+
+    # --- methods ----------------------------------------------------------------------
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
+        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+
+    def max(self, axis=None, out=None, keepdims=False):
+        return np.max(self, axis=axis, out=out, keepdims=keepdims)
+
+    def min(self, axis=None, out=None, keepdims=False):
+        return np.min(self, axis=axis, out=out, keepdims=keepdims)
+
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+
+    def cumsum(self, axis=None, dtype=None, out=None):
+        return np.cumsum(self, axis=axis, dtype=dtype, out=out)
+
+    def cumprod(self, axis=None, dtype=None, out=None):
+        return np.cumprod(self, axis=axis, dtype=dtype, out=out)
+
+    def argmax(self, axis=None, out=None, keepdims=False):
+        return np.argmax(self, axis=axis, out=out, keepdims=keepdims)
+
+    def argmin(self, axis=None, out=None, keepdims=False):
+        return np.argmin(self, axis=axis, out=out, keepdims=keepdims)
+
+    def argsort(self, axis=-1, kind=None, order=None):
+        return np.argsort(self, axis=axis, kind=kind, order=order)
+
+    def any(self, axis=None, out=None, keepdims=False):
+        return np.any(self, axis=axis, out=out, keepdims=keepdims)
+
+    def all(self, axis=None, out=None, keepdims=False):
+        return np.all(self, axis=axis, out=out, keepdims=keepdims)
+
+    def dot(self, b, out=None):
+        return np.dot(self, b, out=out)
+
+    def reshape(self, *newshape, order="C"):
+        if len(newshape) == 1 and not isinstance(newshape[0], (int, np.integer)):
+            newshape = newshape[0]
+        return np.reshape(self, newshape, order=order)
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
+            axes = axes[0]
+        return np.transpose(self, axes or None)
+
+    def swapaxes(self, a, b):
+        return np.swapaxes(self, a, b)
+
+    def ravel(self, order="C"):
+        return np.ravel(self, order=order)
+
+    def flatten(self, order="C"):
+        return np.ravel(self, order=order)
+
+    def squeeze(self, axis=None):
+        return np.squeeze(self, axis=axis)
+
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        return _METHODS["astype"](self, np.dtype(dtype))
+
+    def clip(self, min=None, max=None, out=None):
+        return np.clip(self, min, max, out=out)
+
+    def copy(self, order="C"):
+        # a new object for the same value: a later y[i] = ... on the copy leaves self alone
+        return Tracer(self._value, self._var, self._level)
+
+    def conj(self):
+        return self
+
+    conjugate = conj
+
+    def round(self, decimals=0, out=None):
+        return np.round(self, decimals=decimals, out=out)
+
+    def take(self, indices, axis=None, out=None, mode="raise"):
+        return np.take(self, indices, axis=axis, out=out, mode=mode)
+
+    def repeat(self, repeats, axis=None):
+        return np.repeat(self, repeats, axis=axis)
+
+    def nonzero(self):
+        return np.nonzero(self)
+
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+        return np.trace(self, offset, axis1, axis2, dtype, out)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1):
+        return np.diagonal(self, offset, axis1, axis2)
+
+
+def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
+    where = kwargs.pop("where", True)
+    dtype = kwargs.pop("dtype", None)
+    kwargs.pop("casting", None)
+    kwargs.pop("order", None)
+    kwargs.pop("subok", None)
+    if kwargs:
+        raise GradtapeError(
+            f"np.{ufunc.__name__} with {sorted(kwargs)} cannot be traced; call it without them."
+        )
+    if where is not True:
+        raise GradtapeError(
+            f"np.{ufunc.__name__}(..., where=mask) leaves masked entries uninitialised; "
+            "write np.where(mask, np.f(x), fill) instead."
+        )
+    out = bind(prim, inputs, {})
+    return _METHODS["astype"](out, np.dtype(dtype)) if dtype is not None else out
+
+
+def _no_rule_error(what: str) -> GradtapeError:
+    return GradtapeError(
+        f"gradtape has no derivative rule for {what}. Define one with gradtape.custom_vjp "
+        "(and custom_jvp for forward mode), or, if the value does not need a gradient, "
+        "pass its inputs through gradtape.stop_gradient first."
+    )

@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 from ..core.errors import GradtapeError
-from ..core.primitive import SCIPY_UFUNCS, UFUNCS, Primitive
+from ..core.primitive import Primitive
+from ..core.routes import SCIPY_UFUNCS, UFUNCS
 from ._util import batch_shape, lift_tangent, ndim_of, shape_of, unbroadcast
 
 _LN2 = math.log(2.0)

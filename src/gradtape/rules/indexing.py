@@ -11,7 +11,8 @@ import numpy as np
 
 from ..core import tracing as trace
 from ..core.errors import GradtapeError
-from ..core.primitive import Primitive, implements
+from ..core.primitive import Primitive
+from ..core.routes import implements, implements_method, implements_ufunc_method
 from ..core.tracing import bind
 from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
@@ -132,6 +133,7 @@ getitem_p = Primitive(
 )
 
 
+@implements_method("__getitem__")
 def getitem(x, idx):
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
@@ -266,6 +268,7 @@ setitem_p = Primitive(
 )
 
 
+@implements_method("__setitem__")
 def setitem(x, idx, v):
     """`x[idx] = v` as a new value (the Tracer that called it is rebound to the result)."""
     if hasattr(v, "dtype") and dtype_of(v).kind == "c" and dtype_of(x).kind != "c":
@@ -278,6 +281,7 @@ def setitem(x, idx, v):
     return bind(setitem_p, (x, v), {"idx": normalize_index(idx)})
 
 
+@implements_ufunc_method(np.add, "at")
 def add_at(a, indices, b=None):
     """`np.add.at(a, indices, b)` on a traced `a`: rebinds `a` to the updated value."""
     if type(a) is not trace.Tracer:

@@ -21,7 +21,8 @@ from collections import Counter
 import numpy as np
 
 from ..core.errors import GradtapeError
-from ..core.primitive import UFUNCS, Primitive, implements
+from ..core.primitive import Primitive
+from ..core.routes import UFUNCS, implements
 from ..core.tracing import bind
 from ._util import dtype_of, ndim_of, normalize_axis, shape_of, unbroadcast
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import GradtapeError
-from ..core.primitive import Primitive, implements
+from ..core.primitive import Primitive
+from ..core.routes import implements, implements_ufunc_method
 from ..core.tracing import bind
 from ._util import (
     batch_shape,
@@ -286,3 +287,23 @@ for _f in (np.argmax, np.argmin, np.argsort, np.any, np.all, np.count_nonzero, n
            np.isnan, np.sign):
     if hasattr(_f, "__name__") and not isinstance(_f, np.ufunc):
         _nondiff_function(_f, _f.__name__)
+
+
+# --- ufunc methods: np.add.reduce is np.sum, np.multiply.accumulate is np.cumprod, ... ---------
+def _ufunc_reduction(ufunc, function) -> None:
+    def reduce(a, axis=0, dtype=None, out=None, keepdims=False, **unsupported):
+        return function(a, axis=axis, keepdims=keepdims)
+
+    implements_ufunc_method(ufunc, "reduce")(reduce)
+
+
+def _ufunc_accumulation(ufunc, function) -> None:
+    implements_ufunc_method(ufunc, "accumulate")(
+        lambda a, axis=0, dtype=None, out=None, **unsupported: function(a, axis=axis))
+
+
+for _ufunc, _function in ((np.add, np.sum), (np.multiply, np.prod), (np.maximum, np.max),
+                          (np.minimum, np.min)):
+    _ufunc_reduction(_ufunc, _function)
+for _ufunc, _function in ((np.add, np.cumsum), (np.multiply, np.cumprod)):
+    _ufunc_accumulation(_ufunc, _function)

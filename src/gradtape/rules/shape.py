@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import GradtapeError
-from ..core.primitive import Primitive, implements
+from ..core.primitive import Primitive
+from ..core.routes import implements, implements_method
 from ..core.tracing import bind
 from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
@@ -69,6 +70,7 @@ full_like_p = Primitive(
 )
 
 
+@implements_method("astype")
 def astype(x, dtype):
     if dtype == dtype_of(x):
         return x

@@ -23,9 +23,8 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.ir import Instruction, Tape, Var
 from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
-from ..core.tracing import Level, LevelKind, new_level
+from ..core.tracing import Level, LevelKind, Tracer, new_level
 from ..rules._util import dtype_of, shape_of
-from ..tracer import Tracer
 from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call
 
 # the largest batch of tangents pushed at once, in elements of the largest tape variable

@@ -16,9 +16,8 @@ import numpy as np
 
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
-from ..core.tracing import LevelKind, new_level
+from ..core.tracing import LevelKind, Tracer, new_level
 from ..rules.control import custom_vjp
-from ..tracer import Tracer
 from .forward import (
     Recording,
     basis_rows,
