@@ -1,9 +1,9 @@
-"""compile (numpy backend) against eager grad, HIPS autograd and JAX jit(grad) (issue 4's figures).
+"""compile (numpy backend) against eager grad, HIPS autograd and JAX jit(grad) .
 
 Run: python benchmarks/compile_bench.py [--quick]
 Times value_and_grad of the seeds' normal log-density (N = 10 .. 10^6) and EAM model
 (N = 100, 1000), single-threaded, and prints medians (microseconds per call) and the
-ratios the issue asks for: eager / compiled (goal >= 10 at N = 1000) and JAX / compiled
+ratios that matter: eager / compiled (goal >= 10 at N = 1000) and JAX / compiled
 at N = 10 (goal > 1: less per-call overhead than JAX's jit dispatch). Every method's
 result is checked against the closed-form gradient before it is timed.
 """

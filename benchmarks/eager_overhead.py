@@ -1,4 +1,4 @@
-"""Eager `grad` overhead per recorded operation, against HIPS autograd (issue 2's figure).
+"""Eager `grad` overhead per recorded operation, against HIPS autograd.
 
 Run: python benchmarks/eager_overhead.py
 Prints medians (microseconds) and the ratio gradtape / autograd, single-threaded.

@@ -1,4 +1,4 @@
-"""Jacobians of f: R^100 -> R^100 and Hessian-vector products at N=1000 (issue 3's figures).
+"""Jacobians of f: R^100 -> R^100 and Hessian-vector products at N=1000.
 
 Run: python benchmarks/jacobian_hvp.py
 Prints medians (milliseconds) of gradtape's jacfwd/jacrev/jacobian against JAX (jacfwd and

@@ -1,4 +1,4 @@
-"""The numba backend against its peers (issue 7's figures).
+"""The numba backend against its peers.
 
     python benchmarks/numba_bench.py [--quick] [--repeat 9] [--skip-all-cores] [--skip-latency]
 

@@ -2,7 +2,7 @@
 
 Run: python benchmarks/scan_bench.py [--quick] [--lengths T ...] [--repeat K]
 
-Issue 5's figures. The model is the bench's ``rnn_scan`` workload (h = tanh(W h + U x_t), loss =
+The model is the bench's ``rnn_scan`` workload (h = tanh(W h + U x_t), loss =
 0.5 * sum_t (v.h_t - z_t)**2, gradient w.r.t. W), timed as value and gradient with: gradtape's
 eager ``grad`` of ``gt.scan``, ``gt.compile(gt.value_and_grad(f))`` of the same function on the
 numpy backend (the loop runs in Python, one generated-NumPy call per step) and on the numba backend

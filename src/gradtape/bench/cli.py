@@ -112,11 +112,12 @@ def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     with display.progress_display(count_steps(workloads, methods, config), use_rich) as sink:
         run = run_benchmark(workloads, methods, config, sink)
     threads["after_run"] = runtime_thread_counts()
-    flags = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-             if k != "handler"}
+    # the output directory is this machine's path: the recorded results name it by its role
+    flags = {k: "OUT_DIR" if k == "out" else str(v) if isinstance(v, Path) else v
+             for k, v in vars(args).items() if k != "handler"}
     context = RunContext(
         date=date,
-        command=shlex.join(["gradtape", *argv]),
+        command=shlex.join(["gradtape", *_without_out_dir(argv)]),
         flags=flags,
         machine=machine(),
         threads=threads,
@@ -134,3 +135,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [str(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)
     return args.handler(args, argv)
+
+
+def _without_out_dir(argv: list[str]) -> list[str]:
+    """The command line with the --out directory replaced by OUT_DIR (no machine paths)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            out.append("OUT_DIR")
+            skip = False
+        elif a == "--out":
+            out.append(a)
+            skip = True
+        elif a.startswith("--out="):
+            out.append("--out=OUT_DIR")
+        else:
+            out.append(a)
+    return out
