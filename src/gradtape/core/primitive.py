@@ -49,6 +49,8 @@ class Primitive:
     reads_trip_count: the primitive reads a loop's trip count from its inputs' shapes (the
                backward loop of scan): the compiler keeps a shape check on what else reads them.
     user_rule: the derivative rule is user code (custom_vjp/custom_jvp).
+    aliases_input: the output is a view of the first argument in NumPy (x.T, reshape): a write
+               into that argument is seen by the output, and a write into the output raises.
     batch:     the batching rule (for vmap): `batch(args, batch_axes, **params)` ->
                (outputs, output batch axes); None: batched by a loop over the batch.
     """
@@ -56,14 +58,15 @@ class Primitive:
     __slots__ = ("name", "impl", "vjps", "jvp", "nondiff", "multiple_results", "partials",
                  "linear", "safe", "variadic", "vjp_all", "transparent", "jvp_batched",
                  "python_impl", "native", "shape_from_data", "constant_valued", "identity",
-                 "reads_trip_count", "user_rule", "batch")
+                 "reads_trip_count", "user_rule", "batch", "aliases_input")
 
     def __init__(self, name: str, impl: Callable, vjps=None, jvp=None, nondiff: bool = False,
                  multiple_results: bool = False, partials=None, linear: bool = False,
                  safe: bool = False, variadic: bool = False, transparent: bool = False,
                  jvp_batched: bool = False, native=None, shape_from_data: bool = False,
                  constant_valued: bool = False, identity: bool = False,
-                 reads_trip_count: bool = False, user_rule: bool = False, batch=None):
+                 reads_trip_count: bool = False, user_rule: bool = False, batch=None,
+                 aliases_input: bool = False):
         self.name = name
         self.impl = impl
         self.vjps = vjps
@@ -86,6 +89,7 @@ class Primitive:
         self.reads_trip_count = reads_trip_count
         self.user_rule = user_rule
         self.batch = batch
+        self.aliases_input = aliases_input
         REGISTRY[name] = self
 
     def __call__(self, *args, **params):

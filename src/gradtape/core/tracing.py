@@ -12,6 +12,7 @@ import enum
 import os
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -180,7 +181,18 @@ def bind(prim, args: tuple, params: dict):
         return type(out)(Tracer(o, v, top) for o, v in zip(out, outvars))
     var = top.new_var(out)
     top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out))
-    return Tracer(out, var, top)
+    tracer = Tracer(out, var, top)
+    if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
+        add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
+    return tracer
+
+
+def _recompute_view(prim, rest: tuple, params: dict):
+    def recompute(base):
+        return bind(prim, (base, *rest), params)
+
+    recompute.__name__ = prim.name
+    return recompute
 
 
 def _inexact(out, multiple: bool) -> bool:
@@ -246,15 +258,24 @@ _AS_ARRAY_MESSAGE = (
 
 
 class Tracer:
-    """A value being traced at one level; behaves like a NumPy array."""
+    """A value being traced at one level; behaves like a NumPy array.
 
-    __slots__ = ("_value", "_var", "_level")
+    Writes follow NumPy's memory semantics. `x[1:]` (basic indexing) is a view: a write into it
+    (`v[0] = 1`, `v *= 2`) is written into `x`, and views of `x` that are still alive see every
+    write into `x`. Other views (`x.T`, `x.reshape(...)`, `np.broadcast_to(x, ...)`) see writes
+    into `x`; writing into them raises, because NumPy may or may not share memory there.
+    In-place operators (`x += 1`) change the array every name bound to it sees, as in NumPy.
+    """
+
+    __slots__ = ("_value", "_var", "_level", "_views", "_view_of", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, value, var, level):
         self._value = value
         self._var = var
         self._level = level
+        self._views = None  # weak references to the views taken of this array
+        self._view_of = None  # (base, basic index or None, recompute(base) -> fresh Tracer)
 
     # --- array attributes ---------------------------------------------------------------
     @property
@@ -302,10 +323,7 @@ class Tracer:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         out = kwargs.pop("out", None)
         if out is not None and not (isinstance(out, tuple) and all(o is None for o in out)):
-            raise GradtapeError(
-                f"np.{ufunc.__name__}(..., out=...) writes into an array in place, which cannot "
-                "be traced. Write `y = np.{0}(...)` instead.".format(ufunc.__name__)
-            )
+            return _ufunc_into(ufunc, method, inputs, kwargs, out)
         if method == "__call__":
             prim = routes.lookup_ufunc(ufunc)
             if prim is None:
@@ -457,29 +475,104 @@ class Tracer:
 
     __hash__ = None
 
+    # --- writes: in-place operators, item assignment, out=, fill ------------------------------
     def __iadd__(self, o):
-        return self + o
+        return self._in_place(self + o, "add")
 
     def __isub__(self, o):
-        return self - o
+        return self._in_place(self - o, "subtract")
 
     def __imul__(self, o):
-        return self * o
+        return self._in_place(self * o, "multiply")
 
     def __itruediv__(self, o):
-        return self / o
+        return self._in_place(self / o, "divide")
+
+    def __ifloordiv__(self, o):
+        return self._in_place(self // o, "floor_divide")
+
+    def __imod__(self, o):
+        return self._in_place(self % o, "remainder")
 
     def __ipow__(self, o):
-        return self**o
+        return self._in_place(self**o, "power")
+
+    def __imatmul__(self, o):
+        return self._in_place(self @ o, "matmul")
+
+    def __iand__(self, o):
+        return self._in_place(self & o, "bitwise_and")
+
+    def __ior__(self, o):
+        return self._in_place(self | o, "bitwise_or")
+
+    def fill(self, value) -> None:
+        """`x.fill(v)`: every element of x (and of the array x views) becomes v."""
+        self[...] = value
+
+    def _in_place(self, result, op: str):
+        """Store `result` into this array as NumPy's in-place ufunc would (shape kept, cast
+        to this dtype under 'same_kind'), and return the array."""
+        shape = self._var.shape
+        rshape = getattr(result, "shape", ())
+        if rshape != shape:
+            raise ValueError(f"non-broadcastable output operand with shape {shape} doesn't "
+                             f"match the broadcast shape {rshape}")
+        dtype = self._var.dtype
+        rdtype = getattr(result, "dtype", None) or np.result_type(result)
+        if rdtype != dtype:
+            if not np.can_cast(rdtype, dtype, casting="same_kind"):
+                raise TypeError(f"Cannot cast ufunc '{op}' output from {rdtype!r} to {dtype!r} "
+                                "with casting rule 'same_kind'")
+            result = _METHODS["astype"](result, dtype)
+        if type(result) is not Tracer:
+            raise GradtapeError(
+                f"an in-place {op} (x {op}= ...) made a traced array constant (its derivative is "
+                f"zero). Write x = np.{op}(x, ...) instead, or stop_gradient(x) first.")
+        self._assign(result)
+        return self
+
+    def _assign(self, new) -> None:
+        """This array now holds `new` (same shape and dtype): a write, seen through every name
+        bound to this Tracer, by the array it views and by its own live views."""
+        view_of = self._view_of
+        if view_of is not None:
+            base, index, recompute = view_of
+            if index is None:
+                raise GradtapeError(
+                    f"{_user_source_line()}: a write into the result of {recompute.__name__} "
+                    "(x.T, x.reshape, np.broadcast_to, ...): NumPy may or may not write through "
+                    "to x there. Write into x itself (x[...] = ...), or take a copy first "
+                    "(y = x.T.copy()).")
+            base._assign(_METHODS["__setitem__"](base, index, new))  # also refreshes self
+            return
+        self._value, self._var, self._level = new._value, new._var, new._level
+        if self._views:
+            self._refresh_views()
+
+    def _refresh_views(self) -> None:
+        """Recompute the live views of this array after a write into it."""
+        live = []
+        for ref in self._views:
+            view = ref()
+            if view is None:
+                continue
+            live.append(ref)
+            fresh = view._view_of[2](self)
+            view._value, view._var, view._level = fresh._value, fresh._var, fresh._level
+            if view._views:
+                view._refresh_views()
+        self._views = live
 
     # --- indexing -----------------------------------------------------------------------
     def __getitem__(self, idx):
-        return _METHODS["__getitem__"](self, idx)
+        out = _METHODS["__getitem__"](self, idx)
+        if type(out) is Tracer and _is_view_index(idx, len(self._var.shape)):
+            add_view(self, out, idx)
+        return out
 
     def __setitem__(self, idx, value):
-        new = _METHODS["__setitem__"](self, idx, value)
-        # a functional update: this Tracer now stands for the updated array
-        self._value, self._var, self._level = new._value, new._var, new._level
+        self._assign(_METHODS["__setitem__"](self, idx, value))
 
     # --- methods ----------------------------------------------------------------------
     def sum(self, axis=None, dtype=None, out=None, keepdims=False):
@@ -600,6 +693,68 @@ def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
         )
     out = bind(prim, inputs, {})
     return _METHODS["astype"](out, np.dtype(dtype)) if dtype is not None else out
+
+
+def _ufunc_into(ufunc, method: str, inputs, kwargs, out):
+    """`np.f(..., out=y)` with y traced: computed as usual, then written into y in place."""
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != 1 or method != "__call__" or type(outs[0]) is not Tracer:
+        raise GradtapeError(
+            f"np.{ufunc.__name__}(..., out=...) writes traced values into a plain ndarray (or "
+            "several outputs), which would cut the gradient. Write y = np.{0}(...) instead."
+            .format(ufunc.__name__))
+    target = outs[0]
+    where = kwargs.pop("where", True)
+    result = ufunc(*inputs, **kwargs)
+    if where is not True:
+        result = np.where(where, result, target)
+    result = np.broadcast_to(result, target.shape) if np.shape(result) != target.shape else result
+    return target._in_place(result, ufunc.__name__)
+
+
+def _is_view_index(idx, ndim: int) -> bool:
+    """Whether x[idx] is a view of x in NumPy: basic indexing (ints, slices, None, ...) that
+    does not pick a single element (x[1, 2] of a 2-d array is a scalar: a copy)."""
+    parts = idx if type(idx) is tuple else (idx,)
+    ints = 0
+    for p in parts:
+        if p is None or p is Ellipsis or type(p) is slice:
+            return all(q is None or q is Ellipsis or type(q) is slice or _is_int(q)
+                       for q in parts)
+        if not _is_int(p):
+            return False
+        ints += 1
+    return ints < ndim
+
+
+def _is_int(p) -> bool:
+    return isinstance(p, (int, np.integer)) and not isinstance(p, (bool, np.bool_))
+
+
+def assign(target: Tracer, new: Tracer) -> None:
+    """Write `new` into the traced array `target` in place (np.add.at, np.copyto): every name
+    bound to `target`, the array it views and its live views see the new value."""
+    target._assign(new)
+
+
+def add_view(base: Tracer, view: Tracer, index=None, recompute=None) -> None:
+    """Record that `view` shows (part of) `base`: a write into `base` recomputes it.
+
+    `index` is the basic index of x[index] (writes into the view are written into `base`), or
+    None for views that cannot be written through (`recompute.__name__` names them in errors).
+    """
+    if index is not None:
+        def recompute(b, index=index):
+            return _METHODS["__getitem__"](b, index)
+    view._view_of = (base, index, recompute)
+    refs = base._views
+    ref = weakref.ref(view)
+    if refs is None:
+        base._views = [ref]
+        return
+    if len(refs) >= 16 and (len(refs) & (len(refs) - 1)) == 0:  # prune at 16, 32, 64, ...
+        refs[:] = [r for r in refs if r() is not None]
+    refs.append(ref)
 
 
 def _no_rule_error(what: str) -> GradtapeError:

@@ -290,8 +290,7 @@ def add_at(a, indices, b=None):
             "Start from a traced array instead: acc = np.zeros_like(x) (x traced), then "
             "np.add.at(acc, idx, values)."
         )
-    new = bind(scatter_add_p, (a, b), {"idx": normalize_index(indices)})
-    a._value, a._var, a._level = new._value, new._var, new._level
+    trace.assign(a, bind(scatter_add_p, (a, b), {"idx": normalize_index(indices)}))
 
 
 def _has_tracer(idx) -> bool:
@@ -439,3 +438,18 @@ def _triangle(m, k, upper):
 
 implements(np.triu)(lambda m, k=0: _triangle(m, k, True))
 implements(np.tril)(lambda m, k=0: _triangle(m, k, False))
+
+
+@implements(np.copyto)
+def copyto(dst, src, casting="same_kind", where=True):
+    """`np.copyto(dst, src)` into a traced `dst`: a write, seen by every view of `dst`."""
+    if type(dst) is not trace.Tracer:
+        raise GradtapeError(
+            "np.copyto writes traced values into a plain ndarray, which would cut the gradient. "
+            "Start from a traced array instead (dst = np.zeros_like(x) with x traced), or build "
+            "the result with np.where / np.stack.")
+    src_dtype = dtype_of(src)
+    if not np.can_cast(src_dtype, dtype_of(dst), casting=casting):
+        raise TypeError(f"Cannot cast array data from {src_dtype!r} to {dtype_of(dst)!r} "
+                        f"according to the rule {casting!r}")
+    dst[...] = src if where is True else np.where(where, src, dst)

@@ -14,14 +14,14 @@ reshape_p = Primitive(
     "reshape", lambda x, shape: np.reshape(x, shape),
     vjps=(lambda g, ans, x, shape: np.reshape(g, shape_of(x)),),
     jvp=lambda ts, ans, x, shape: reshape_p(ts[0], shape=batch_shape(ts[0], x) + shape),
-    linear=True, jvp_batched=True,
+    linear=True, jvp_batched=True, aliases_input=True,
 )
 
 transpose_p = Primitive(
     "transpose", lambda x, axes: np.transpose(x, axes),
     vjps=(lambda g, ans, x, axes: np.transpose(g, tuple(np.argsort(axes))),),
     jvp=lambda ts, ans, x, axes: _transpose_tangent(ts[0], x, axes),
-    linear=True, jvp_batched=True,
+    linear=True, jvp_batched=True, aliases_input=True,
 )
 
 
@@ -34,7 +34,7 @@ broadcast_p = Primitive(
     vjps=(lambda g, ans, x, shape: unbroadcast(g, shape_of(x)),),
     jvp=lambda ts, ans, x, shape: broadcast_p(lift_tangent(ts[0], x, len(shape)),
                                               shape=batch_shape(ts[0], x) + shape),
-    linear=True, jvp_batched=True,
+    linear=True, jvp_batched=True, aliases_input=True,
 )
 
 

@@ -230,9 +230,9 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fals
         if has_aux:
             out, aux = _split_aux(out, "jvp")
     seeds = {}
-    for (_, tracers, _), leaves in zip(in_trees, tangent_leaves):
-        for tracer, t in zip(tracers, leaves):
-            seeds[tracer._var.id] = t
+    for (_, invars, _), leaves in zip(in_trees, tangent_leaves):
+        for var, t in zip(invars, leaves):
+            seeds[var.id] = t
     out_leaves, out_td = tree_flatten(out)
     outvars = _output_vars(out_leaves, level, "jvp", need_float=False)
     res = forward(level.tape, seeds, keep={v.id for v in outvars if v is not None})
@@ -250,7 +250,7 @@ class Recording:
     """A function recorded once for a Jacobian: its tape, inputs and outputs."""
 
     level: Level
-    in_trees: list  # per argnum: (treedef, input tracers, leaves)
+    in_trees: list  # per argnum: (treedef, input Vars, leaves)
     single: bool  # argnums was an int
     out_leaves: list
     out_td: TreeDef
@@ -260,7 +260,7 @@ class Recording:
 
     @property
     def invars(self) -> list:
-        return [t._var for _, tracers, _ in self.in_trees for t in tracers]
+        return [v for _, invars, _ in self.in_trees for v in invars]
 
     @property
     def out_shapes(self) -> list:
@@ -365,9 +365,9 @@ def assemble(rec: Recording, blocks: list):
     leaves = []
     for row in blocks:
         per_arg, j = [], 0
-        for td, tracers, _ in rec.in_trees:
-            per_arg.append(tree_unflatten(td, [_owned(b) for b in row[j:j + len(tracers)]]))
-            j += len(tracers)
+        for td, invars, _ in rec.in_trees:
+            per_arg.append(tree_unflatten(td, [_owned(b) for b in row[j:j + len(invars)]]))
+            j += len(invars)
         leaves.append(per_arg[0] if rec.single else tuple(per_arg))
     jac = tree_unflatten(rec.out_td, leaves)
     return (jac, rec.aux) if rec.has_aux else jac

@@ -141,7 +141,9 @@ def _trace_call(f, args, kwargs, argnums, level):
     for a in argnums:
         leaves, td = tree_flatten(args[a])
         tracers = [level.new_input(_check_differentiable(x, f"argument {a}")) for x in leaves]
-        in_trees.append((td, tracers, leaves))
+        # the input Vars, not the Tracers: f may write into its argument (x[0] = ...), which
+        # rebinds the Tracer to the written value; derivatives are with respect to the input
+        in_trees.append((td, [t._var for t in tracers], leaves))
         new_args[a] = tree_unflatten(td, tracers)
     try:
         return f(*new_args, **kwargs), in_trees
@@ -174,12 +176,12 @@ def _fresh(g, like):
 
 def _grads_for(in_trees, cts: dict):
     out = []
-    for td, tracers, leaves in in_trees:
+    for td, invars, leaves in in_trees:
         gl = []
-        for t, leaf in zip(tracers, leaves):
-            g = cts.get(t._var.id)
+        for var, leaf in zip(invars, leaves):
+            g = cts.get(var.id)
             if g is None:
-                g = np.zeros(t._var.shape, t._var.dtype)
+                g = np.zeros(var.shape, var.dtype)
             gl.append(_fresh(g, leaf))
         out.append(tree_unflatten(td, gl))
     return out
