@@ -18,7 +18,10 @@ from gradtape._pytree import tree_flatten
 from gradtape.compile import numba_backend
 from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
 
-pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed"),
+]
 RNG = np.random.default_rng(7)
 
 
