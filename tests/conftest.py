@@ -83,9 +83,11 @@ def pytest_report_header(config):
 
 def pytest_unconfigure(config):
     if _OWN_CACHE_DIR:
-        numba_backend = sys.modules.get("gradtape.compile.numba_backend")
-        if numba_backend is not None:  # background compiles still writing into it
-            numba_backend.wait_for_kernels(60)
+        # background compiles may still be writing into it (found by attribute, not by module
+        # name: the numba backend's module may move)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("gradtape.") and callable(getattr(module, "wait_for_kernels", 0)):
+                module.wait_for_kernels(60)
         shutil.rmtree(_OWN_CACHE_DIR.pop(), ignore_errors=True)
         os.environ.pop("GRADTAPE_CACHE_DIR", None)
 
