@@ -89,7 +89,9 @@ def pytest_unconfigure(config):
             if name.startswith("gradtape.") and callable(getattr(module, "wait_for_kernels", 0)):
                 module.wait_for_kernels(60)
         shutil.rmtree(_OWN_CACHE_DIR.pop(), ignore_errors=True)
-        os.environ.pop("GRADTAPE_CACHE_DIR", None)
+        # anything compiled later in this process (at exit) stays in memory: with the variable
+        # merely unset it would fall back to the user's cache
+        os.environ["GRADTAPE_CACHE"] = "0"
 
 
 # Reproducible in CI: derandomized (examples derived from the test itself), no deadline
