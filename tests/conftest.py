@@ -1,13 +1,24 @@
-"""Shared test machinery: the hypothesis profile, numerical references and the domain table.
+"""Shared test machinery: the test tiers, the hypothesis profile, numerical references and
+the domain table.
 
 Every gradient test compares gradtape against references that do not use gradtape:
 central finite differences (always) and the complex step (where the function accepts
 complex input and is analytic there), both computed in float64.
+
+Tiers: tests that compile Numba kernels are marked `native`. Plain `pytest` is the fast tier:
+it deselects them and turns Numba off for the whole process (GRADTAPE_NUMBA=0, so
+backend="auto" and eager loops never start a background compile). `pytest --all` runs both
+tiers; an explicit `-m` expression selects by itself (Numba stays on unless it excludes
+`native`). gradtape is imported only after this is decided (pytest_configure), so this module
+must not import it at the top.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +29,70 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import gradtape as gt
+# --- tiers and the kernel cache ---------------------------------------------------------------
+_OWN_CACHE_DIR: list[str] = []  # the temporary cache directory this process made, if any
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", dest="all_tiers",
+                     help="run both test tiers: the fast one and the `native` tests, which "
+                          "compile Numba kernels (plain `pytest` deselects those)")
+
+
+def _native_selected(config) -> bool:
+    """Whether this run may select `native` tests (else it is the fast tier: Numba off)."""
+    if config.getoption("all_tiers"):
+        return True
+    markexpr = config.getoption("markexpr")
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        return bool(Expression.compile(markexpr).evaluate(
+            lambda name, **kwargs: name == "native"))
+    except Exception:  # another pytest's private API: assume native tests may run
+        return True
+
+
+def pytest_configure(config):
+    # No test writes the user's cache: a session-wide temporary kernel cache, unless the
+    # environment names one (CI keeping its cache between runs). xdist workers inherit it.
+    if not os.environ.get("GRADTAPE_CACHE_DIR"):
+        path = tempfile.mkdtemp(prefix="gradtape-test-cache-")
+        _OWN_CACHE_DIR.append(path)
+        os.environ["GRADTAPE_CACHE_DIR"] = path
+    if not _native_selected(config):
+        os.environ["GRADTAPE_NUMBA"] = "0"  # read when gradtape is imported: no Numba at all
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("all_tiers") or config.getoption("markexpr"):
+        return
+    native = [item for item in items if item.get_closest_marker("native") is not None]
+    if native:
+        config.hook.pytest_deselected(items=native)
+        items[:] = [item for item in items if item.get_closest_marker("native") is None]
+
+
+def pytest_report_header(config):
+    if _native_selected(config):
+        return "gradtape tests: native tier included (Numba on)"
+    return "gradtape tests: fast tier, `native` tests deselected, Numba off; --all runs both"
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE_DIR:
+        # background compiles may still be writing into it (found by attribute, not by module
+        # name: the numba backend's module may move)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("gradtape.") and callable(getattr(module, "wait_for_kernels", 0)):
+                module.wait_for_kernels(60)
+        shutil.rmtree(_OWN_CACHE_DIR.pop(), ignore_errors=True)
+        # anything compiled later in this process (at exit) stays in memory: with the variable
+        # merely unset it would fall back to the user's cache
+        os.environ["GRADTAPE_CACHE"] = "0"
+
 
 # Reproducible in CI: derandomized (examples derived from the test itself), no deadline
 # (the first call of a rule may import SciPy), a modest number of examples per test.
@@ -125,6 +199,8 @@ def assert_grad_matches(f: Callable, *args, argnums: int | Sequence[int] = 0,
     Checks the gradient's shape and dtype (float32 arguments give float32 gradients), then
     its values. Returns the gradient (a tuple when `argnums` is a tuple).
     """
+    import gradtape as gt
+
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     grads = gt.grad(f, argnums=argnums)(*args)
     grads = (grads,) if isinstance(argnums, int) else grads

@@ -99,6 +99,7 @@ def test_loading_an_entry_marks_it_used_without_changing_what_numba_keys_on(fres
     assert cache._new_entries == ["k1"] and cache._used_keys == {"k1"}
 
 
+@pytest.mark.native
 def test_a_process_that_compiles_a_new_kernel_prunes_once(fresh_cache, monkeypatch):
     monkeypatch.setenv("GRADTAPE_CACHE_MAX_MB", "0.5")
     make_entry(fresh_cache, "ancient", 10, 60 * DAY)

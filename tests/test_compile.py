@@ -605,7 +605,6 @@ def test_loops_and_custom_rules_through_compile():
     assert cf.stats["recordings"] == 1
 
 
-@pytest.mark.skipif(not hasattr(gt, "hessian"), reason="transforms/higher.py not there yet")
 def test_higher_order_transforms():
     x = RNG.random(4)
     for transform in (gt.hessian, gt.jacobian):

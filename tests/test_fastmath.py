@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.native  # every kernel here is compiled by Numba
 pytest.importorskip("numba")
 special = pytest.importorskip("scipy.special")
 

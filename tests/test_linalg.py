@@ -555,11 +555,8 @@ COMPOSITE_FUNCTIONS = {
     "qr wide": (lambda a: tuple(np.linalg.qr(a)), [(2, 3)]),
     "solve vector": (np.linalg.solve, [(3, 3), (3,)]),
 }
-needs_forward = pytest.mark.skipif(not hasattr(gt, "jvp") or not hasattr(gt, "hessian"),
-                                   reason="gradtape.jvp / gradtape.hessian not available")
 
 
-@needs_forward
 @pytest.mark.parametrize("name", sorted(COMPOSITE_FUNCTIONS))
 def test_public_jvp_of_compositions(name):
     f, shapes = COMPOSITE_FUNCTIONS[name]
@@ -572,7 +569,6 @@ def test_public_jvp_of_compositions(name):
         assert_close(g, r, 1e-6)
 
 
-@needs_forward
 def test_forward_over_reverse_hessians():
     rng = np.random.default_rng(4)
     s, b = spd(rng, (), 3), normal(rng, (3, 2))

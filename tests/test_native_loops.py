@@ -18,7 +18,10 @@ from gradtape.compile import numba_backend
 from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
 from gradtape.core.pytree import tree_flatten
 
-pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed"),
+]
 RNG = np.random.default_rng(7)
 
 

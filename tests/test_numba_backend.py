@@ -29,7 +29,10 @@ import gradtape as gt
 from gradtape.compile import cache, fusion, numba_backend, numba_codegen
 from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
 
-pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed"),
+]
 
 RNG = np.random.default_rng(20260707)
 LOG_2PI = math.log(2 * math.pi)
