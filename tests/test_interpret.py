@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import gradtape as gt
-from gradtape.core import interpret
-from gradtape.core import ir
+from gradtape.core import interpret, ir
 
 F64 = np.dtype(np.float64)
 
