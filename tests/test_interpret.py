@@ -137,22 +137,12 @@ def test_guard_holds_asks_the_value_what_the_recording_asked(g, value, holds):
         assert got == {"bool": bool, "int": int, "index": int, "item": float}[g.kind](value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the interpreter's guard_holds compares with ==, so an item() or tolist() "
-    "guard recorded on NaN never holds (the numpy backend compares NaN-safely)",
-)
 def test_a_nan_answer_holds_for_nan():
     assert interpret.guard_holds(guard("item", float("nan")), np.array(np.nan))[0]
     nan_pair = np.array([np.nan, 1.0])
     assert interpret.guard_holds(guard("value", nan_pair, (2,)), nan_pair.copy())[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a scan body that calls .item() on a NaN records a new path at every step "
-    "under grad (the interpreter's guards are not NaN-safe) and gives up after 32",
-)
 def test_grad_of_a_scan_whose_body_reads_a_nan_item():
     def f(xs):
         return gt.scan(lambda c, x: (c + x * x.item(), None), 0.0, xs)[0]

@@ -34,9 +34,13 @@ def guard_holds(guard: Guard, value) -> tuple[bool, object]:
     """Ask `value` what the guard asked while recording; True if it answers the same."""
     if guard.kind == "value":
         got = np.asarray(_concrete(value))
-        return got.shape == np.shape(guard.answer) and bool(np.all(got == guard.answer)), got
+        answer = np.asarray(guard.answer)
+        same = got.shape == answer.shape and bool(
+            np.array_equal(got, answer, equal_nan=answer.dtype.kind in "fc"))
+        return same, got
     got = _ASK[guard.kind](value)
-    return got == guard.answer, got
+    answer = guard.answer
+    return got == answer or (got != got and answer != answer), got  # NaN answers NaN
 
 
 def guards_by_var(tape: Tape) -> dict:

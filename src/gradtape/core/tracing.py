@@ -44,7 +44,7 @@ class LevelKind(enum.Enum):
 class Level:
     """One tracing level. `record_all`: also record values with no derivative (for replay)."""
 
-    __slots__ = ("id", "kind", "tape", "active", "record_all", "captures", "_nvars",
+    __slots__ = ("id", "kind", "tape", "active", "record_all", "captures", "_nvars", "_frozen",
                  "__weakref__")
 
     def __init__(self, kind: LevelKind):
@@ -58,6 +58,7 @@ class Level:
         self.tape = Tape()
         self.active = True
         self._nvars = 0
+        self._frozen = None  # id -> (array, read-only copy): see freeze
 
     def new_var(self, value) -> Var:
         try:
@@ -84,11 +85,35 @@ class Level:
             self.tape.captured.append(hit)
         return hit
 
+    def freeze(self, a: np.ndarray) -> np.ndarray:
+        """A read-only copy of a writable constant array an instruction keeps.
+
+        The caller may write into the array later in the same call (a scratch buffer), and the
+        derivative rules and replays must see the values the instruction computed with. The
+        same unchanged array gets the same copy, so a replay still sees one constant.
+        """
+        memo = self._frozen
+        if memo is None:
+            memo = self._frozen = {}
+        hit = memo.get(id(a))
+        if hit is not None and hit[0] is a and _same_contents(a, hit[1]):
+            return hit[1]
+        copy = a.copy()
+        copy.flags.writeable = False
+        memo[id(a)] = (a, copy)
+        return copy
+
     def add_guard(self, var: Var, kind: str, answer) -> None:
         self.tape.guards.append(Guard(var, kind, answer, _user_source_line()))
 
     def __repr__(self) -> str:
         return f"<Level {self.id} {self.kind.value}{'' if self.active else ' (closed)'}>"
+
+
+def _same_contents(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
 
 
 def _dtype_of(value) -> np.dtype:
@@ -173,6 +198,9 @@ def bind(prim, args: tuple, params: dict):
     out = prim.impl(*vals, **params)
     if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
         return out
+    if top.record_all or not prim.linear:  # rules or a replay will read the constants later
+        vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v
+                for v in vals]
     vals = tuple(vals)
     invars = tuple(invars)
     if prim.multiple_results:
