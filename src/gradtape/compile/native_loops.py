@@ -244,7 +244,8 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     from ..core.errors import GuardFailure
-    from ..rules.loops import body_inputs, record_step_vjp, step_program
+    from ..rules.loops import body_inputs, step_program
+    from ..transforms.linearize import record_step_vjp
 
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]

@@ -12,7 +12,7 @@ from ..core.errors import GradtapeError
 from ..core.ir import Instruction
 from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import LevelKind, bind, new_level
+from ..core.tracing import LevelKind, bind
 from ._util import dtype_of, shape_of
 
 
@@ -188,13 +188,12 @@ class custom_jvp:
 
     def _vjp_all(self, g, ans, args, params, invars):
         # the reverse interpreter transposes the (linear) tangent map of the rule
-        from ..transforms.reverse import backward
+        from ..transforms.linearize import linearize
 
-        with new_level(LevelKind.DIFFERENTIATE) as level:
-            ts = tuple(None if v is None else level.new_input(_zero_tangent(a))
-                       for a, v in zip(args, invars))
-            t_out = _rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)
-        if type(t_out) is not trace.Tracer or t_out._level is not level:
-            return (None,) * len(args)  # the rule's tangent does not depend on the tangents
-        cts = backward(level.tape, [t_out._var], [g])
-        return tuple(None if t is None else cts.get(t._var.id) for t in ts)
+        def tangent_out(*ts):
+            return [_rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)]
+
+        rule = linearize(tangent_out, [None if v is None else _zero_tangent(a)
+                                       for a, v in zip(args, invars)],
+                         [v is not None for v in invars])
+        return tuple(rule.vjp([g]))

@@ -11,6 +11,7 @@ instruction; differentiating the backward loop again traces through it.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import types
@@ -354,34 +355,10 @@ def _lower_tape(tape, inputs: list):
     return lower(step_program(tape, inputs)).run
 
 
-def record_step_vjp(tape, guards, inputs, caps, cts):
-    """Record the VJP of one step of `tape` on a staging level: a tape from (inputs, caps,
-    output cotangents) to (input cotangents, capture cotangents), with the step's guards."""
-    from ..transforms.reverse import backward
-
-    with new_level(LevelKind.STAGE) as stage:
-        s_in = [stage.new_input(np.asarray(x)) for x in inputs]
-        s_caps = [stage.new_input(np.asarray(c)) for c in caps]
-        s_cts = [stage.new_input(np.asarray(g)) for g in cts]
-        with new_level(LevelKind.DIFFERENTIATE) as level:
-            r_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in s_in]
-            r_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in s_caps]
-            outs = eval_tape(tape, r_in, r_caps, guards)
-        outvars = [o._var if _is_tracer(o) and o._level is level else None for o in outs]
-        got = backward(level.tape, outvars, s_cts)
-        results = []
-        for r, x in zip(r_in + r_caps, s_in + s_caps):
-            g = got.get(r._var.id) if _is_tracer(r) and r._level is level else None
-            results.append(g if g is not None else np.zeros(shape_of(x), dtype_of(x) if
-                                                             dtype_of(x).kind in "fc" else
-                                                             np.float64))
-    stage.tape.outputs = [o._var if _is_tracer(o) and o._level is stage else np.asarray(o)
-                          for o in results]
-    return stage.tape
-
-
 def _lower_step_vjp(tape, guards, inputs, caps, cts):
     """The step VJP of `tape` (record_step_vjp) lowered to generated NumPy code."""
+    from ..transforms.linearize import record_step_vjp
+
     vjp_tape = record_step_vjp(tape, guards, inputs, caps, cts)
     return _lower_tape(vjp_tape, vjp_tape.inputs)
 
@@ -405,38 +382,20 @@ def _float(aval) -> bool:
 # --- the step VJP shared by scan and while_loop ----------------------------------------------
 def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
     """Cotangents of one step's inputs and captures, given its output cotangents."""
-    from ..transforms.reverse import backward
+    from ..transforms.linearize import linearize
 
-    with new_level(LevelKind.DIFFERENTIATE) as level:
-        traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
-        traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
-        outs = program.run(traced_in, traced_caps)
-    outvars = [o._var if _is_tracer(o) and o._level is level else None for o in outs]
-    got = backward(level.tape, outvars, cts)
-
-    def pick(xs):
-        return [got.get(t._var.id) if _is_tracer(t) and t._level is level else None for t in xs]
-
-    return pick(traced_in), pick(traced_caps)
+    n = len(inputs)
+    got = linearize(lambda *a: program.run(list(a[:n]), list(a[n:])), inputs + caps).vjp(cts)
+    return got[:n], got[n:]
 
 
 def _step_jvp(program: BodyProgram, inputs: list, caps: list, t_inputs: list, t_caps: list):
     """(outputs, output tangents) of one step, by the forward interpreter on its tape."""
-    from ..transforms.forward import forward
+    from ..transforms.linearize import linearize
 
-    with new_level(LevelKind.DIFFERENTIATE) as level:
-        traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
-        traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
-        outs = program.run(traced_in, traced_caps)
-    seeds = {tr._var.id: t for tr, t in zip(traced_in + traced_caps, t_inputs + t_caps)
-             if _is_tracer(tr) and tr._level is level and t is not None}
-    got = forward(level.tape, seeds)
-    values, tangents = [], []
-    for o in outs:
-        mine = _is_tracer(o) and o._level is level
-        values.append(o._value if mine else o)
-        tangents.append(got.get(o._var.id) if mine else None)
-    return values, tangents
+    n = len(inputs)
+    step = linearize(lambda *a: program.run(list(a[:n]), list(a[n:])), inputs + caps)
+    return step.values(), step.jvp(t_inputs + t_caps)
 
 
 def _zero_tangent(t, like):
@@ -640,25 +599,13 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
     return tuple(g_carry + out_xs + out_caps)
 
 
-def _retraced(impl, args: tuple, params: dict):
-    """(reverse level, its traced arguments, outputs): `impl` recorded on fresh inputs, so a
-    loop primitive is differentiated through its steps."""
-    with new_level(LevelKind.DIFFERENTIATE) as level:
-        traced = [level.new_input(a) if dtype_of(a).kind in "fc" else a for a in args]
-        outs = impl(*traced, **params)
-    return level, traced, outs
-
-
 def _scan_bwd_vjp_all(g, ans, args, params, invars):
     """Reverse mode through the backward loop (second derivatives): through its steps."""
-    from ..transforms.reverse import backward
+    from ..transforms.linearize import linearize
 
-    level, traced, outs = _retraced(_scan_bwd_python, args, params)
-    mine = [_is_tracer(o) and o._level is level for o in outs]
-    got = backward(level.tape, [o._var if m else None for o, m in zip(outs, mine)],
-                   [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
-                    for gi, a in zip(g, ans)])
-    return [got.get(t._var.id) if _is_tracer(t) and t._level is level else None for t in traced]
+    loop = linearize(functools.partial(_scan_bwd_python, **params), args)
+    return loop.vjp([gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+                     for gi, a in zip(g, ans)])
 
 
 def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
@@ -680,14 +627,10 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
                for a, b in zip([0] + cut, cut + [len(args)])]
     if length == 0 or not caps or not all(_is_tracer(c) for c in caps) or not any(
             _is_tracer(a) for a in args):
-        level, traced, outs = _retraced(_scan_bwd_python, args, params)
-        from ..transforms.forward import forward
+        from ..transforms.linearize import linearize
 
-        seeds = {tr._var.id: t for tr, t in zip(traced, ts)
-                 if _is_tracer(tr) and tr._level is level and t is not None}
-        got = forward(level.tape, seeds)
-        return tuple(_zero_tangent(got.get(o._var.id) if _is_tracer(o) and o._level is level
-                                   else None, o) for o in outs)
+        loop = linearize(functools.partial(_scan_bwd_python, **params), args)
+        return tuple(_zero_tangent(t, o) for t, o in zip(loop.jvp(ts), loop.outputs))
     t_g_carry, t_g_ys, t_stored, t_xs, t_caps, t_g_stored = t_parts
     example = ([_concrete(s)[0] for s in stored], [_concrete(t)[0] for t in t_stored])
     pair, pair_caps, _, _, _, _ = _scan_program(_tangent_step(program, nc, caps, t_caps),
