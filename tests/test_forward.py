@@ -872,6 +872,24 @@ def test_custom_vjp_under_forward_mode():
     assert current_levels() == []
 
 
+def test_jacrev_gives_a_custom_vjp_bwd_plain_cotangents():
+    """A user's bwd may not be traceable: jacrev runs it once per row on plain arrays."""
+    seen = []
+
+    @gt.custom_vjp
+    def f(x):
+        return np.sin(x)
+
+    def f_bwd(x, g):
+        seen.append(type(g))
+        return (np.cos(x) * g,)
+
+    f.defvjp(lambda x: (np.sin(x), x), f_bwd)
+    x = np.array([0.5, -2.0, 1.0])
+    np.testing.assert_allclose(gt.jacrev(f)(x), np.diag(np.cos(x)))
+    assert seen == [np.ndarray] * 3
+
+
 def test_custom_jvp_without_rule_is_an_error():
     @gt.custom_jvp
     def f(x):

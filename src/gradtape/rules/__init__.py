@@ -12,4 +12,5 @@ from . import (  # noqa: F401  (imported for their declarations)
     reductions,
     scipy_special,
     shape,
+    stop,
 )

@@ -1,4 +1,4 @@
-"""stop_gradient and user-defined rules (custom_vjp, custom_jvp)."""
+"""User-defined rules: custom_vjp and custom_jvp."""
 
 from __future__ import annotations
 
@@ -11,24 +11,9 @@ from ..core import tracing as trace
 from ..core.errors import GradtapeError
 from ..core.ir import Instruction
 from ..core.primitive import Primitive
-from ..core.pytree import tree_flatten, tree_unflatten
+from ..core.pytree import tree_flatten
 from ..core.tracing import LevelKind, bind
 from ._util import dtype_of, shape_of
-
-
-def _stop_impl(x):
-    # bind again one level down, until the value is concrete: the gradient stops at every level
-    return bind(stop_gradient_p, (x,), {}) if type(x) is trace.Tracer else x
-
-
-stop_gradient_p = Primitive("stop_gradient", _stop_impl, nondiff=True)
-
-
-def stop_gradient(x):
-    """`x` as a constant: no derivative flows through it (a pytree of arrays is accepted)."""
-    leaves, td = tree_flatten(x)
-    return tree_unflatten(td, [bind(stop_gradient_p, (v,), {}) for v in leaves])
-
 
 
 def _top_level(args):
@@ -62,7 +47,8 @@ class custom_vjp:
         self.bwd = None
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp)
+        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp,
+                               user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> custom_vjp:
@@ -158,7 +144,8 @@ class custom_jvp:
         self.fun = fun
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp)
+        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp,
+                               user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defjvp(self, rule: Callable) -> Callable:

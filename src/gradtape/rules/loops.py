@@ -620,7 +620,8 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
     return tuple([*g_pair_carry[:nc], *g_pair_xs[:nx], *t_g_caps])
 
 
-scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp)
+scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp,
+                       reads_trip_count=True)
 scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
