@@ -5,7 +5,6 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 """
 
 from . import (  # noqa: F401  (imported for their declarations)
-    control,
     elementwise,
     indexing,
     linalg,

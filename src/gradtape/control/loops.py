@@ -19,6 +19,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..compile import numba_backend
+from ..compile.native_loops import NativeLoop
+from ..compile.numpy_backend import lower
 from ..compile.step import BackwardLoopArgs, body_inputs, step_program
 from ..core import tracing as trace
 from ..core.errors import GradtapeError, GuardFailure
@@ -27,7 +30,8 @@ from ..core.ir import Var
 from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, bind, new_level
-from ._util import dtype_of, shape_of
+from ..rules._util import dtype_of, shape_of
+from ..transforms.linearize import linearize, record_step_vjp
 
 _MAX_BODY_VARIANTS = 32
 
@@ -330,15 +334,11 @@ def _capture_paths(state: _BodyState | None, caps: list) -> list | None:
 
 def _lower_tape(tape, inputs: list):
     """The `run(*inputs, out)` of generated NumPy code for `tape` with these input vars."""
-    from ..compile.numpy_backend import lower
-
     return lower(step_program(tape, inputs)).run
 
 
 def _lower_step_vjp(tape, guards, inputs, caps, cts):
     """The step VJP of `tape` (record_step_vjp) lowered to generated NumPy code."""
-    from ..transforms.linearize import record_step_vjp
-
     vjp_tape = record_step_vjp(tape, guards, inputs, caps, cts)
     return _lower_tape(vjp_tape, vjp_tape.inputs)
 
@@ -362,8 +362,6 @@ def _float(aval) -> bool:
 # --- the step VJP shared by scan and while_loop ----------------------------------------------
 def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
     """Cotangents of one step's inputs and captures, given its output cotangents."""
-    from ..transforms.linearize import linearize
-
     n = len(inputs)
     got = linearize(lambda *a: program.run(list(a[:n]), list(a[n:])), inputs + caps).vjp(cts)
     return got[:n], got[n:]
@@ -371,8 +369,6 @@ def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
 
 def _step_jvp(program: BodyProgram, inputs: list, caps: list, t_inputs: list, t_caps: list):
     """(outputs, output tangents) of one step, by the forward interpreter on its tape."""
-    from ..transforms.linearize import linearize
-
     n = len(inputs)
     step = linearize(lambda *a: program.run(list(a[:n]), list(a[n:])), inputs + caps)
     return step.values(), step.jvp(t_inputs + t_caps)
@@ -465,8 +461,6 @@ _native_usable: list = []
 def _eager_native_enabled() -> bool:
     """Numba installed and not turned off (GRADTAPE_NUMBA=0); checked once."""
     if not _native_usable:
-        from ..compile import numba_backend
-
         off = os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off")
         _native_usable.append(numba_backend.available() and not off)
     return _native_usable[0]
@@ -488,8 +482,6 @@ def _native(owner: BodyProgram, prim: Primitive, args: tuple, params: dict):
             count = owner.native_calls[key] = owner.native_calls.get(key, 0) + 1
             if count < EAGER_NATIVE_AFTER:
                 return None
-            from ..compile.native_loops import NativeLoop
-
             loop = owner.native.setdefault(key, NativeLoop(prim, quiet=True))
     return loop.try_call(args, params)
 
@@ -577,8 +569,6 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
 
 def _scan_bwd_vjp_all(g, ans, args, params, invars):
     """Reverse mode through the backward loop (second derivatives): through its steps."""
-    from ..transforms.linearize import linearize
-
     loop = linearize(functools.partial(_scan_bwd_python, **params), args)
     return loop.vjp([gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
                      for gi, a in zip(g, ans)])
@@ -600,8 +590,6 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
                                    n_x, n_y, stored_cotangents)
     if length == 0 or not bwd.caps or not all(_is_tracer(c) for c in bwd.caps) or not any(
             _is_tracer(x) for x in args):
-        from ..transforms.linearize import linearize
-
         loop = linearize(functools.partial(_scan_bwd_python, **params), args)
         return tuple(_zero_tangent(t, o) for t, o in zip(loop.jvp(ts), loop.outputs))
     example = ([_concrete(s)[0] for s in bwd.stored], [_concrete(s)[0] for s in t_bwd.stored])

@@ -13,7 +13,8 @@ from ..core.ir import Instruction
 from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten
 from ..core.tracing import LevelKind, bind
-from ._util import dtype_of, shape_of
+from ..rules._util import dtype_of, shape_of
+from ..transforms.linearize import linearize
 
 
 def _top_level(args):
@@ -175,8 +176,6 @@ class custom_jvp:
 
     def _vjp_all(self, g, ans, args, params, invars):
         # the reverse interpreter transposes the (linear) tangent map of the rule
-        from ..transforms.linearize import linearize
-
         def tangent_out(*ts):
             return [_rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)]
 
