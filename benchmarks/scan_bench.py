@@ -50,7 +50,7 @@ from gradtape.bench.workloads import (  # noqa: E402
     rnn_scan_problem,
 )
 from gradtape.compile import numba_backend  # noqa: E402
-from gradtape.rules.loops import EAGER_NATIVE_AFTER  # noqa: E402
+from gradtape.control.loops import EAGER_NATIVE_AFTER  # noqa: E402
 
 ValueAndGrad = Callable[..., tuple[Any, Any]]
 REFERENCE = "hand BPTT (NumPy)"

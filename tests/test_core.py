@@ -14,7 +14,7 @@ from conftest import assert_grad_matches
 from seed_functions import branching, eam, normal_logpdf, sum_exp
 
 import gradtape as gt
-from gradtape.core.primitive import Primitive
+from gradtape.core.primitive import REGISTRY, Primitive
 from gradtape.core.tracing import GradtapeError, current_levels
 
 
@@ -217,6 +217,22 @@ def test_stop_gradient():
     tree = gt.grad(lambda x: np.sum(gt.stop_gradient({"a": x, "b": [x * 2]})["b"][0] * x))(x)
     np.testing.assert_allclose(tree, 2 * x)
     assert gt.stop_gradient(3.0) == 3.0  # outside tracing: the value itself
+
+
+def test_control_primitives_declare_what_the_compiler_reads():
+    assert REGISTRY["stop_gradient"].identity  # a replay forwards its input
+    assert REGISTRY["scan_bwd"].reads_trip_count  # its length comes from its inputs' shapes
+    assert not REGISTRY["scan"].reads_trip_count
+
+    @gt.custom_vjp
+    def f(x):
+        return x
+
+    @gt.custom_jvp
+    def h(x):
+        return x
+
+    assert REGISTRY["custom_vjp[f]"].user_rule and REGISTRY["custom_jvp[h]"].user_rule
 
 
 def test_custom_vjp_rule_is_used():

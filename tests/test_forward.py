@@ -530,7 +530,8 @@ CASES = {
 def test_every_primitive_has_a_case():
     """Every differentiable primitive of the rule modules has a case above (or is elementwise;
     transparent primitives are differentiated through their implementation)."""
-    from gradtape.rules import linalg, loops
+    from gradtape.control import loops
+    from gradtape.rules import linalg
 
     names = {p.name for mod in (reductions, shape, indexing, linalg, loops)
              for p in vars(mod).values()
@@ -870,6 +871,24 @@ def test_custom_vjp_under_forward_mode():
     with pytest.raises(GradtapeError, match="defjvp"):
         gt.jacfwd(no_jvp)(x)
     assert current_levels() == []
+
+
+def test_jacrev_gives_a_custom_vjp_bwd_plain_cotangents():
+    """A user's bwd may not be traceable: jacrev runs it once per row on plain arrays."""
+    seen = []
+
+    @gt.custom_vjp
+    def f(x):
+        return np.sin(x)
+
+    def f_bwd(x, g):
+        seen.append(type(g))
+        return (np.cos(x) * g,)
+
+    f.defvjp(lambda x: (np.sin(x), x), f_bwd)
+    x = np.array([0.5, -2.0, 1.0])
+    np.testing.assert_allclose(gt.jacrev(f)(x), np.diag(np.cos(x)))
+    assert seen == [np.ndarray] * 3
 
 
 def test_custom_jvp_without_rule_is_an_error():

@@ -229,7 +229,7 @@ def test_an_index_out_of_range_raises_like_numpy():
 
 # --- eager loops -------------------------------------------------------------------------------
 def test_eager_scans_go_native_after_a_few_calls():
-    from gradtape.rules import loops
+    from gradtape.control import loops
 
     params, xs = _rnn_params(hidden=5), RNG.normal(size=(9, 3))
     g = gt.grad(rnn_scan)

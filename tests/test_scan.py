@@ -7,6 +7,7 @@ import pytest
 
 import gradtape as gt
 from gradtape import GradtapeError
+from gradtape.compile.step import BackwardLoopArgs
 
 RNG = np.random.default_rng(42)
 
@@ -448,3 +449,17 @@ def test_a_captured_traced_value_of_another_shape_records_the_body_again():
         x = RNG.random((n, 2))
         _same(gt.grad(lambda x: np.sum(f(x)))(x), gt.grad(
             lambda x: np.sum(np.cos(np.cos(np.ones(2)) * x[0]) * x[1]))(x))
+
+
+@pytest.mark.parametrize("stored_cotangents", [False, True])
+def test_the_backward_loop_arguments_split_as_they_are_bound(stored_cotangents):
+    parts = BackwardLoopArgs(["gc0", "gc1"], ["gy0"], ["st0", "st1"], ["x0", "x1", "x2"],
+                             ["cp0"], ["gs0", "gs1"] if stored_cotangents else [])
+    params = parts.params("program", 7, True, None)
+    assert params == dict(program="program", n_carry=2, n_x=3, n_y=1, length=7, reverse=True,
+                          checkpoint=None, stored_cotangents=stored_cotangents)
+    again = BackwardLoopArgs.split(parts.flat(), params["n_carry"], params["n_x"],
+                                   params["n_y"], params["stored_cotangents"])
+    assert again == parts
+    assert parts.outputs(["c0", "c1", "x0", "x1", "x2", "p0"]) == (
+        ["c0", "c1"], ["x0", "x1", "x2"], ["p0"])

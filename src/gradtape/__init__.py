@@ -5,10 +5,11 @@ from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
 from .compile.cache import clear as clear_cache
 from .compile.numba_backend import get_num_threads, set_num_threads
+from .control.custom import custom_jvp, custom_vjp
+from .control.loops import fori_loop, scan, while_loop
 from .core.errors import GradtapeError
 from .core.ir import Tape
-from .rules.control import custom_jvp, custom_vjp, stop_gradient
-from .rules.loops import fori_loop, scan, while_loop
+from .rules.stop import stop_gradient
 from .transforms.forward import jacfwd, jvp
 from .transforms.higher import hessian, hvp, jacobian, jacrev
 from .transforms.reverse import grad, value_and_grad, vjp

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.primitive import Primitive
+from ..transforms.linearize import record_step_vjp
 from . import numba_codegen
 from .numba_codegen import Generated, Kernel, KernelArg, literal
+from .step import body_inputs, step_program
 
 LOOP_PRIMS = frozenset({"scan", "scan_bwd", "while_loop"})
 _FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
@@ -200,8 +202,6 @@ def _slot(a) -> tuple[np.dtype, bool]:
 
 
 def _forward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..rules.loops import body_inputs, step_program
-
     body = params["program"]
     nc, nx = params["n_carry"], params["n_x"]
     ny = len(body.out_avals) - nc
@@ -244,7 +244,6 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     from ..core.errors import GuardFailure
-    from ..rules.loops import body_inputs, record_step_vjp, step_program
 
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
@@ -364,8 +363,6 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
 
 
 def _while_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..rules.loops import body_inputs, step_program
-
     body, cond = params["body"], params["cond"]
     nc, nb = params["n_carry"], params["n_body_caps"]
     tape, _, positions = body.variants[0]

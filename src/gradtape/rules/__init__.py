@@ -5,11 +5,11 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 """
 
 from . import (  # noqa: F401  (imported for their declarations)
-    control,
     elementwise,
     indexing,
     linalg,
     reductions,
     scipy_special,
     shape,
+    stop,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.routes import implements_module_function
-from .control import stop_gradient
+from .stop import stop_gradient
 
 
 def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False):

@@ -17,7 +17,6 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
 from ..core.tracing import LevelKind, Tracer, new_level
-from ..rules.control import custom_vjp
 from .forward import (
     Recording,
     basis_rows,
@@ -34,8 +33,12 @@ _MODES = ("auto", "forward", "reverse")
 
 
 def _uses_user_vjp(tape: Tape) -> bool:
-    """True when the tape calls a custom_vjp `bwd`: user code that may not be traceable."""
-    return any(isinstance(getattr(ins.prim.vjp_all, "__self__", None), custom_vjp)
+    """True when the tape calls a custom_vjp `bwd`: user code that may not be traceable.
+
+    (custom_jvp's reverse rule is gradtape's transpose of the user's rule, which only ever
+    sees traced tangents: it takes a batch of cotangents like any rule.)
+    """
+    return any(ins.prim.user_rule and ins.prim.name.startswith("custom_vjp[")
                for ins in tape.instructions)
 
 

@@ -11,6 +11,7 @@ instruction; differentiating the backward loop again traces through it.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import types
@@ -18,6 +19,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..compile import numba_backend
+from ..compile.native_loops import NativeLoop
+from ..compile.numpy_backend import lower
+from ..compile.step import BackwardLoopArgs, body_inputs, step_program
 from ..core import tracing as trace
 from ..core.errors import GradtapeError, GuardFailure
 from ..core.interpret import eval_tape, guards_by_var
@@ -25,7 +30,8 @@ from ..core.ir import Var
 from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, bind, new_level
-from ._util import dtype_of, shape_of
+from ..rules._util import dtype_of, shape_of
+from ..transforms.linearize import linearize, record_step_vjp
 
 _MAX_BODY_VARIANTS = 32
 
@@ -326,58 +332,9 @@ def _capture_paths(state: _BodyState | None, caps: list) -> list | None:
     return paths
 
 
-def step_program(tape, inputs: list):
-    """The compile Program of one body step: `tape` with these input vars, its outputs flat."""
-    from ..compile.program import build_program, output_leaf
-    from ..core.ir import Tape
-
-    flat = Tape()
-    flat.inputs = list(inputs)
-    flat.instructions = tape.instructions
-    flat.guards = tape.guards
-    flat.outputs = tape.outputs
-    leaves = [output_leaf(np.empty(o.shape, o.dtype), o) if isinstance(o, Var) else
-              output_leaf(o, None) for o in tape.outputs]
-    td = tree_flatten(tuple(range(len(leaves))))[1]
-    return build_program(flat, leaves, td)
-
-
-def body_inputs(tape) -> list:
-    """A body tape's inputs, then the outer values it captured (the order steps take them)."""
-    return tape.inputs + [c[0] for c in tape.captured]
-
-
 def _lower_tape(tape, inputs: list):
     """The `run(*inputs, out)` of generated NumPy code for `tape` with these input vars."""
-    from ..compile.numpy_backend import lower
-
     return lower(step_program(tape, inputs)).run
-
-
-def record_step_vjp(tape, guards, inputs, caps, cts):
-    """Record the VJP of one step of `tape` on a staging level: a tape from (inputs, caps,
-    output cotangents) to (input cotangents, capture cotangents), with the step's guards."""
-    from ..transforms.reverse import backward
-
-    with new_level(LevelKind.STAGE) as stage:
-        s_in = [stage.new_input(np.asarray(x)) for x in inputs]
-        s_caps = [stage.new_input(np.asarray(c)) for c in caps]
-        s_cts = [stage.new_input(np.asarray(g)) for g in cts]
-        with new_level(LevelKind.DIFFERENTIATE) as level:
-            r_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in s_in]
-            r_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in s_caps]
-            outs = eval_tape(tape, r_in, r_caps, guards)
-        outvars = [o._var if _is_tracer(o) and o._level is level else None for o in outs]
-        got = backward(level.tape, outvars, s_cts)
-        results = []
-        for r, x in zip(r_in + r_caps, s_in + s_caps):
-            g = got.get(r._var.id) if _is_tracer(r) and r._level is level else None
-            results.append(g if g is not None else np.zeros(shape_of(x), dtype_of(x) if
-                                                             dtype_of(x).kind in "fc" else
-                                                             np.float64))
-    stage.tape.outputs = [o._var if _is_tracer(o) and o._level is stage else np.asarray(o)
-                          for o in results]
-    return stage.tape
 
 
 def _lower_step_vjp(tape, guards, inputs, caps, cts):
@@ -405,38 +362,16 @@ def _float(aval) -> bool:
 # --- the step VJP shared by scan and while_loop ----------------------------------------------
 def _step_vjp(program: BodyProgram, inputs: list, caps: list, cts: list):
     """Cotangents of one step's inputs and captures, given its output cotangents."""
-    from ..transforms.reverse import backward
-
-    with new_level(LevelKind.DIFFERENTIATE) as level:
-        traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
-        traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
-        outs = program.run(traced_in, traced_caps)
-    outvars = [o._var if _is_tracer(o) and o._level is level else None for o in outs]
-    got = backward(level.tape, outvars, cts)
-
-    def pick(xs):
-        return [got.get(t._var.id) if _is_tracer(t) and t._level is level else None for t in xs]
-
-    return pick(traced_in), pick(traced_caps)
+    n = len(inputs)
+    got = linearize(lambda *a: program.run(list(a[:n]), list(a[n:])), inputs + caps).vjp(cts)
+    return got[:n], got[n:]
 
 
 def _step_jvp(program: BodyProgram, inputs: list, caps: list, t_inputs: list, t_caps: list):
     """(outputs, output tangents) of one step, by the forward interpreter on its tape."""
-    from ..transforms.forward import forward
-
-    with new_level(LevelKind.DIFFERENTIATE) as level:
-        traced_in = [level.new_input(x) if dtype_of(x).kind in "fc" else x for x in inputs]
-        traced_caps = [level.new_input(c) if dtype_of(c).kind in "fc" else c for c in caps]
-        outs = program.run(traced_in, traced_caps)
-    seeds = {tr._var.id: t for tr, t in zip(traced_in + traced_caps, t_inputs + t_caps)
-             if _is_tracer(tr) and tr._level is level and t is not None}
-    got = forward(level.tape, seeds)
-    values, tangents = [], []
-    for o in outs:
-        mine = _is_tracer(o) and o._level is level
-        values.append(o._value if mine else o)
-        tangents.append(got.get(o._var.id) if mine else None)
-    return values, tangents
+    n = len(inputs)
+    step = linearize(lambda *a: program.run(list(a[:n]), list(a[n:])), inputs + caps)
+    return step.values(), step.jvp(t_inputs + t_caps)
 
 
 def _zero_tangent(t, like):
@@ -526,8 +461,6 @@ _native_usable: list = []
 def _eager_native_enabled() -> bool:
     """Numba installed and not turned off (GRADTAPE_NUMBA=0); checked once."""
     if not _native_usable:
-        from ..compile import numba_backend
-
         off = os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off")
         _native_usable.append(numba_backend.available() and not off)
     return _native_usable[0]
@@ -549,8 +482,6 @@ def _native(owner: BodyProgram, prim: Primitive, args: tuple, params: dict):
             count = owner.native_calls[key] = owner.native_calls.get(key, 0) + 1
             if count < EAGER_NATIVE_AFTER:
                 return None
-            from ..compile.native_loops import NativeLoop
-
             loop = owner.native.setdefault(key, NativeLoop(prim, quiet=True))
     return loop.try_call(args, params)
 
@@ -577,18 +508,14 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
                      stored_cotangents):
     """The backward loop: from the last step to the first, one step's VJP at a time.
 
-    Arguments: cotangents of the final carry and of ys, the stored carries, xs, the
-    captured values, and (when `stored_cotangents`) cotangents of the stored carries
-    themselves, which a second differentiation sends back.
+    Arguments as `BackwardLoopArgs` lays them out: cotangents of the final carry and of ys,
+    the stored carries, xs, the captured values, and (when `stored_cotangents`) cotangents
+    of the stored carries themselves, which a second differentiation sends back.
     """
     nc, nx = n_carry, n_x
-    g_carry = list(args[:nc])
-    g_ys = args[nc:nc + n_y]
-    stored = args[nc + n_y:2 * nc + n_y]
-    xs = args[2 * nc + n_y:2 * nc + n_y + nx]
-    rest = args[2 * nc + n_y + nx:]
-    g_stored = rest[len(rest) - nc:] if stored_cotangents else ()
-    caps = list(rest[:len(rest) - nc] if stored_cotangents else rest)
+    parts = BackwardLoopArgs.split(args, n_carry, n_x, n_y, stored_cotangents)
+    g_carry, g_ys, stored, xs = parts.g_carry, parts.g_ys, parts.stored, parts.xs
+    caps, g_stored = parts.caps, parts.g_stored
     length = _backward_length(stored, xs, checkpoint, length)
     steps = list(range(length - 1, -1, -1)) if reverse else list(range(length))
     concrete = not any(_is_tracer(a) for a in args)
@@ -640,25 +567,11 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
     return tuple(g_carry + out_xs + out_caps)
 
 
-def _retraced(impl, args: tuple, params: dict):
-    """(reverse level, its traced arguments, outputs): `impl` recorded on fresh inputs, so a
-    loop primitive is differentiated through its steps."""
-    with new_level(LevelKind.DIFFERENTIATE) as level:
-        traced = [level.new_input(a) if dtype_of(a).kind in "fc" else a for a in args]
-        outs = impl(*traced, **params)
-    return level, traced, outs
-
-
 def _scan_bwd_vjp_all(g, ans, args, params, invars):
     """Reverse mode through the backward loop (second derivatives): through its steps."""
-    from ..transforms.reverse import backward
-
-    level, traced, outs = _retraced(_scan_bwd_python, args, params)
-    mine = [_is_tracer(o) and o._level is level for o in outs]
-    got = backward(level.tape, [o._var if m else None for o, m in zip(outs, mine)],
-                   [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
-                    for gi, a in zip(g, ans)])
-    return [got.get(t._var.id) if _is_tracer(t) and t._level is level else None for t in traced]
+    loop = linearize(functools.partial(_scan_bwd_python, **params), args)
+    return loop.vjp([gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+                     for gi, a in zip(g, ans)])
 
 
 def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
@@ -670,42 +583,33 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
     tangents go through the loop's steps."""
     params = dict(program=program, n_carry=n_carry, n_x=n_x, n_y=n_y, length=length,
                   reverse=reverse, checkpoint=checkpoint, stored_cotangents=stored_cotangents)
-    nc, nx, ny = n_carry, n_x, n_y
-    cut = [nc, nc + ny, 2 * nc + ny, 2 * nc + ny + nx, len(args) - (nc if stored_cotangents
-                                                                   else 0)]
-    parts = [list(args[a:b]) for a, b in zip([0] + cut, cut + [len(args)])]
-    g_carry, g_ys, stored, xs, caps, g_stored = parts
-    length = _backward_length(stored, xs, checkpoint, length)
-    t_parts = [[_zero_tangent(t, a) for t, a in zip(ts[a:b], args[a:b])]
-               for a, b in zip([0] + cut, cut + [len(args)])]
-    if length == 0 or not caps or not all(_is_tracer(c) for c in caps) or not any(
-            _is_tracer(a) for a in args):
-        level, traced, outs = _retraced(_scan_bwd_python, args, params)
-        from ..transforms.forward import forward
-
-        seeds = {tr._var.id: t for tr, t in zip(traced, ts)
-                 if _is_tracer(tr) and tr._level is level and t is not None}
-        got = forward(level.tape, seeds)
-        return tuple(_zero_tangent(got.get(o._var.id) if _is_tracer(o) and o._level is level
-                                   else None, o) for o in outs)
-    t_g_carry, t_g_ys, t_stored, t_xs, t_caps, t_g_stored = t_parts
-    example = ([_concrete(s)[0] for s in stored], [_concrete(t)[0] for t in t_stored])
-    pair, pair_caps, _, _, _, _ = _scan_program(_tangent_step(program, nc, caps, t_caps),
-                                                example, (xs, t_xs), length)
-    outs = bind(scan_bwd_p, (*t_g_carry, *g_carry, *t_g_ys, *g_ys, *stored, *t_stored, *xs,
-                             *t_xs, *pair_caps, *t_g_stored, *g_stored),
-                dict(program=pair, n_carry=2 * nc, n_x=2 * nx, n_y=2 * ny, length=length,
-                     reverse=reverse, checkpoint=checkpoint,
-                     stored_cotangents=stored_cotangents))
-    g_pair_caps = outs[2 * nc + 2 * nx:]
+    nc, nx = n_carry, n_x
+    bwd = BackwardLoopArgs.split(args, n_carry, n_x, n_y, stored_cotangents)
+    length = _backward_length(bwd.stored, bwd.xs, checkpoint, length)
+    t_bwd = BackwardLoopArgs.split([_zero_tangent(t, x) for t, x in zip(ts, args)], n_carry,
+                                   n_x, n_y, stored_cotangents)
+    if length == 0 or not bwd.caps or not all(_is_tracer(c) for c in bwd.caps) or not any(
+            _is_tracer(x) for x in args):
+        loop = linearize(functools.partial(_scan_bwd_python, **params), args)
+        return tuple(_zero_tangent(t, o) for t, o in zip(loop.jvp(ts), loop.outputs))
+    example = ([_concrete(s)[0] for s in bwd.stored], [_concrete(s)[0] for s in t_bwd.stored])
+    pair, pair_caps, _, _, _, _ = _scan_program(_tangent_step(program, nc, bwd.caps, t_bwd.caps),
+                                                example, (bwd.xs, t_bwd.xs), length)
+    # the pair loop's carries are (carry, tangent): its cotangents (tangent of g, g)
+    pair_args = BackwardLoopArgs(t_bwd.g_carry + bwd.g_carry, t_bwd.g_ys + bwd.g_ys,
+                                 bwd.stored + t_bwd.stored, bwd.xs + t_bwd.xs, pair_caps,
+                                 t_bwd.g_stored + bwd.g_stored)
+    g_pair_carry, g_pair_xs, g_pair_caps = pair_args.outputs(
+        bind(scan_bwd_p, pair_args.flat(), pair_args.params(pair, length, reverse, checkpoint)))
     t_g_caps = []
-    for c in caps:
+    for c in bwd.caps:
         i = next((i for i, p in enumerate(pair_caps) if p is c), None)
         t_g_caps.append(g_pair_caps[i] if i is not None else _zero_tangent(None, c))
-    return tuple([*outs[:nc], *outs[2 * nc:2 * nc + nx], *t_g_caps])
+    return tuple([*g_pair_carry[:nc], *g_pair_xs[:nx], *t_g_caps])
 
 
-scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp)
+scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp,
+                       reads_trip_count=True)
 scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
@@ -753,10 +657,9 @@ def _scan_vjp_all(g, ans, args, params, invars):
     g_hidden = _stored_cotangents(g[nc + ny:], hidden)
     xs = args[nc:nc + nx]
     caps = args[nc + nx:]
-    outs = bind(scan_bwd_p, (*g_carry, *g_ys, *hidden, *xs, *caps, *g_hidden),
-                dict(program=program, n_carry=nc, n_x=nx, n_y=ny, length=params["length"],
-                     reverse=params["reverse"], checkpoint=params["checkpoint"],
-                     stored_cotangents=bool(g_hidden)))
+    bwd = BackwardLoopArgs(g_carry, g_ys, list(hidden), list(xs), list(caps), g_hidden)
+    outs = bind(scan_bwd_p, bwd.flat(), bwd.params(program, params["length"], params["reverse"],
+                                                   params["checkpoint"]))
     return [o if dtype_of(a).kind in "fc" else None for o, a in zip(outs, args)]
 
 
@@ -902,9 +805,8 @@ def _while_vjp_all(g, ans, args, params, invars):
     hidden = ans[nc:]
     g_hidden = _stored_cotangents(g[nc:], hidden)
     length = shape_of(hidden[0])[0] if hidden else 0
-    outs = bind(scan_bwd_p, (*g_carry, *hidden, *args[nc:nc + nb], *g_hidden),
-                dict(program=params["body"], n_carry=nc, n_x=0, n_y=0, length=length,
-                     reverse=False, checkpoint=None, stored_cotangents=bool(g_hidden)))
+    bwd = BackwardLoopArgs(g_carry, [], list(hidden), [], list(args[nc:nc + nb]), g_hidden)
+    outs = bind(scan_bwd_p, bwd.flat(), bwd.params(params["body"], length, False, None))
     cts = list(outs) + [None] * (len(args) - nc - nb)
     return [o if dtype_of(a).kind in "fc" else None for o, a in zip(cts, args)]
 

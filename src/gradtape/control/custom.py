@@ -1,4 +1,4 @@
-"""stop_gradient and user-defined rules (custom_vjp, custom_jvp)."""
+"""User-defined rules: custom_vjp and custom_jvp."""
 
 from __future__ import annotations
 
@@ -11,24 +11,10 @@ from ..core import tracing as trace
 from ..core.errors import GradtapeError
 from ..core.ir import Instruction
 from ..core.primitive import Primitive
-from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import LevelKind, bind, new_level
-from ._util import dtype_of, shape_of
-
-
-def _stop_impl(x):
-    # bind again one level down, until the value is concrete: the gradient stops at every level
-    return bind(stop_gradient_p, (x,), {}) if type(x) is trace.Tracer else x
-
-
-stop_gradient_p = Primitive("stop_gradient", _stop_impl, nondiff=True)
-
-
-def stop_gradient(x):
-    """`x` as a constant: no derivative flows through it (a pytree of arrays is accepted)."""
-    leaves, td = tree_flatten(x)
-    return tree_unflatten(td, [bind(stop_gradient_p, (v,), {}) for v in leaves])
-
+from ..core.pytree import tree_flatten
+from ..core.tracing import LevelKind, bind
+from ..rules._util import dtype_of, shape_of
+from ..transforms.linearize import linearize
 
 
 def _top_level(args):
@@ -62,7 +48,8 @@ class custom_vjp:
         self.bwd = None
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp)
+        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp,
+                               user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> custom_vjp:
@@ -158,7 +145,8 @@ class custom_jvp:
         self.fun = fun
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp)
+        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp,
+                               user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defjvp(self, rule: Callable) -> Callable:
@@ -188,13 +176,10 @@ class custom_jvp:
 
     def _vjp_all(self, g, ans, args, params, invars):
         # the reverse interpreter transposes the (linear) tangent map of the rule
-        from ..transforms.reverse import backward
+        def tangent_out(*ts):
+            return [_rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)]
 
-        with new_level(LevelKind.DIFFERENTIATE) as level:
-            ts = tuple(None if v is None else level.new_input(_zero_tangent(a))
-                       for a, v in zip(args, invars))
-            t_out = _rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)
-        if type(t_out) is not trace.Tracer or t_out._level is not level:
-            return (None,) * len(args)  # the rule's tangent does not depend on the tangents
-        cts = backward(level.tape, [t_out._var], [g])
-        return tuple(None if t is None else cts.get(t._var.id) for t in ts)
+        rule = linearize(tangent_out, [None if v is None else _zero_tangent(a)
+                                       for a, v in zip(args, invars)],
+                         [v is not None for v in invars])
+        return tuple(rule.vjp([g]))
