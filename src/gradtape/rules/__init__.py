@@ -6,6 +6,7 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 
 from . import (  # noqa: F401  (imported for their declarations)
     control,
+    conversion,
     elementwise,
     indexing,
     linalg,
