@@ -350,8 +350,8 @@ erfcinv = _spec("erfcinv", (lambda ans, y: (-_SQRT_PI / 2) * np.exp(ans * ans),)
 _zeta_in_x = _no_derivative("zeta", "x (argument 0)",
                              "the derivative of zeta in its argument has no closed form")
 SCIPY_UFUNCS["_riemann_zeta"] = Primitive(  # zeta(x) without q: no differentiable argument
-    "_riemann_zeta", lambda x: _sp()._ufuncs._riemann_zeta(x), vjps=(lambda g, ans, x: _zeta_in_x(ans, x),),
-    jvp=lambda ts, ans, x: _zeta_in_x(ans, x))
+    "_riemann_zeta", lambda x: _sp()._ufuncs._riemann_zeta(x),
+    vjps=(lambda g, ans, x: _zeta_in_x(ans, x),), jvp=lambda ts, ans, x: _zeta_in_x(ans, x))
 rel_entr = _spec("rel_entr", (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y),
                  safe=True)
 kl_div = _spec("kl_div", (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y),
