@@ -285,6 +285,12 @@ def _bessel(name: str, dz, safe: bool = True) -> Primitive:
     return _spec(name, (_no_derivative(name, "the order (argument 0)", _ORDER), dz), safe=safe)
 
 
+def _iv2(x):
+    """iv(2, x), with its leading term x^2 / 8 below 1e-150 (where SciPy's iv gives NaN)."""
+    tiny = np.abs(x) < 1e-150
+    return np.where(tiny, x * x / 8, _sp().iv(2, np.where(tiny, 1.0, x)))
+
+
 jv = _bessel("jv", lambda ans, v, z: 0.5 * (_sp().jv(v - 1, z) - _sp().jv(v + 1, z)))
 yv = _bessel("yv", lambda ans, v, z: 0.5 * (_sp().yv(v - 1, z) - _sp().yv(v + 1, z)))
 iv = _bessel("iv", lambda ans, v, z: 0.5 * (_sp().iv(v - 1, z) + _sp().iv(v + 1, z)))
@@ -300,7 +306,7 @@ j1 = _spec("j1", (lambda ans, x: 0.5 * (_sp().j0(x) - _sp().jv(2, x)),))
 y0 = _spec("y0", (lambda ans, x: -_sp().y1(x),), safe=True)
 y1 = _spec("y1", (lambda ans, x: 0.5 * (_sp().y0(x) - _sp().yn(2, x)),), safe=True)
 i0 = _spec("i0", (lambda ans, x: _sp().i1(x),))
-i1 = _spec("i1", (lambda ans, x: 0.5 * (_sp().i0(x) + _sp().iv(2, x)),))
+i1 = _spec("i1", (lambda ans, x: 0.5 * (_sp().i0(x) + _iv2(x)),))
 i0e = _spec("i0e", (lambda ans, x: _sp().i1e(x) - np.sign(x) * ans,))
 i1e = _spec("i1e", (lambda ans, x: 0.5 * (_sp().i0e(x) + _sp().ive(2, x)) - np.sign(x) * ans,))
 k0 = _spec("k0", (lambda ans, x: -_sp().k1(x),), safe=True)
