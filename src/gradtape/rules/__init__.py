@@ -12,5 +12,6 @@ from . import (  # noqa: F401  (imported for their declarations)
     linalg,
     reductions,
     scipy_special,
+    scipy_stats,
     shape,
 )

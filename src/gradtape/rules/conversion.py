@@ -148,3 +148,14 @@ def append(arr, values, axis=None):
     if axis is None:
         return concatenate([np.ravel(arr), np.ravel(values)])
     return concatenate([arr, values], axis=axis)
+
+
+@implements(np.nan_to_num)
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    """np.nan_to_num: NaN and infinities replaced (their entries get no derivative)."""
+    if x.dtype.kind not in "fc":
+        return x
+    big = np.finfo(x.dtype).max
+    x = np.where(np.isnan(x), nan, x)
+    x = np.where(x == np.inf, big if posinf is None else posinf, x)
+    return np.where(x == -np.inf, -big if neginf is None else neginf, x)
