@@ -88,15 +88,23 @@ def _dispatcher(original, traced):
 
 
 def wrap_loaded_modules() -> None:
-    """Wrap the registered functions of every registered module that is already imported."""
-    for name, table in routes.MODULE_FUNCTIONS.items():
+    """Wrap the registered functions of every registered module that is already imported.
+
+    A module still being imported (a registered module imported by another one's import) is
+    left for later: its functions may not be defined yet."""
+    for name in routes.MODULE_FUNCTIONS:
         module = sys.modules.get(name)
-        if module is None or name in _wrapped_modules:
+        if module is None or name in _wrapped_modules or getattr(
+                getattr(module, "__spec__", None), "_initializing", False):
             continue
-        if name == "numpy":
-            _patch_numpy(table)
-            _wrapped_modules.add(name)
-            continue
+        _wrap_module(name, module)
+
+
+def _wrap_module(name: str, module) -> None:
+    table = routes.MODULE_FUNCTIONS[name]
+    if name == "numpy":
+        _patch_numpy(table)
+    else:
         for attr, traced in table.items():
             # "Class.method": a method of a class of the module (scipy.stats' rv_continuous)
             *path, last = attr.split(".")
@@ -106,7 +114,7 @@ def wrap_loaded_modules() -> None:
             original = getattr(owner, last, None)
             if original is not None and not hasattr(original, "__gradtape_original__"):
                 setattr(owner, last, _dispatcher(original, traced))
-        _wrapped_modules.add(name)
+    _wrapped_modules.add(name)
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
@@ -130,6 +138,8 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_then_wrap(module):
             exec_module(module)
+            if fullname not in _wrapped_modules:
+                _wrap_module(fullname, module)
             wrap_loaded_modules()
 
         loader.exec_module = exec_then_wrap

@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     indexing,
     linalg,
     reductions,
+    scipy_misc,
     scipy_special,
     scipy_stats,
     shape,

@@ -68,6 +68,8 @@ def _holds(seq) -> bool:
 
 def to_array(obj, dtype=None, *, copy=None, ndmin: int = 0, name: str = "np.asarray"):
     """`obj` (a Tracer, or a nested list holding Tracers) as a Tracer, NumPy's way."""
+    if isinstance(copy, np._CopyMode):  # (what array-API wrappers pass)
+        copy = {np._CopyMode.ALWAYS: True, np._CopyMode.NEVER: False}.get(copy)
     if type(obj) is Tracer:
         x = obj
     elif isinstance(obj, (list, tuple)):
