@@ -299,6 +299,7 @@ _POS = (0.1, 5.0)
 _NONZERO = ((-3.0, -0.3), (0.3, 3.0))
 _OPEN_UNIT = (-0.9, 0.9)
 _APART = (((-3.0, -1.0), (0.0, 1.0)), ((-0.8, -0.2), (1.2, 3.0)))
+_ORDERS = ((-2.5, -0.01), (0.0, 0.0), (0.01, 2.5))
 
 DOMAINS: dict[str, Domain] = {
     # arithmetic
@@ -336,7 +337,42 @@ DOMAINS: dict[str, Domain] = {
     "xlogy": _d(_R, (0.2, 4.0)), "xlog1py": _d(_R, (-0.8, 4.0)),
     "ndtr": _d((-4.0, 4.0)), "log_ndtr": _d((-6.0, 4.0)), "ndtri": _d((0.02, 0.98)),
     "entr": _d((0.05, 4.0)), "betaln": _d((0.3, 5.0), (0.3, 5.0)),
+    # scipy.special, the long tail: Bessel functions in their argument (orders fixed, never
+    # subnormal: SciPy's yv and ive give 0 or NaN there). Their complex versions (AMOS) do not
+    # resolve an imaginary step of 1e-30: no complex step.
+    "jv": _d(_ORDERS, (0.5, 5.0), diff=(1,), analytic=False),
+    "yv": _d(_ORDERS, (0.5, 5.0), diff=(1,), analytic=False),
+    "iv": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
+    "kv": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
+    "ive": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
+    "kve": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
+    "yn": _d((2.0, 2.0), (0.5, 5.0), diff=(1,)), "kn": _d((1.0, 1.0), (0.2, 4.0), diff=(1,)),
+    "j0": _d((-5.0, 5.0)), "j1": _d((-5.0, 5.0)), "y0": _d((0.3, 5.0)), "y1": _d((0.3, 5.0)),
+    "i0": _d(_R), "i1": _d(_R), "i0e": _d(_NONZERO, analytic=False),
+    "i1e": _d(_NONZERO, analytic=False), "k0": _d((0.2, 4.0)), "k1": _d((0.2, 4.0)),
+    "k0e": _d((0.2, 4.0)), "k1e": _d((0.2, 4.0)),
+    "gammainc": _d((0.5, 4.0), (0.2, 4.0), diff=(1,)),
+    "gammaincc": _d((0.5, 4.0), (0.2, 4.0), diff=(1,)),
+    "betainc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
+    "betaincc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
+    "beta": _d((0.3, 4.0), (0.3, 4.0)), "rgamma": _d((-3.5, 4.0), analytic=False),
+    "erfcinv": _d((0.05, 1.95)),
+    "rel_entr": _d((0.2, 4.0), (0.2, 4.0)), "kl_div": _d((0.2, 4.0), (0.2, 4.0)),
+    # |r| never within 0.1 of delta (a kink)
+    "huber": _d((0.5, 2.0), ((-3.0, -2.2), (-0.4, 0.4), (2.2, 3.0)), analytic=False),
+    "pseudo_huber": _d((0.2, 3.0), _R), "spence": _d((0.1, 4.0)),
+    # behind scipy.stats: inverses in their probability, cdfs in their continuous argument
+    "gammaincinv": _d((0.5, 4.0), (0.05, 0.95), diff=(1,)),
+    "gammainccinv": _d((0.5, 4.0), (0.05, 0.95), diff=(1,)),
+    "betaincinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
+    "betainccinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
+    "stdtr": _d((0.5, 30.0), _R, diff=(1,)), "stdtrit": _d((0.5, 30.0), (0.05, 0.95), diff=(1,)),
+    "pdtr": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)), "pdtrc": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)),
+    "bdtr": _d((3.0, 3.0), (7.0, 7.0), (0.05, 0.95), diff=(2,)),
+    "bdtrc": _d((3.0, 3.0), (7.0, 7.0), (0.05, 0.95), diff=(2,)),
 }
+
+TERNARY_SHAPES = [((), (), ()), ((3,), (3,), (3,)), ((2, 1), (3,), ()), (PYFLOAT, (2,), (2,))]
 
 
 def differentiable_ufuncs() -> list:
@@ -361,3 +397,10 @@ def _no_level_left_behind():
 
     yield
     assert current_levels() == [], "a test left a trace level on the stack"
+
+
+def compile_backends() -> tuple:
+    """The compile backends this tier runs: numba only where the native tier is on."""
+    from gradtape.compile import BACKENDS
+
+    return tuple(b for b in ("numpy", "numba") if b in BACKENDS)

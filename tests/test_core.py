@@ -448,8 +448,8 @@ def _write_slice_into_plain_array(x):
 ERROR_CASES = {
     "float": (lambda x: float(x[0]), np.ones(3), ["float()", "np.exp", "stop_gradient"]),
     "math_exp": (lambda x: math.exp(x[0]), np.ones(3), ["math.exp", "np.exp"]),
-    "np_array": (lambda x: np.sum(np.array([x[0], x[1]])), np.ones(3), ["np.stack"]),
-    "np_asarray": (lambda x: np.sum(np.asarray(x)), np.ones(3), ["np.asarray", "np.stack"]),
+    "plain_array_method": (lambda x: np.sum(np.ones((2, 3)).dot(x)), np.ones(3),
+                           ["X @ w", "np.dot(X, w)", ".dot(x)"]),
     "write_scalar": (_write_scalar_into_plain_array, np.ones(3), ["np.zeros_like(x)"]),
     "write_slice": (_write_slice_into_plain_array, np.ones(3), ["np.zeros_like(x)"]),
     "non_scalar_output": (lambda x: x * 2, np.ones(3), ["scalar", "shape (3,)", "np.sum"]),

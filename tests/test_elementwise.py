@@ -15,6 +15,7 @@ import scipy.special as sp
 from conftest import (
     BINARY_SHAPES,
     DOMAINS,
+    TERNARY_SHAPES,
     UNARY_SHAPES,
     argument_strategy,
     assert_grad_matches,
@@ -50,7 +51,9 @@ def _output_shape(args) -> tuple:
 def test_ufunc_gradient(ufunc, data, dtype):
     """sum(w * ufunc(*args)) over generated shapes, broadcasting, Python floats and dtypes."""
     domain = DOMAINS[ufunc.__name__]
-    shapes = data.draw(st.sampled_from(UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES))
+    shapes = data.draw(st.sampled_from(
+        UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES if domain.arity == 2
+        else TERNARY_SHAPES))
     shapes = (shapes,) if domain.arity == 1 else shapes
     args = tuple(data.draw(argument_strategy(shape, intervals, dtype), label=f"arg{i}")
                  for i, (shape, intervals) in enumerate(zip(shapes, domain.args)))

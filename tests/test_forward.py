@@ -17,6 +17,7 @@ import scipy.special as sp
 from conftest import (
     BINARY_SHAPES,
     DOMAINS,
+    TERNARY_SHAPES,
     UNARY_SHAPES,
     argument_strategy,
     differentiable_ufuncs,
@@ -157,7 +158,9 @@ UFUNCS = differentiable_ufuncs()
 
 def _draw_ufunc_args(data, ufunc, dtype):
     domain = DOMAINS[ufunc.__name__]
-    shapes = data.draw(st.sampled_from(UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES))
+    shapes = data.draw(st.sampled_from(
+        UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES if domain.arity == 2
+        else TERNARY_SHAPES))
     shapes = (shapes,) if domain.arity == 1 else shapes
     args = [data.draw(argument_strategy(s, iv, dtype), label=f"arg{i}")
             for i, (s, iv) in enumerate(zip(shapes, domain.args))]

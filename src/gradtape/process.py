@@ -2,10 +2,12 @@
 
 `install()` runs once, when gradtape is imported. What it sets up:
 
-1. **Library functions written in Python** (scipy.special.logsumexp, ...) convert their
-   inputs with `np.asarray`, so a Tracer cannot reach them through NumPy's protocols. Rules
-   register Tracer implementations in `core.routes.MODULE_FUNCTIONS`; the attribute in the
-   library's module is replaced by a dispatcher, as soon as that module is imported (an import
+1. **Library functions written in Python** (scipy.special.logsumexp, the methods of
+   scipy.stats' distributions, ...) that gradtape gives rules of their own. Rules register
+   Tracer implementations in `core.routes.MODULE_FUNCTIONS` (an attribute of the module, or
+   `"Class.method"` for a method of one of its classes); the attribute is replaced by a
+   dispatcher (a Tracer among the arguments, or in a list or tuple among them, selects the
+   rule), as soon as that module is imported (an import
    hook on `sys.meta_path`, so `from scipy.special import logsumexp` written after
    `import gradtape` gets it too). A call with no Tracer argument goes to the library's own
    function unchanged; the original stays reachable as `__gradtape_original__`.
@@ -14,6 +16,36 @@
    to the OS and the next call page-faults its working set again (3.6x the gradient's time at
    N=10^5). Raising glibc's mmap and trim thresholds keeps freed blocks for reuse, as the
    caching allocators of JAX and PyTorch do. `GRADTAPE_MALLOC_TUNE=0` leaves it alone.
+
+3. **NumPy's array constructors** (`np.asarray`, `np.array`, `np.asanyarray`,
+   `np.ascontiguousarray`, `np.asfortranarray`; and `np.asarray_chkfinite`, which calls
+   `asarray` first) are functions that NumPy does not dispatch through `__array_function__`:
+   given a Tracer they would call `__array__` and copy the numbers out, cutting the gradient.
+   Library code calls them first thing (every scipy.stats distribution, scipy.optimize.rosen,
+   scipy.integrate.trapezoid, users' own defensive `x = np.asarray(x)`), so the attributes of
+   the `numpy` module are replaced, when gradtape is imported, by small Python dispatchers
+   (rules/conversion.py registers them as `MODULE_FUNCTIONS["numpy"]`). A dispatcher looks at
+   its first argument only: a Tracer, or (while this thread is tracing) a list or tuple holding
+   one, goes to gradtape's version (the Tracer itself, a dtype change recorded as a cast, a
+   list stacked); anything else goes to NumPy's function unchanged, with the same arguments.
+
+   * Cost for code that never traces: one Python call around the C function, about 80 ns per
+     call on an ndarray (`process.constructor_overhead()` measures it); a list is
+     scanned for Tracers only while the calling thread is tracing.
+   * `from numpy import asarray` bindings made before gradtape was imported (SciPy's modules
+     when SciPy is imported first, users' modules) are rebound in every loaded module outside
+     NumPy and Numba, once, at install; modules imported later read the dispatcher from `numpy`.
+     SciPy's array-API layer (`scipy._lib.array_api_compat.numpy.asarray`, what `xp.asarray`
+     is when SCIPY_ARRAY_API is off, the default) calls `np.array` through the `numpy` module.
+   * Numba types `np.asarray` & co. by the function object: when Numba was imported first, the
+     dispatchers are registered with it as aliases of NumPy's functions (its overloads were
+     keyed by them); imported later, its overloads are keyed by the dispatchers themselves.
+   * Threads: the dispatchers hold no state; tracing is per thread.
+   * NumPy's own functions are left bound to the originals (they dispatch a Tracer through
+     `__array_function__` before their bodies run). ndarray methods of a *plain* array given a
+     Tracer (`X.dot(w)`) have no hook at all: `__array__` raises an error naming `X @ w`.
+   * Each original stays reachable as `__gradtape_original__`; `GRADTAPE_PATCH_NUMPY=0`
+     (read at import) leaves NumPy alone, and `np.asarray` on a Tracer raises instead.
 
 The native backend's compiler thread and its kernel cache are documented with the backend.
 """
@@ -33,8 +65,15 @@ _wrapped_modules: set = set()
 # --- library functions written in Python ------------------------------------------------------
 def _has_tracer(args, kwargs) -> bool:
     tracer = tracing.Tracer
-    return any(type(a) is tracer for a in args) or any(
-        type(v) is tracer for v in kwargs.values())
+    for a in args:
+        t = type(a)
+        if t is tracer or ((t is list or t is tuple) and _holds_tracer(a)):
+            return True
+    for a in kwargs.values():
+        t = type(a)
+        if t is tracer or ((t is list or t is tuple) and _holds_tracer(a)):
+            return True
+    return False
 
 
 def _dispatcher(original, traced):
@@ -49,16 +88,33 @@ def _dispatcher(original, traced):
 
 
 def wrap_loaded_modules() -> None:
-    """Wrap the registered functions of every registered module that is already imported."""
-    for name, table in routes.MODULE_FUNCTIONS.items():
+    """Wrap the registered functions of every registered module that is already imported.
+
+    A module still being imported (a registered module imported by another one's import) is
+    left for later: its functions may not be defined yet."""
+    for name in routes.MODULE_FUNCTIONS:
         module = sys.modules.get(name)
-        if module is None or name in _wrapped_modules:
+        if module is None or name in _wrapped_modules or getattr(
+                getattr(module, "__spec__", None), "_initializing", False):
             continue
+        _wrap_module(name, module)
+
+
+def _wrap_module(name: str, module) -> None:
+    table = routes.MODULE_FUNCTIONS[name]
+    if name == "numpy":
+        _patch_numpy(table)
+    else:
         for attr, traced in table.items():
-            original = getattr(module, attr, None)
+            # "Class.method": a method of a class of the module (scipy.stats' rv_continuous)
+            *path, last = attr.split(".")
+            owner = module
+            for part in path:
+                owner = getattr(owner, part, None)
+            original = getattr(owner, last, None)
             if original is not None and not hasattr(original, "__gradtape_original__"):
-                setattr(module, attr, _dispatcher(original, traced))
-        _wrapped_modules.add(name)
+                setattr(owner, last, _dispatcher(original, traced))
+    _wrapped_modules.add(name)
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
@@ -82,10 +138,107 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_then_wrap(module):
             exec_module(module)
+            if fullname not in _wrapped_modules:
+                _wrap_module(fullname, module)
             wrap_loaded_modules()
 
         loader.exec_module = exec_then_wrap
         return spec
+
+
+# --- NumPy's array constructors -------------------------------------------------------------
+# positional parameters of each constructor (the rest are keyword-only in NumPy 2)
+_NUMPY_POSITIONAL = {"asarray": 3, "asanyarray": 3, "array": 2, "ascontiguousarray": 2,
+                     "asfortranarray": 2, "asarray_chkfinite": 3}
+# modules whose bindings of the originals are left alone (see the module docstring)
+_KEEP_ORIGINALS = ("numpy", "numba", "llvmlite", "gradtape")
+
+
+def _holds_tracer(seq) -> bool:
+    """Whether a (nested) list or tuple holds a Tracer."""
+    tracer = tracing.Tracer
+    for e in seq:
+        t = type(e)
+        if t is tracer or ((t is list or t is tuple) and _holds_tracer(e)):
+            return True
+    return False
+
+
+def _constructor_dispatcher(original, traced, npos: int):
+    """`original`, unless its first argument is a Tracer or (while tracing) a list holding one.
+
+    Written out per arity: forwarding `*args` costs twice the wrapper itself."""
+    tracer = tracing.Tracer
+    state = tracing._state
+
+    if npos == 3:
+        def dispatch(a, dtype=None, order=None, **kwargs):
+            t = type(a)
+            if t is tracer or ((t is list or t is tuple) and getattr(state, "stack", None)
+                               and _holds_tracer(a)):
+                return traced(a, dtype, order, **kwargs)
+            if kwargs:
+                return original(a, dtype, order, **kwargs)
+            return original(a, dtype, order)
+    else:
+        def dispatch(a, dtype=None, **kwargs):
+            t = type(a)
+            if t is tracer or ((t is list or t is tuple) and getattr(state, "stack", None)
+                               and _holds_tracer(a)):
+                return traced(a, dtype, **kwargs)
+            if kwargs:
+                return original(a, dtype, **kwargs)
+            return original(a, dtype)
+
+    functools.update_wrapper(dispatch, original)
+    dispatch.__gradtape_original__ = original
+    return dispatch
+
+
+def _patch_numpy(table: dict) -> None:
+    """Replace NumPy's array constructors by dispatchers, and rebind earlier imports of them."""
+    if os.environ.get("GRADTAPE_PATCH_NUMPY") == "0":
+        return
+    import numpy
+
+    replaced = {}  # id(original) -> (original, dispatcher)
+    for attr, traced in table.items():
+        original = getattr(numpy, attr, None)
+        if original is None or hasattr(original, "__gradtape_original__"):
+            continue
+        dispatch = _constructor_dispatcher(original, traced, _NUMPY_POSITIONAL[attr])
+        setattr(numpy, attr, dispatch)
+        replaced[id(original)] = (original, dispatch)
+    if replaced:
+        _rebind_imported(replaced)
+        _alias_in_numba(replaced)
+
+
+def _rebind_imported(replaced: dict) -> None:
+    """`from numpy import asarray` run before gradtape was imported: rebind to the dispatcher."""
+    ids = replaced.keys()
+    for name, module in list(sys.modules.items()):
+        if name.split(".", 1)[0] in _KEEP_ORIGINALS:
+            continue
+        d = getattr(module, "__dict__", None)
+        if type(d) is not dict or ids.isdisjoint(map(id, d.values())):
+            continue
+        for attr, value in list(d.items()):
+            hit = replaced.get(id(value))
+            if hit is not None and hit[0] is value:
+                d[attr] = hit[1]
+
+
+def _alias_in_numba(replaced: dict) -> None:
+    """Numba imported before gradtape keyed its overloads by NumPy's functions: alias them."""
+    templates = sys.modules.get("numba.core.typing.templates")
+    registry = getattr(templates, "builtin_registry", None)
+    if registry is None:
+        return  # not imported (yet): Numba's overloads will be keyed by the dispatchers
+    for value, typ in list(registry.globals):
+        hit = replaced.get(id(value))
+        if hit is not None and hit[0] is value:
+            registry.globals.append((hit[1], typ))
 
 
 # --- the allocator ----------------------------------------------------------------------------
@@ -133,3 +286,24 @@ def install() -> None:
     wrap_loaded_modules()
     if not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _WrapOnImport())
+
+
+
+def constructor_overhead(repeat: int = 7, number: int = 200_000) -> dict:
+    """Nanoseconds per call on a small ndarray of each constructor: (NumPy's, the dispatcher's).
+
+    `python -c "from gradtape import process; print(process.constructor_overhead())"`
+    """
+    import timeit
+
+    import numpy
+
+    x = numpy.ones(3)
+    out = {}
+    for attr in _NUMPY_POSITIONAL:
+        f = getattr(numpy, attr)
+        original = getattr(f, "__gradtape_original__", f)
+        out[attr] = tuple(
+            round(min(timeit.repeat("f(x)", globals={"f": g, "x": x}, number=number,
+                                    repeat=repeat)) / number * 1e9, 1) for g in (original, f))
+    return out

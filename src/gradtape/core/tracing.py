@@ -277,12 +277,19 @@ def _no_float_message(what: str) -> str:
     )
 
 
-_AS_ARRAY_MESSAGE = (
-    "np.array / np.asarray was called on a traced value (or a list of them): NumPy would copy "
-    "the numbers into a plain array and cut the gradient. Build arrays from traced values with "
-    "np.stack([...]) (or np.concatenate, np.hstack), and write into an array with "
-    "y = np.zeros_like(x); y[i] = value."
-)
+def _as_array_message() -> str:
+    """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
+    where = _user_source_line()
+    if ".dot(" in where:
+        advice = ("A plain array's method (X.dot(w)) cannot see a traced argument: write "
+                  "X @ w or np.dot(X, w).")
+    else:
+        advice = ("This happens in a plain array's methods given a traced argument (write "
+                  "X @ w or np.dot(X, w) for X.dot(w)), in writes into a plain array (build it "
+                  "from traced values: y = np.zeros_like(x); y[i] = value, or np.stack([...])), "
+                  "and in C code of other libraries.")
+    return (f"NumPy was asked to convert a traced value into a plain array ({where}), which "
+            f"would copy the numbers out and cut the gradient. {advice}")
 
 
 class Tracer:
@@ -375,7 +382,7 @@ class Tracer:
         return impl(*args, **kwargs)
 
     def __array__(self, dtype=None, copy=None):
-        raise GradtapeError(_AS_ARRAY_MESSAGE)
+        raise GradtapeError(_as_array_message())
 
     # --- Python values: answered with the concrete value, recorded as a guard -----------
     def __bool__(self) -> bool:

@@ -5,11 +5,14 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 """
 
 from . import (  # noqa: F401  (imported for their declarations)
+    conversion,
     elementwise,
     indexing,
     linalg,
     reductions,
+    scipy_misc,
     scipy_special,
+    scipy_stats,
     shape,
     stop,
 )

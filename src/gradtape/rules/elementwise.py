@@ -250,3 +250,253 @@ betaln = _spec("betaln", (lambda ans, a, b: _sp().digamma(a) - _sp().digamma(a +
 for _alias in ("expm1", "log1p", "exp2", "cbrt"):
     SCIPY_UFUNCS[_alias] = globals()[_alias]
 SCIPY_UFUNCS["exp10"] = _spec("exp10", (lambda ans, x: ans * _LN10,))
+
+
+# --- scipy.special, the long tail -----------------------------------------------------------------
+# Bessel functions are differentiated in their argument (the recurrences below); their order
+# has no closed-form derivative, and gammainc/betainc have none in their shape parameters:
+# differentiating those arguments raises an error naming them.
+def _no_derivative(name: str, argument: str, why: str):
+    """A partial that refuses: the derivative in `argument` of scipy.special.`name` is unknown."""
+    def partial(ans, *args):
+        raise GradtapeError(
+            f"scipy.special.{name}: no derivative with respect to {argument} ({why}). If it is "
+            "a constant, pass it through gradtape.stop_gradient; otherwise give the function a "
+            "rule with gradtape.custom_vjp.")
+    return partial
+
+
+_ORDER = "the order of a Bessel function has no closed-form derivative"
+_SHAPE = "the derivative in a shape parameter has no closed form"
+
+
+def _sp_call(name: str):
+    return lambda *a: getattr(_sp(), name)(*a)
+
+
+def _sp_nondiff(name: str) -> Primitive:
+    """A scipy.special ufunc with zero derivative (piecewise constant)."""
+    prim = Primitive(name, _sp_call(name), nondiff=True)
+    SCIPY_UFUNCS[name] = prim
+    return prim
+
+
+def _bessel(name: str, dz, safe: bool = True) -> Primitive:
+    return _spec(name, (_no_derivative(name, "the order (argument 0)", _ORDER), dz), safe=safe)
+
+
+def _iv2(x):
+    """iv(2, x), with its leading term x^2 / 8 below 1e-150 (where SciPy's iv gives NaN)."""
+    tiny = np.abs(x) < 1e-150
+    return np.where(tiny, x * x / 8, _sp().iv(2, np.where(tiny, 1.0, x)))
+
+
+jv = _bessel("jv", lambda ans, v, z: 0.5 * (_sp().jv(v - 1, z) - _sp().jv(v + 1, z)))
+yv = _bessel("yv", lambda ans, v, z: 0.5 * (_sp().yv(v - 1, z) - _sp().yv(v + 1, z)))
+iv = _bessel("iv", lambda ans, v, z: 0.5 * (_sp().iv(v - 1, z) + _sp().iv(v + 1, z)))
+kv = _bessel("kv", lambda ans, v, z: -0.5 * (_sp().kv(v - 1, z) + _sp().kv(v + 1, z)))
+# ive = iv exp(-|z|), kve = kv exp(z) (real z)
+ive = _bessel("ive", lambda ans, v, z: 0.5 * (_sp().ive(v - 1, z) + _sp().ive(v + 1, z))
+              - np.sign(z) * ans)
+kve = _bessel("kve", lambda ans, v, z: ans - 0.5 * (_sp().kve(v - 1, z) + _sp().kve(v + 1, z)))
+yn = _bessel("yn", lambda ans, n, x: 0.5 * (_sp().yn(n - 1, x) - _sp().yn(n + 1, x)))
+kn = _bessel("kn", lambda ans, n, x: -0.5 * (_sp().kn(n - 1, x) + _sp().kn(n + 1, x)))
+j0 = _spec("j0", (lambda ans, x: -_sp().j1(x),))
+j1 = _spec("j1", (lambda ans, x: 0.5 * (_sp().j0(x) - _sp().jv(2, x)),))
+y0 = _spec("y0", (lambda ans, x: -_sp().y1(x),), safe=True)
+y1 = _spec("y1", (lambda ans, x: 0.5 * (_sp().y0(x) - _sp().yn(2, x)),), safe=True)
+i0 = _spec("i0", (lambda ans, x: _sp().i1(x),))
+i1 = _spec("i1", (lambda ans, x: 0.5 * (_sp().i0(x) + _iv2(x)),))
+i0e = _spec("i0e", (lambda ans, x: _sp().i1e(x) - np.sign(x) * ans,))
+i1e = _spec("i1e", (lambda ans, x: 0.5 * (_sp().i0e(x) + _sp().ive(2, x)) - np.sign(x) * ans,))
+k0 = _spec("k0", (lambda ans, x: -_sp().k1(x),), safe=True)
+k1 = _spec("k1", (lambda ans, x: -0.5 * (_sp().k0(x) + _sp().kv(2, x)),), safe=True)
+k0e = _spec("k0e", (lambda ans, x: ans - _sp().k1e(x),), safe=True)
+k1e = _spec("k1e", (lambda ans, x: ans - 0.5 * (_sp().k0e(x) + _sp().kve(2, x)),), safe=True)
+
+
+# incomplete gamma and beta functions: in x, exp(log of the integrand)
+def _gammainc_dx(ans, a, x):
+    return np.exp(_sp().xlogy(a - 1, x) - x - _sp().gammaln(a))
+
+
+def _betainc_dx(ans, a, b, x):
+    return np.exp(_sp().xlogy(a - 1, x) + _sp().xlog1py(b - 1, -x) - _sp().betaln(a, b))
+
+
+gammainc = _spec("gammainc", (_no_derivative("gammainc", "a (argument 0)", _SHAPE),
+                              _gammainc_dx), safe=True)
+gammaincc = _spec("gammaincc", (_no_derivative("gammaincc", "a (argument 0)", _SHAPE),
+                                lambda ans, a, x: -_gammainc_dx(ans, a, x)), safe=True)
+betainc = _spec("betainc", (_no_derivative("betainc", "a (argument 0)", _SHAPE),
+                            _no_derivative("betainc", "b (argument 1)", _SHAPE), _betainc_dx),
+                safe=True)
+betaincc = _spec("betaincc", (_no_derivative("betaincc", "a (argument 0)", _SHAPE),
+                              _no_derivative("betaincc", "b (argument 1)", _SHAPE),
+                              lambda ans, a, b, x: -_betainc_dx(ans, a, b, x)), safe=True)
+beta = _spec("beta", (lambda ans, a, b: ans * (_sp().digamma(a) - _sp().digamma(a + b)),
+                      lambda ans, a, b: ans * (_sp().digamma(b) - _sp().digamma(a + b))))
+
+
+def _rgamma_dx(ans, x):
+    """-rgamma(x) digamma(x) for x >= 1/2; below, the derivative of the reflection formula
+    rgamma(x) = sin(pi x) gamma(1 - x) / pi, smooth through the poles of gamma (to every order).
+    """
+    left = x < 0.5
+    xl = np.where(left, x, 0.0)
+    xr = np.where(left, 1.0, x)
+    g = _sp().gamma(1 - xl)
+    reflected = (np.cos(math.pi * xl) - np.sin(math.pi * xl) * _sp().digamma(1 - xl) / math.pi) * g
+    return np.where(left, reflected, -_sp().rgamma(xr) * _sp().digamma(xr))
+
+
+rgamma = _spec("rgamma", (_rgamma_dx,))
+gammasgn = _sp_nondiff("gammasgn")
+erfcinv = _spec("erfcinv", (lambda ans, y: (-_SQRT_PI / 2) * np.exp(ans * ans),), safe=True)
+_zeta_in_x = _no_derivative("zeta", "x (argument 0)",
+                             "the derivative of zeta in its argument has no closed form")
+SCIPY_UFUNCS["_riemann_zeta"] = Primitive(  # zeta(x) without q: no differentiable argument
+    "_riemann_zeta", lambda x: _sp()._ufuncs._riemann_zeta(x),
+    vjps=(lambda g, ans, x: _zeta_in_x(ans, x),), jvp=lambda ts, ans, x: _zeta_in_x(ans, x))
+rel_entr = _spec("rel_entr", (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y),
+                 safe=True)
+kl_div = _spec("kl_div", (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y),
+               safe=True)
+huber = _spec("huber", (lambda ans, d, r: np.where(np.abs(r) <= d, 0, np.abs(r) - d),
+                        lambda ans, d, r: np.where(np.abs(r) <= d, r, d * np.sign(r))))
+
+
+# pseudo_huber = d sqrt(d^2 + r^2) - d^2 (d >= 0): with R = hypot(d, r), the partials are
+# r^4 / ((R + d)^2 R) (no cancellation, |r| at d = 0) and d r / R, smooth wherever R > 0
+def _pseudo_huber_parts(d, r):
+    big = np.hypot(d, r)
+    zero = big == 0
+    return zero, np.where(zero, 1.0, big)
+
+
+def _pseudo_huber_dd(ans, d, r):
+    zero, big = _pseudo_huber_parts(d, r)
+    r2 = r * r
+    return np.where(zero, 0.0, r2 * r2 / ((big + d) ** 2 * big))
+
+
+def _pseudo_huber_dr(ans, d, r):
+    zero, big = _pseudo_huber_parts(d, r)
+    return np.where(zero, 0.0, d * r / big)
+
+
+pseudo_huber = _spec("pseudo_huber", (_pseudo_huber_dd, _pseudo_huber_dr))
+
+
+# Removable singularities (sinc at 0, spence's derivative at 1): at the point itself the value
+# and every derivative come from the Maclaurin series, so that derivatives of any order are
+# exact there too (a constant branch of np.where would give 0 from the second order on).
+def _maclaurin_coefficient(series: str, k: int) -> float:
+    """The k-th derivative at 0 of sin(t)/t ("sinc") or log1p(u)/u ("log1p_over")."""
+    if series == "sinc":
+        return 0.0 if k % 2 else (-1.0) ** (k // 2) / (k + 1)
+    return (-1.0) ** k * math.factorial(k) / (k + 1)  # sum_n (-u)^n / (n + 1)
+
+
+def _maclaurin_impl(u, series, k):
+    dtype = np.result_type(getattr(u, "dtype", None) or np.result_type(u), np.float16)
+    return np.full(shape_of(u), _maclaurin_coefficient(series, k), dtype=dtype)
+
+
+maclaurin = Primitive(
+    "maclaurin", _maclaurin_impl,
+    vjps=(lambda g, ans, u, series, k: g * maclaurin(u, series=series, k=k + 1),),
+    jvp=lambda ts, ans, u, series, k: ts[0] * maclaurin(u, series=series, k=k + 1),
+    jvp_batched=True, constant_valued=True,
+)
+
+
+def _spence_dz(ans, z):
+    """log(z) / (1 - z), which is -log1p(u)/u with u = z - 1: -1 at z = 1, exactly."""
+    u = z - 1
+    at_one = u == 0
+    safe_u = np.where(at_one, 1, u)
+    return np.where(at_one, -maclaurin(u, series="log1p_over", k=0), -np.log1p(safe_u) / safe_u)
+
+
+spence = _spec("spence", (_spence_dz,), safe=True)
+
+
+def _lambertw_impl(z, k):
+    return _sp().lambertw(z, k).real
+
+
+# the real branches only (rules/scipy_special.py checks the input): W' = exp(-W) / (1 + W)
+lambertw_real = elementwise("lambertw", _lambertw_impl,
+                            (lambda ans, z, k: np.exp(-ans) / (1 + ans), None), safe=True)
+
+
+# --- the scipy.special functions behind scipy.stats' cdfs and ppfs ------------------------------
+# An inverse's derivative in its probability is 1 / (the forward function's derivative at the
+# answer); in the shape parameters there is no closed form.
+def _gammainc_inv_dq(ans, a, q):
+    return np.exp(_sp().gammaln(a) + ans - _sp().xlogy(a - 1, ans))
+
+
+gammaincinv = _spec("gammaincinv", (_no_derivative("gammaincinv", "a (argument 0)", _SHAPE),
+                                    _gammainc_inv_dq), safe=True)
+gammainccinv = _spec("gammainccinv", (_no_derivative("gammainccinv", "a (argument 0)", _SHAPE),
+                                      lambda ans, a, q: -_gammainc_inv_dq(ans, a, q)), safe=True)
+betaincinv = _spec("betaincinv", (_no_derivative("betaincinv", "a (argument 0)", _SHAPE),
+                                  _no_derivative("betaincinv", "b (argument 1)", _SHAPE),
+                                  lambda ans, a, b, q: 1 / _betainc_dx(None, a, b, ans)),
+                   safe=True)
+betainccinv = _spec("betainccinv", (_no_derivative("betainccinv", "a (argument 0)", _SHAPE),
+                                    _no_derivative("betainccinv", "b (argument 1)", _SHAPE),
+                                    lambda ans, a, b, q: -1 / _betainc_dx(None, a, b, ans)),
+                    safe=True)
+
+
+def t_logpdf(t, df):
+    """The log-density of Student's t (the normal's for df = inf), written with primitives."""
+    finite = np.isfinite(df)
+    d = np.where(finite, df, 1.0)
+    log_t = (_sp().gammaln((d + 1) / 2) - _sp().gammaln(d / 2) - 0.5 * np.log(d * math.pi)
+             - (d + 1) / 2 * np.log1p(t * t / d))
+    return np.where(finite, log_t, -0.5 * t * t - _LOG_SQRT_2PI)
+
+
+_DF = "the derivative in the degrees of freedom has no closed form"
+stdtr = _spec("stdtr", (_no_derivative("stdtr", "df (argument 0)", _DF),
+                        lambda ans, df, t: np.exp(t_logpdf(t, df))))
+stdtrit = _spec("stdtrit", (_no_derivative("stdtrit", "df (argument 0)", _DF),
+                            lambda ans, df, p: np.exp(-t_logpdf(ans, df))), safe=True)
+
+_COUNT = "a count is an integer: the function is a step function of it"
+
+
+def _poisson_pmf(k, m):
+    """The Poisson pmf at floor(k) (0 below 0)."""
+    k = np.floor(k)
+    inside = k >= 0
+    k = np.where(inside, k, 0)
+    return np.where(inside, np.exp(_sp().xlogy(k, m) - m - _sp().gammaln(k + 1)), 0.0)
+
+
+pdtr = _spec("pdtr", (_no_derivative("pdtr", "k (argument 0)", _COUNT),
+                      lambda ans, k, m: -_poisson_pmf(k, m)))
+pdtrc = _spec("pdtrc", (_no_derivative("pdtrc", "k (argument 0)", _COUNT),
+                        lambda ans, k, m: _poisson_pmf(k, m)))
+
+
+def _bdtr_dp(ans, k, n, p):
+    """d/dp P(X <= k), X ~ binom(n, p): -n binom(n-1, p).pmf(floor k) (0 outside 0 <= k < n)."""
+    k = np.floor(k)
+    inside = (k >= 0) & (k < n)
+    k = np.where(inside, k, 0)
+    m = np.where(inside, n, 1)
+    log_pmf = (_sp().gammaln(m) - _sp().gammaln(k + 1) - _sp().gammaln(m - k)
+               + _sp().xlogy(k, p) + _sp().xlog1py(m - k - 1, -p))
+    return np.where(inside, -m * np.exp(log_pmf), 0.0)
+
+
+bdtr = _spec("bdtr", (_no_derivative("bdtr", "k (argument 0)", _COUNT),
+                      _no_derivative("bdtr", "n (argument 1)", _COUNT), _bdtr_dp))
+bdtrc = _spec("bdtrc", (_no_derivative("bdtrc", "k (argument 0)", _COUNT),
+                        _no_derivative("bdtrc", "n (argument 1)", _COUNT),
+                        lambda ans, k, n, p: -_bdtr_dp(ans, k, n, p)))

@@ -1,7 +1,7 @@
 """scipy.special functions written in Python (not ufuncs), given Tracer-aware versions.
 
-`logsumexp`, `polygamma`, `softmax` and `log_softmax` convert their inputs with
-`np.asarray`, so NumPy's protocols never show them a Tracer. They are declared as
+`logsumexp`, `polygamma`, `softmax`, `log_softmax`, `lambertw` and `multigammaln` are Python
+functions of SciPy (`np.sinc`, which scipy.special re-exports, of NumPy). They are declared as
 module functions (core.routes.MODULE_FUNCTIONS): a call with a Tracer argument runs
 the version below (written with NumPy calls, so it is traced); any other call goes
 to SciPy unchanged (gradtape/process.py installs the dispatchers). The ufuncs of
@@ -10,9 +10,14 @@ scipy.special need no wrapper (see elementwise.py).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ..core.routes import implements_module_function
+from ..core.errors import GradtapeError
+from ..core.routes import implements, implements_module_function
+from ..core.tracing import LevelKind, Tracer
+from .elementwise import lambertw_real, maclaurin
 from .stop import stop_gradient
 
 
@@ -34,13 +39,19 @@ def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False):
 
 
 def polygamma(n, x):
-    """polygamma(n, x) for a constant integer order n, from digamma and the Hurwitz zeta."""
+    """polygamma(n, x) for constant integer orders n, from digamma and the Hurwitz zeta."""
     import scipy.special as sp
 
-    n = int(n)
-    if n == 0:
-        return sp.digamma(x)
-    return (-1.0) ** (n + 1) * sp.gamma(n + 1.0) * sp.zeta(n + 1.0, x)
+    n = _concrete(n, "scipy.special.polygamma: the order n")
+    if np.ndim(n) == 0:
+        n = int(n)
+        if n == 0:
+            return sp.digamma(x)
+        return (-1.0) ** (n + 1) * sp.gamma(n + 1.0) * sp.zeta(n + 1.0, x)
+    n = np.asarray(n)
+    m = np.where(n == 0, 1, n)  # the zeta branch at a finite point where n is 0
+    return np.where(n == 0, sp.digamma(x), (-1.0) ** (m + 1) * sp.gamma(m + 1.0)
+                    * sp.zeta(m + 1.0, x))
 
 
 def softmax(x, axis=None):
@@ -53,6 +64,70 @@ def log_softmax(x, axis=None):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
+def _concrete(v, what: str):
+    """A plain value for an argument that must be a constant (an order, a dimension, a branch)."""
+    if type(v) is Tracer:
+        w = v
+        while type(w) is Tracer:
+            if w._level.kind is LevelKind.DIFFERENTIATE:
+                raise GradtapeError(f"{what} has no derivative; pass it as a constant (or "
+                                    "through gradtape.stop_gradient).")
+            w = w._value
+        return np.asarray(v.tolist())  # a guard on its value when staging
+    return v
+
+
+@implements(np.sinc)
+def sinc(x):
+    """sin(pi x) / (pi x); at 0 every derivative comes from the Maclaurin series (exact)."""
+    pi_x = x * math.pi
+    zero = x == 0
+    safe = np.where(zero, 1.0, pi_x)
+    return np.where(zero, maclaurin(pi_x, series="sinc", k=0), np.sin(safe) / safe)
+
+
+_MINUS_INV_E = -math.exp(-1.0)
+
+
+def lambertw(z, k=0, tol=1e-8):
+    """The real branches of Lambert's W, as a real value (SciPy returns it as complex).
+
+    Branch 0 is real for z >= -1/e, branch -1 for -1/e <= z < 0; other inputs would give
+    complex values, which gradtape does not differentiate: refused.
+    """
+    k = _concrete(k, "scipy.special.lambertw: the branch k")
+    if np.ndim(k) != 0 or int(k) not in (0, -1):
+        raise GradtapeError(
+            f"scipy.special.lambertw(z, k={k!r}) on a traced value: only the real branches k=0 "
+            "and k=-1 are differentiated (the others are complex). Pass z through "
+            "gradtape.stop_gradient if it needs no derivative.")
+    k = int(k)
+    real = z >= _MINUS_INV_E if k == 0 else (z >= _MINUS_INV_E) & (z < 0)
+    if not np.all(real):
+        raise GradtapeError(
+            f"scipy.special.lambertw(z, k={k}) would be complex for some z (branch 0 is real "
+            "for z >= -1/e, branch -1 for -1/e <= z < 0): gradtape does not differentiate "
+            "complex values.")
+    return lambertw_real(z, k)
+
+
+def multigammaln(a, d):
+    """The log of the multivariate gamma function, as SciPy computes it."""
+    import scipy.special as sp
+
+    d = _concrete(d, "scipy.special.multigammaln: the dimension d")
+    if np.ndim(d) != 0 or np.floor(d) != d:
+        raise ValueError("d should be a positive integer (dimension)")
+    d = int(d)
+    if np.any(a <= 0.5 * (d - 1)):
+        raise ValueError(f"condition a > 0.5 * (d-1) ({0.5 * (d - 1)}) not met")
+    res = (d * (d - 1) * 0.25) * math.log(math.pi)
+    for j in range(1, d + 1):
+        res = res + sp.gammaln(a - (j - 1.0) / 2)
+    return res
+
+
 for _name, _traced in {"logsumexp": logsumexp, "polygamma": polygamma, "softmax": softmax,
-                      "log_softmax": log_softmax}.items():
+                       "log_softmax": log_softmax, "lambertw": lambertw,
+                       "multigammaln": multigammaln}.items():
     implements_module_function("scipy.special", _name)(_traced)
