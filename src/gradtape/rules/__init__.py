@@ -11,5 +11,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     linalg,
     reductions,
     scipy_special,
+    sequences,
     shape,
+    statistics,
 )

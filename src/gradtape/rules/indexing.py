@@ -375,8 +375,8 @@ def select(condlist, choicelist, default=0):
 @implements(np.take)
 def take(a, indices, axis=None, out=None, mode="raise"):
     if axis is None:
-        return np.ravel(a)[indices]
-    return a[(slice(None),) * (int(axis) % ndim_of(a)) + (indices,)]
+        return getitem(np.ravel(a), indices)  # a may be a constant, indices traced
+    return getitem(a, (slice(None),) * (int(axis) % ndim_of(a)) + (indices,))
 
 
 def _along_axis_index(arr_shape, indices, axis):
@@ -396,9 +396,9 @@ def _along_axis_index(arr_shape, indices, axis):
 @implements(np.take_along_axis)
 def take_along_axis(arr, indices, axis=-1):
     if axis is None:
-        return np.ravel(arr)[indices]
+        return getitem(np.ravel(arr), indices)
     axis = int(axis) % ndim_of(arr)
-    return arr[_along_axis_index(shape_of(arr), indices, axis)]
+    return getitem(arr, _along_axis_index(shape_of(arr), indices, axis))
 
 
 @implements(np.sort)
