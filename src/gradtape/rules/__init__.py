@@ -5,6 +5,7 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 """
 
 from . import (  # noqa: F401  (imported for their declarations)
+    array_api,
     control,
     elementwise,
     indexing,
@@ -14,4 +15,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     sequences,
     shape,
     statistics,
+    ufunc_methods,
 )
+
+ufunc_methods.register_all()  # the methods of every ufunc declared above

@@ -553,8 +553,49 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     return out[0] if len(out) == 1 else tuple(out)
 
 
+def _unique_values_index_impl(x):
+    """Positions whose values are np.unique_values(x), in its order (its order for integers is
+    not sorted; each NaN is its own value)."""
+    xf = x.ravel()
+    values = np.unique_values(xf)
+    inexact = xf.dtype.kind in "fc"
+    nan_values = np.isnan(values) if inexact else np.zeros(values.shape, bool)
+    ok = np.flatnonzero(~np.isnan(xf)) if inexact else np.arange(xf.size)
+    sorted_values, first = np.unique(xf[ok], return_index=True)
+    index = np.empty(values.shape, np.intp)
+    index[~nan_values] = ok[first][np.searchsorted(sorted_values, values[~nan_values])]
+    index[nan_values] = np.flatnonzero(np.isnan(xf)) if inexact else []
+    return index
+
+
+_unique_values_index_p = Primitive("unique_values_index", _unique_values_index_impl,
+                                   nondiff=True, shape_from_data=True)
+
+
 if hasattr(np, "unique_values"):
-    implements(np.unique_values)(lambda x: unique(x))
+    @implements(np.unique_values)
+    def unique_values(x, /):
+        """np.unique_values: NumPy's unique values (in its order), gathered from x."""
+        return np.ravel(x)[bind(_unique_values_index_p, (x,), {})]
+
+    @implements(np.unique_counts)
+    def unique_counts(x, /):
+        """np.unique_counts: the sorted unique values (differentiable) and their counts."""
+        return np.lib._arraysetops_impl.UniqueCountsResult(
+            *unique(x, return_counts=True, equal_nan=False))
+
+    @implements(np.unique_inverse)
+    def unique_inverse(x, /):
+        """np.unique_inverse: the sorted unique values (differentiable) and the inverse."""
+        return np.lib._arraysetops_impl.UniqueInverseResult(
+            *unique(x, return_inverse=True, equal_nan=False))
+
+    @implements(np.unique_all)
+    def unique_all(x, /):
+        """np.unique_all: values (differentiable), first indices, inverse and counts."""
+        return np.lib._arraysetops_impl.UniqueAllResult(
+            *unique(x, return_index=True, return_inverse=True, return_counts=True,
+                    equal_nan=False))
 
 
 for _f in (np.digitize, np.argpartition):
