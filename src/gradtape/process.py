@@ -48,12 +48,16 @@ def _dispatcher(original, traced):
     return dispatch
 
 
-def wrap_loaded_modules() -> None:
-    """Wrap the registered functions of every registered module that is already imported."""
+def wrap_loaded_modules(finished: str | None = None) -> None:
+    """Wrap the registered functions of every registered module that is already imported
+    (`finished`: the module whose execution just ended; others still executing wait)."""
     for name, table in routes.MODULE_FUNCTIONS.items():
         module = sys.modules.get(name)
         if module is None or name in _wrapped_modules:
             continue
+        if name != finished and getattr(getattr(module, "__spec__", None), "_initializing",
+                                        False):
+            continue  # still executing (it imports another registered module): wrapped after
         for attr, traced in table.items():
             original = getattr(module, attr, None)
             if original is not None and not hasattr(original, "__gradtape_original__"):
@@ -82,7 +86,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_then_wrap(module):
             exec_module(module)
-            wrap_loaded_modules()
+            wrap_loaded_modules(fullname)
 
         loader.exec_module = exec_then_wrap
         return spec
