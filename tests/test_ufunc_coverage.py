@@ -225,3 +225,57 @@ def test_unary_methods_raise_numpys_error():
                 if uf.nin == 2:
                     for method in ("outer", "reduce", "accumulate", "reduceat"):
                         assert (uf, method) in UFUNC_METHODS, (uf.__name__, method)
+
+
+# --- every new primitive: second order (forward over reverse against reverse over reverse) ---
+SECOND_ORDER = {
+    "modf": lambda x: np.modf(x)[0] * x,
+    "frexp": lambda x: np.frexp(x)[0] * x,
+    "divmod": lambda x: np.divmod(x * 3.0, 1.7)[1] ** 2,
+    "ldexp": lambda x: np.ldexp(x * x, 2),
+    "conjugate": lambda x: np.conjugate(x) * x,
+    "nextafter": lambda x: np.nextafter(x, 0.0) * x,
+    "heaviside": lambda x: np.heaviside(np.array([0.0, 1.0, -1.0, 0.0]), x * x),
+    "vecdot": lambda x: np.vecdot(x[None, :] * x[:, None], x),
+    "matvec": lambda x: np.matvec(x[None, :] * x[:, None], x),
+    "vecmat": lambda x: np.vecmat(x, x[None, :] * x[:, None]),
+    "logaddexp_reduce": lambda x: np.logaddexp.reduce(x * x),
+    "running_extreme": lambda x: np.maximum.accumulate(x) ** 2,
+    "convolution": lambda x: np.convolve(x, x * x, "same"),
+    "sinc": lambda x: np.sinc(x) * x,
+    "i0": lambda x: np.i0(x) * x,
+    "i1": lambda x: gt.grad(lambda y: np.sum(np.i0(y)))(x) * x,
+}
+
+
+@pytest.mark.parametrize("name", SECOND_ORDER)
+def test_second_order_through_new_primitives(name):
+    from breadth import check_forward_reverse
+
+    x = np.array([0.7, -1.3, 2.1, 0.4])
+    f = SECOND_ORDER[name]
+    g = gt.grad(lambda x: np.sum(np.linspace(0.5, 1.5, np.size(f(x))).reshape(np.shape(f(x)))
+                                 * f(x)))
+    check_rule(g, x, compiled=False, forward=False)
+    check_forward_reverse(g, x)
+
+
+def test_every_new_primitive_has_a_second_order_case():
+    from gradtape.core.primitive import Primitive
+    from gradtape.rules import (
+        array_api,
+        elementwise,
+        polynomial,
+        scalar_functions,
+        sequences,
+        statistics,
+        ufunc_methods,
+    )
+
+    names = {p.name for mod in (array_api, polynomial, scalar_functions, sequences, statistics,
+                                ufunc_methods)
+             for p in vars(mod).values() if isinstance(p, Primitive) and not p.nondiff}
+    appended = {"modf", "frexp", "divmod", "ldexp", "conjugate", "nextafter", "heaviside"}
+    assert appended <= {p.name for p in vars(elementwise).values() if isinstance(p, Primitive)}
+    names |= appended
+    assert names - set(SECOND_ORDER) == set()
