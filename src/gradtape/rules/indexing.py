@@ -488,6 +488,8 @@ def sliding_window_view(x, window_shape, axis=None, *, subok=False, writeable=Fa
 # --- partition: NumPy's arrangement, as a gather -----------------------------------------------
 def _partition_index_impl(a, kth, axis):
     """Positions whose values are np.partition(a, kth, axis), in its arrangement."""
+    if type(a) is trace.Tracer:  # a value of an outer level (compile(grad(f))): recorded there
+        return bind(partition_index_p, (a,), {"kth": kth, "axis": axis})
     index = np.argpartition(a, kth, axis=axis)
     expected = np.partition(a, kth, axis=axis)
     if np.array_equal(np.take_along_axis(a, index, axis=axis), expected, equal_nan=True):

@@ -20,7 +20,7 @@ from ..core.primitive import Primitive
 from ..core.routes import implements
 from ..core.tracing import bind
 from ._util import dtype_of, ndim_of, normalize_axis, shape_of
-from .indexing import SparseCotangent, materialize
+from .indexing import SparseCotangent, getitem, materialize
 from .reductions import _any_true, _astype, _nondiff_function
 
 
@@ -28,6 +28,18 @@ def _no_out(out, name):
     if out is not None:
         raise GradtapeError(f"np.{name}(..., out=...) writes into an array in place, which "
                             "cannot be traced; assign the result instead.")
+
+
+def _nondiff(name, impl, **facts):
+    """A primitive with no derivative whose implementation is NumPy code on plain arrays; on
+    the values of an outer level (Tracers, under compile(grad(f))) it is recorded there."""
+    def run(*args, **params):
+        if any(hasattr(a, "_var") for a in args):
+            return bind(prim, args, params)
+        return impl(*args, **params)
+
+    prim = Primitive(name, run, nondiff=True, **facts)
+    return prim
 
 
 def _last_axis(a, axis):
@@ -406,10 +418,9 @@ def _bin_index_impl(a, edges):
     return np.where((a >= edges[0]) & (a <= edges[-1]), idx, -1)
 
 
-_bin_index_p = Primitive("histogram_bin_index", _bin_index_impl, nondiff=True)
-_count_bins_p = Primitive("histogram_bin_count",
-                          lambda a, bins, range: len(np.histogram_bin_edges(a, bins, range)) - 1,
-                          nondiff=True)
+_bin_index_p = _nondiff("histogram_bin_index", _bin_index_impl)
+_count_bins_p = _nondiff("histogram_bin_count",
+                         lambda a, bins, range: len(np.histogram_bin_edges(a, bins, range)) - 1)
 
 
 def _concrete_bool(x) -> bool:
@@ -485,48 +496,63 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     return n, edges
 
 
-_bincount_p = Primitive("bincount_shifted",
-                        lambda idx, minlength: np.bincount(idx + 1, minlength=minlength)[
-                            :minlength] if idx.size else np.zeros(minlength, np.intp),
-                        nondiff=True)
+_bincount_p = _nondiff("bincount_shifted",
+                       lambda idx, minlength: np.bincount(idx + 1, minlength=minlength)[
+                           :minlength] if idx.size else np.zeros(minlength, np.intp))
 
 
 @implements(np.bincount)
 def bincount(x, weights=None, minlength=0):
     """np.bincount: integer counts, or weighted sums differentiable in the weights."""
-    if weights is None or not hasattr(weights, "_var"):
-        return bind(_plain_bincount_p, (x, weights), {"minlength": minlength})
-    if dtype_of(x).kind not in "iu":
+    if dtype_of(x).kind not in "iub":
         raise TypeError("Cannot cast array data from dtype('float64') to dtype('int64') "
                         "according to the rule 'safe'")
-    if shape_of(weights) != shape_of(x):
-        raise ValueError("The weights and list don't have the same length.")
     if ndim_of(x) != 1:
         raise ValueError("object too deep for desired array")
-    length = max(int(np.max(x)) + 1 if shape_of(x)[0] else 0, int(minlength))
     if _any_true(np.less(x, 0)):
         raise ValueError("'list' argument must have no negative elements")
+    # the length depends on the values: int() of a traced maximum records a guard
+    length = max(int(np.max(x)) + 1 if shape_of(x)[0] else 0, int(minlength))
+    if weights is None or not hasattr(weights, "_var"):
+        return bind(_plain_bincount_p, (x, weights), {"minlength": length})
+    if shape_of(weights) != shape_of(x):
+        raise ValueError("The weights and list don't have the same length.")
     w = _astype(weights, np.float64)
     return materialize(SparseCotangent((length,), np.dtype(np.float64), (x,), w, False))
 
 
-_plain_bincount_p = Primitive("bincount", lambda x, w, minlength: np.bincount(
-    x, w, minlength=minlength), nondiff=True, shape_from_data=True)
+_plain_bincount_p = _nondiff("bincount", lambda x, w, minlength: np.bincount(
+    x, w, minlength=minlength))
 
 
 # --- unique: the values are the first occurrences (a gather), the rest has no derivative -------
-def _unique_index_impl(ar, axis, equal_nan):
-    return np.unique(ar, return_index=True, axis=axis, equal_nan=equal_nan)[1]
+# The number of unique values depends on the data. It is found by np.flatnonzero of a mask of
+# fixed shape (a compiled replay checks the length it gets, and records again when it changes);
+# a rank per position then orders the first occurrences as NumPy does.
+def _unique_rank_impl(ar, axis, equal_nan, order):
+    """For each position along the axis (all positions for axis=None): the rank of its value
+    in NumPy's unique order if it is that value's first occurrence, else -1."""
+    n = ar.size if axis is None else ar.shape[axis]
+    if order == "values":
+        index = _unique_values_index_impl(ar)
+    else:
+        index = np.unique(ar, return_index=True, axis=axis, equal_nan=equal_nan)[1]
+    rank = np.full(n, -1, np.intp)
+    rank[index] = np.arange(len(index))
+    return rank
 
 
-_unique_index_p = Primitive("unique_index", _unique_index_impl, nondiff=True,
-                            shape_from_data=True)
-_unique_rest_p = Primitive(
-    "unique_parts",
-    lambda ar, axis, equal_nan, which: np.unique(
-        ar, return_inverse=which == "inverse", return_counts=which == "counts", axis=axis,
-        equal_nan=equal_nan)[1],
-    nondiff=True, shape_from_data=True)
+_unique_rank_p = _nondiff("unique_rank", _unique_rank_impl)
+_unique_inverse_p = _nondiff(
+    "unique_inverse",
+    lambda ar, axis, equal_nan: np.unique(ar, return_inverse=True, axis=axis,
+                                          equal_nan=equal_nan)[1])
+
+
+def _unique_index(ar, axis, equal_nan, order="sorted"):
+    rank = bind(_unique_rank_p, (ar,), {"axis": axis, "equal_nan": equal_nan, "order": order})
+    positions = np.flatnonzero(rank >= 0)
+    return getitem(positions, np.argsort(getitem(rank, positions), kind="stable"))
 
 
 @implements(np.unique)
@@ -535,21 +561,23 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     """np.unique: the unique values are gathered from their first occurrences."""
     if axis is None:
         flat = np.ravel(ar)
-        index = bind(_unique_index_p, (flat,), {"axis": None, "equal_nan": equal_nan})
-        values = flat[index]
+        index = _unique_index(flat, None, equal_nan)
+        values = getitem(flat, index)
     else:
-        index = bind(_unique_index_p, (ar,), {"axis": axis, "equal_nan": equal_nan})
+        axis = int(axis) % ndim_of(ar)
+        index = _unique_index(ar, axis, equal_nan)
         values = np.take(ar, index, axis=axis)
     out = [values]
     if return_index:
         out.append(index)
+    inverse = None
+    if return_inverse or return_counts:
+        inverse = bind(_unique_inverse_p, (ar,), {"axis": axis, "equal_nan": equal_nan})
     if return_inverse:
-        inverse = bind(_unique_rest_p, (ar,), {"axis": axis, "equal_nan": equal_nan,
-                                              "which": "inverse"})
         out.append(inverse)
     if return_counts:
-        out.append(bind(_unique_rest_p, (ar,), {"axis": axis, "equal_nan": equal_nan,
-                                               "which": "counts"}))
+        out.append(bind(_plain_bincount_p, (np.ravel(inverse), None),
+                        {"minlength": shape_of(index)[0]}))
     return out[0] if len(out) == 1 else tuple(out)
 
 
@@ -568,15 +596,12 @@ def _unique_values_index_impl(x):
     return index
 
 
-_unique_values_index_p = Primitive("unique_values_index", _unique_values_index_impl,
-                                   nondiff=True, shape_from_data=True)
-
-
 if hasattr(np, "unique_values"):
     @implements(np.unique_values)
     def unique_values(x, /):
         """np.unique_values: NumPy's unique values (in its order), gathered from x."""
-        return np.ravel(x)[bind(_unique_values_index_p, (x,), {})]
+        flat = np.ravel(x)
+        return getitem(flat, _unique_index(flat, None, False, order="values"))
 
     @implements(np.unique_counts)
     def unique_counts(x, /):
@@ -601,5 +626,5 @@ if hasattr(np, "unique_values"):
 for _f in (np.digitize, np.argpartition):
     _nondiff_function(_f, _f.__name__)
 
-_lexsort_p = Primitive("lexsort", lambda *keys, axis: np.lexsort(keys, axis=axis), nondiff=True)
+_lexsort_p = _nondiff("lexsort", lambda *keys, axis: np.lexsort(keys, axis=axis))
 implements(np.lexsort)(lambda keys, axis=-1: bind(_lexsort_p, tuple(keys), {"axis": axis}))
