@@ -92,6 +92,8 @@ def _resolve_shape(x, newshape):
     if -1 in newshape:
         size = int(np.prod(shape_of(x)))
         known = int(np.prod([d for d in newshape if d != -1]))
+        if known == 0:  # NumPy's error (the unknown dimension is ambiguous)
+            np.empty(shape_of(x), np.bool_).reshape(newshape)
         newshape = tuple(size // known if d == -1 else d for d in newshape)
     return newshape
 

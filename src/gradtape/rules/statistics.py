@@ -49,7 +49,8 @@ def _last_axis(a, axis):
     shape = shape_of(a)
     keep = [i for i in range(nd) if i not in axes]
     a = np.transpose(a, keep + list(axes)) if keep + list(axes) != list(range(nd)) else a
-    return np.reshape(a, tuple(shape[i] for i in keep) + (-1,)), axes
+    merged = int(np.prod([shape[i] for i in axes], dtype=np.int64))
+    return np.reshape(a, tuple(shape[i] for i in keep) + (merged,)), axes
 
 
 def _with_keepdims(r, shape, axes, keepdims, lead=()):
@@ -129,6 +130,8 @@ def _quantile(a, q, axis, method, keepdims, weights, ignore_nan, percent, weak_q
     count = shape_of(flat)[-1]
     if count == 0 and not ignore_nan:
         raise IndexError("index -1 is out of bounds for axis 0 with size 0")
+    if ignore_nan and 0 in shape:  # NumPy: the nanmean of the empty array (whatever q is)
+        return np.nanmean(a, axis=axis, keepdims=keepdims)
     qv = np.reshape(q, (1,) * len(kept) + (-1,))
     inexact = dtype_of(a).kind == "f"
     if weights is not None:

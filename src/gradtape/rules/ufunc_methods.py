@@ -91,7 +91,8 @@ def _lanes(a, axes):
     if order != list(range(nd)):
         a = np.transpose(a, order)
     kept = tuple(shape_of(a)[:len(keep)])
-    return np.reshape(a, kept + (-1,)), kept
+    merged = int(np.prod([shape_of(a)[i] for i in range(len(keep), nd)], dtype=np.int64))
+    return np.reshape(a, kept + (merged,)), kept
 
 
 def _fold(ufunc, a, axis, keepdims, initial, where):
