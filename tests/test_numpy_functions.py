@@ -148,3 +148,12 @@ def test_np_polynomial_functions_are_routed_as_soon_as_imported():
             "assert all(hasattr(f, '__gradtape_original__') for f in mods), mods\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_select_refuses_non_boolean_conditions_as_numpy_does():
+    x = np.array([-1.0, 0.5, 2.0])
+    check_rule(lambda x: np.select([x < 0, x > 1], [x**2, 2 * x], 7.0), x)
+    with pytest.raises(TypeError, match="boolean"):
+        np.select([x], [x])
+    with pytest.raises(TypeError, match="boolean"):
+        traced_value(lambda x: np.select([x], [x]), x)

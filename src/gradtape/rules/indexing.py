@@ -365,6 +365,9 @@ def where(condition, x=None, y=None):
 
 @implements(np.select)
 def select(condlist, choicelist, default=0):
+    for i, c in enumerate(condlist):  # NumPy refuses non-boolean conditions
+        if np.result_type(dtype_of(c) if hasattr(c, "dtype") else np.asarray(c)) != np.bool_:
+            raise TypeError(f"invalid entry {i} in condlist: should be boolean ndarray")
     out = default
     for c, ch in reversed(list(zip(condlist, choicelist))):
         out = where(c, ch, out)
