@@ -232,7 +232,9 @@ def test_control_primitives_declare_what_the_compiler_reads():
     def h(x):
         return x
 
-    assert REGISTRY["custom_vjp[f]"].user_rule and REGISTRY["custom_jvp[h]"].user_rule
+    assert f._prim.user_rule and h._prim.user_rule
+    # one primitive per decorated function, kept out of the library's registry
+    assert "custom_vjp[f]" not in REGISTRY and "custom_jvp[h]" not in REGISTRY
 
 
 def test_custom_vjp_rule_is_used():
@@ -459,8 +461,8 @@ ERROR_CASES = {
     "str_argument": (lambda x: x, "abc", ["str", "float"]),
     "no_rule": (lambda x: np.sum(np.fft.fft(x).real), np.ones(4),
                 ["np.fft.fft", "custom_vjp", "stop_gradient"]),
-    "no_rule_ufunc_method": (lambda x: np.sum(np.multiply.outer(x, x)), np.ones(2),
-                             ["multiply.outer", "custom_vjp"]),
+    "no_rule_ufunc_method": (lambda x: np.sum(__import__("scipy.special").special.xlogy.outer(
+        x, x)), np.ones(2), ["xlogy.outer", "custom_vjp"]),
     "ufunc_out": (lambda x: np.sum(np.exp(x, out=np.empty(3))), np.ones(3), ["out="]),
 }
 

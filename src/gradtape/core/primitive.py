@@ -90,6 +90,10 @@ class Primitive:
         self.user_rule = user_rule
         self.batch = batch
         self.aliases_input = aliases_input
+        if user_rule:  # one per custom_vjp/custom_jvp function: not part of the library
+            return
+        if name in REGISTRY:
+            raise ValueError(f"a primitive named {name!r} is declared twice")
         REGISTRY[name] = self
 
     def __call__(self, *args, **params):

@@ -5,14 +5,22 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 """
 
 from . import (  # noqa: F401  (imported for their declarations)
+    array_api,
     conversion,
     elementwise,
     indexing,
     linalg,
+    polynomial,
     reductions,
+    scalar_functions,
     scipy_misc,
     scipy_special,
     scipy_stats,
+    sequences,
     shape,
+    statistics,
     stop,
+    ufunc_methods,
 )
+
+ufunc_methods.register_all()  # the methods of every ufunc declared above

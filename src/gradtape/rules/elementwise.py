@@ -221,8 +221,8 @@ UFUNCS[np.degrees] = rad2deg
 for _name in ("floor", "ceil", "trunc", "rint", "sign", "floor_divide", "signbit", "greater",
               "greater_equal", "less", "less_equal", "equal", "not_equal", "logical_and",
               "logical_or", "logical_xor", "logical_not", "isnan", "isinf", "isfinite",
-              "heaviside", "bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift",
-              "right_shift", "spacing", "nextafter", "gcd", "lcm"):
+              "bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift",
+              "right_shift", "spacing", "gcd", "lcm"):
     nondiff(_name, getattr(np, _name), getattr(np, _name))
 
 # --- scipy.special ------------------------------------------------------------------------------
@@ -500,3 +500,80 @@ bdtr = _spec("bdtr", (_no_derivative("bdtr", "k (argument 0)", _COUNT),
 bdtrc = _spec("bdtrc", (_no_derivative("bdtrc", "k (argument 0)", _COUNT),
                         _no_derivative("bdtrc", "n (argument 1)", _COUNT),
                         lambda ans, k, n, p: -_bdtr_dp(ans, k, n, p)))
+
+
+# --- ufuncs with two outputs, an integer argument, or complex meaning -----------------------------
+def _two_outputs(name: str, ufunc, vjps, jvp, batched: bool = True) -> Primitive:
+    prim = Primitive(name, ufunc, vjps=vjps, jvp=jvp, multiple_results=True, jvp_batched=batched)
+    UFUNCS[ufunc] = prim
+    return prim
+
+
+# modf(x) = (x - trunc(x), trunc(x)): the fractional part has derivative 1, the integral part 0
+modf = _two_outputs("modf", np.modf, vjps=(lambda g, ans, x: g[0],),
+                    jvp=lambda ts, ans, x: (ts[0], None))
+# frexp(x) = (m, e) with x = m * 2**e: dm/dx = 2**-e (exact: ldexp), the exponent is an integer
+frexp = _two_outputs("frexp", np.frexp, vjps=(lambda g, ans, x: np.ldexp(g[0], -ans[1]),),
+                     jvp=lambda ts, ans, x: (np.ldexp(ts[0], -ans[1]), None))
+
+
+def _divmod_jvp(ts, ans, x, y):
+    t = None
+    if ts[0] is not None:
+        t = ts[0]
+    if ts[1] is not None:
+        t = -ts[1] * ans[0] if t is None else t - ts[1] * ans[0]
+    return None, np.broadcast_to(t, shape_of(ans[1]))
+
+
+# divmod(x, y) = (floor_divide(x, y), remainder(x, y)): the remainder's derivatives (1, -q)
+divmod_ = _two_outputs(
+    "divmod", np.divmod,
+    vjps=(lambda g, ans, x, y: unbroadcast(g[1], shape_of(x)),
+          lambda g, ans, x, y: unbroadcast(-g[1] * ans[0], shape_of(y))),
+    jvp=_divmod_jvp, batched=False)
+
+# ldexp(x, i) = x * 2**i; i is an integer (no derivative)
+ldexp = Primitive(
+    "ldexp", np.ldexp,
+    vjps=(lambda g, ans, x, i: unbroadcast(np.ldexp(g, i), shape_of(x)), None),
+    jvp=lambda ts, ans, x, i: np.broadcast_to(
+        np.ldexp(lift_tangent(ts[0], x, ndim_of(ans)), i),
+        batch_shape(ts[0], x) + shape_of(ans)),
+    jvp_batched=True,
+)
+UFUNCS[np.ldexp] = ldexp
+# conjugate: the identity on real values, conj on complex ones (linear)
+conjugate = Primitive("conjugate", np.conjugate, vjps=(lambda g, ans, x: np.conjugate(g),),
+                      jvp=lambda ts, ans, x: np.conjugate(ts[0]), linear=True,
+                      jvp_batched=True)
+UFUNCS[np.conjugate] = conjugate
+for _name in ("bitwise_count", "isnat"):  # integer and datetime predicates
+    if hasattr(np, _name):
+        nondiff(_name, getattr(np, _name), getattr(np, _name))
+# nextafter(x, y) moves x by one ulp towards y: d/dx = 1, d/dy = 0 (declared above as having no
+# derivative at all, which gave a zero gradient in x)
+nextafter = Primitive(
+    "nextafter", np.nextafter, vjps=(lambda g, ans, x, y: unbroadcast(g, shape_of(x)), None),
+    jvp=lambda ts, ans, x, y: None if ts[0] is None else np.broadcast_to(
+        lift_tangent(ts[0], x, ndim_of(ans)), batch_shape(ts[0], x) + shape_of(ans)),
+    linear=False, jvp_batched=True,
+)
+UFUNCS[np.nextafter] = nextafter
+
+
+# heaviside(x, h0) is h0 where x == 0: d/dh0 = (x == 0), d/dx = 0 (declared above with no
+# derivative at all, which gave a zero gradient in h0)
+def _heaviside_jvp(ts, ans, x, h0):
+    if ts[1] is None:
+        return None
+    t = np.where(x == 0, lift_tangent(ts[1], h0, ndim_of(ans)), 0)
+    return np.broadcast_to(t, batch_shape(ts[1], h0) + shape_of(ans))
+
+
+heaviside = Primitive(
+    "heaviside", np.heaviside,
+    vjps=(None, lambda g, ans, x, h0: unbroadcast(np.where(x == 0, g, 0), shape_of(h0))),
+    jvp=_heaviside_jvp, jvp_batched=True,
+)
+UFUNCS[np.heaviside] = heaviside

@@ -364,6 +364,9 @@ def where(condition, x=None, y=None):
 
 @implements(np.select)
 def select(condlist, choicelist, default=0):
+    for i, c in enumerate(condlist):  # NumPy refuses non-boolean conditions
+        if np.result_type(dtype_of(c) if hasattr(c, "dtype") else np.asarray(c)) != np.bool_:
+            raise TypeError(f"invalid entry {i} in condlist: should be boolean ndarray")
     out = default
     for c, ch in reversed(list(zip(condlist, choicelist))):
         out = where(c, ch, out)
@@ -374,8 +377,8 @@ def select(condlist, choicelist, default=0):
 @implements(np.take)
 def take(a, indices, axis=None, out=None, mode="raise"):
     if axis is None:
-        return np.ravel(a)[indices]
-    return a[(slice(None),) * (int(axis) % ndim_of(a)) + (indices,)]
+        return getitem(np.ravel(a), indices)  # a may be a constant, indices traced
+    return getitem(a, (slice(None),) * (int(axis) % ndim_of(a)) + (indices,))
 
 
 def _along_axis_index(arr_shape, indices, axis):
@@ -395,9 +398,9 @@ def _along_axis_index(arr_shape, indices, axis):
 @implements(np.take_along_axis)
 def take_along_axis(arr, indices, axis=-1):
     if axis is None:
-        return np.ravel(arr)[indices]
+        return getitem(np.ravel(arr), indices)
     axis = int(axis) % ndim_of(arr)
-    return arr[_along_axis_index(shape_of(arr), indices, axis)]
+    return getitem(arr, _along_axis_index(shape_of(arr), indices, axis))
 
 
 @implements(np.sort)
@@ -440,16 +443,211 @@ implements(np.triu)(lambda m, k=0: _triangle(m, k, True))
 implements(np.tril)(lambda m, k=0: _triangle(m, k, False))
 
 
+# --- insert, delete, sliding windows: NumPy run on labels gives the gather ------------------------
+def _labels(shape, start=0):
+    return np.arange(start, start + int(np.prod(shape)), dtype=np.intp).reshape(shape)
+
+
+def _operand(x):
+    return x if type(x) is trace.Tracer else np.asanyarray(x)
+
+
+@implements(np.delete)
+def delete(arr, obj, axis=None):
+    """np.delete: the positions NumPy keeps, gathered (obj may be an int, slice, list or mask)."""
+    arr = _operand(arr)
+    keep = np.delete(_labels(shape_of(arr)), _concrete(obj), axis=axis)
+    return getitem(np.ravel(arr), keep)
+
+
+@implements(np.insert)
+def insert(arr, obj, values, axis=None):
+    """np.insert: NumPy's placement of the original and the inserted values, as one gather
+    (the values are cast to arr's dtype and broadcast as NumPy does; both are differentiable)."""
+    arr = _operand(arr)
+    values = _operand(values)
+    if dtype_of(values) != dtype_of(arr):
+        values = values.astype(dtype_of(arr))
+    n = int(np.prod(shape_of(arr)))
+    where_from = np.insert(_labels(shape_of(arr)), _concrete(obj),
+                           _labels(shape_of(values), n), axis=axis)
+    pool = np.concatenate([np.ravel(arr), np.ravel(values)])
+    return getitem(pool, where_from)
+
+
+@implements(np.lib.stride_tricks.sliding_window_view)
+def sliding_window_view(x, window_shape, axis=None, *, subok=False, writeable=False):
+    """sliding_window_view: the windows as a gather (a copy: writing through it is refused)."""
+    if writeable:
+        raise GradtapeError("sliding_window_view(..., writeable=True) writes through a view, "
+                            "which cannot be traced; build the result with np.stack instead.")
+    x = _operand(x)
+    windows = np.lib.stride_tricks.sliding_window_view(_labels(shape_of(x)), window_shape,
+                                                       axis=axis)
+    return getitem(np.ravel(x), np.ascontiguousarray(windows))
+
+
+# --- partition: NumPy's arrangement, as a gather -----------------------------------------------
+def _partition_index_impl(a, kth, axis):
+    """Positions whose values are np.partition(a, kth, axis), in its arrangement."""
+    if type(a) is trace.Tracer:  # a value of an outer level (compile(grad(f))): recorded there
+        return bind(partition_index_p, (a,), {"kth": kth, "axis": axis})
+    index = np.argpartition(a, kth, axis=axis)
+    expected = np.partition(a, kth, axis=axis)
+    if np.array_equal(np.take_along_axis(a, index, axis=axis), expected, equal_nan=True):
+        return index
+    # another arrangement of the same values: match them through both sorted orders
+    order_a = np.argsort(a, axis=axis, kind="stable")
+    order_p = np.argsort(expected, axis=axis, kind="stable")
+    index = np.empty_like(order_a)
+    np.put_along_axis(index, order_p, order_a, axis=axis)
+    return index
+
+
+partition_index_p = Primitive("partition_index", _partition_index_impl, nondiff=True)
+
+
+@implements(np.partition)
+def partition(a, kth, axis=-1, kind="introselect", order=None):
+    """np.partition: NumPy's arrangement of the values, gathered (the gradient follows them)."""
+    if order is not None:
+        raise GradtapeError("np.partition(..., order=...) sorts structured arrays, which have "
+                            "no derivative.")
+    if axis is None:
+        a, axis = np.ravel(a), 0
+    axis = int(axis) % max(ndim_of(a), 1)
+    kth = _concrete(kth)
+    kth = tuple(int(k) for k in np.atleast_1d(kth))
+    return take_along_axis(a, bind(partition_index_p, (a,), {"kth": kth, "axis": axis}), axis)
+
+
+# --- in-place writes on a traced array: functional updates, the caller's Tracer rebound -------
+def _rebind(target, new):
+    trace.assign(target, new)  # seen by every name bound to target and by its live views
+
+
+def _traced_destination(a, name):
+    if type(a) is not trace.Tracer:
+        raise GradtapeError(
+            f"np.{name} writes traced values into a plain ndarray, which would cut the "
+            "gradient. Start from a traced array instead: y = np.zeros_like(x) (x traced), "
+            f"then np.{name}(y, ...).")
+
+
+def _cyclic(values, n):
+    """The first n of `values` flattened and repeated (how NumPy's flat writes fill)."""
+    flat = np.ravel(_operand(values))
+    m = shape_of(flat)[0]
+    if m == 0:
+        raise ValueError("cannot write from an empty array of values")
+    return flat if m == n else getitem(flat, np.arange(n) % m)
+
+
+@implements(np.fill_diagonal)
+def fill_diagonal(a, val, wrap=False):
+    """np.fill_diagonal on a traced array (values repeated as NumPy's flat write does)."""
+    _traced_destination(a, "fill_diagonal")
+    shape = shape_of(a)
+    if len(shape) < 2:
+        raise ValueError("array must be at least 2-d")
+    end = None
+    if len(shape) == 2:
+        step = shape[1] + 1
+        if not wrap:
+            end = shape[1] * shape[1]
+    else:
+        if any(d != shape[0] for d in shape):
+            raise ValueError("All dimensions of input must be of equal length")
+        step = 1 + int(np.cumprod(shape[:-1]).sum())
+    positions = np.arange(int(np.prod(shape)))[:end:step]
+    flat = np.ravel(a).copy()  # written below: not a view of a
+    flat[positions] = _cyclic(val, positions.size)
+    _rebind(a, np.reshape(flat, shape))
+
+
+@implements(np.put)
+def put(a, ind, v, mode="raise"):
+    """np.put on a traced array: a.flat[ind] = v (values repeated; the last write wins)."""
+    _traced_destination(a, "put")
+    n = int(np.prod(shape_of(a)))
+    ind = np.asarray(_concrete(ind), dtype=np.intp).ravel()
+    if mode == "wrap":
+        ind = ind % n
+    elif mode == "clip":
+        ind = np.clip(ind, 0, n - 1)
+    elif ind.size and (ind.max() >= n or ind.min() < -n):
+        bad = ind[(ind >= n) | (ind < -n)][0]
+        raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
+    if ind.size == 0:
+        return
+    flat = np.ravel(a).copy()  # written below: not a view of a
+    flat[ind] = _cyclic(v, ind.size)
+    _rebind(a, np.reshape(flat, shape_of(a)))
+
+
+@implements(np.put_along_axis)
+def put_along_axis(arr, indices, values, axis):
+    """np.put_along_axis on a traced array."""
+    _traced_destination(arr, "put_along_axis")
+    if axis is None:
+        flat = np.ravel(arr).copy()  # written below: not a view of arr
+        flat[_concrete(indices)] = values
+        _rebind(arr, np.reshape(flat, shape_of(arr)))
+        return
+    axis = int(axis) % ndim_of(arr)
+    arr[_along_axis_index(shape_of(arr), _concrete(indices), axis)] = values
+
+
+@implements(np.place)
+def place(arr, mask, vals):
+    """np.place on a traced array: the masked entries take vals in turn (repeated)."""
+    _traced_destination(arr, "place")
+    mask = np.asarray(_concrete(mask), dtype=bool)
+    n = int(np.count_nonzero(mask))
+    if n:
+        arr[mask] = _cyclic(vals, n)
+
+
+@implements(np.putmask)
+def putmask(a, mask, values):
+    """np.putmask on a traced array: a.flat[i] = values.flat[i % len(values)] where mask."""
+    _traced_destination(a, "putmask")
+    shape = shape_of(a)
+    full = np.reshape(_cyclic(values, int(np.prod(shape))), shape)
+    _rebind(a, np.where(mask, full, a))
+
+
 @implements(np.copyto)
 def copyto(dst, src, casting="same_kind", where=True):
-    """`np.copyto(dst, src)` into a traced `dst`: a write, seen by every view of `dst`."""
-    if type(dst) is not trace.Tracer:
-        raise GradtapeError(
-            "np.copyto writes traced values into a plain ndarray, which would cut the gradient. "
-            "Start from a traced array instead (dst = np.zeros_like(x) with x traced), or build "
-            "the result with np.where / np.stack.")
-    src_dtype = dtype_of(src)
-    if not np.can_cast(src_dtype, dtype_of(dst), casting=casting):
-        raise TypeError(f"Cannot cast array data from {src_dtype!r} to {dtype_of(dst)!r} "
+    """np.copyto into a traced array."""
+    _traced_destination(dst, "copyto")
+    src = _operand(src)
+    if not np.can_cast(dtype_of(src), dtype_of(dst), casting=casting):
+        raise TypeError(f"Cannot cast array data from {dtype_of(src)!r} to {dtype_of(dst)!r} "
                         f"according to the rule {casting!r}")
-    dst[...] = src if where is True else np.where(where, src, dst)
+    if dtype_of(src) != dtype_of(dst):
+        src = src.astype(dtype_of(dst))
+    _rebind(dst, np.where(where, src, dst))
+
+
+@implements(np.extract)
+def extract(condition, arr):
+    """np.extract: the entries where condition holds (a gather)."""
+    return take(np.ravel(_operand(arr)), np.nonzero(np.ravel(condition))[0])
+
+
+@implements(np.compress)
+def compress(condition, a, axis=None, out=None):
+    """np.compress: the slices where condition holds along an axis (a gather)."""
+    if out is not None:
+        raise GradtapeError("np.compress(..., out=...) cannot be traced; assign the result.")
+    a = _operand(a)
+    cond = np.asarray(_concrete(condition), dtype=bool)
+    if cond.ndim != 1:
+        raise ValueError("condition must be a 1-d array")
+    if axis is None:
+        a, axis = np.ravel(a), 0
+    n = shape_of(a)[axis]
+    if cond.size > n:
+        raise IndexError(f"index {n} is out of bounds for axis {axis} with size {n}")
+    return take(a, np.flatnonzero(cond), axis=axis)

@@ -46,8 +46,8 @@ def _sum_tangent(t, x, axes, keepdims):
 @implements(np.sum)
 def sum_(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
     _no_out(out, "sum")
-    if where is not True or initial is not None:
-        raise GradtapeError("np.sum with where= or initial= cannot be traced; use np.where first.")
+    if where is not True or initial is not None or dtype is not None:
+        return _sum_masked(a, axis, dtype, keepdims, initial, where)
     axes = normalize_axis(axis, ndim_of(a))
     r = bind(reduce_sum, (a,), {"axes": axes, "keepdims": bool(keepdims)})
     return np.asarray(r, dtype) if dtype is not None and not hasattr(r, "_var") else (
@@ -62,6 +62,8 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
     count = 1
     for ax in axes:
         count *= shape[ax]
+    if where is not True or count == 0 or dtype is not None:
+        return _mean_masked(a, axes, dtype, keepdims, where)
     r = sum_(a, axis=axes, keepdims=keepdims, where=where)
     if dtype_of(a).kind in "iub":
         r = r.astype(np.float64)
@@ -79,6 +81,8 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, 
     count = 1
     for ax in axes:
         count *= shape[ax]
+    if where is not True or mean is not None or count - ddof <= 0 or dtype is not None:
+        return _var_masked(a, axes, dtype, ddof, keepdims, where, mean)
     d = a - globals()["mean"](a, axis=axes, keepdims=True)
     return sum_(d * d, axis=axes, keepdims=keepdims) / (count - ddof)
 
@@ -87,7 +91,7 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, 
 def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, mean=None,
         correction=None):
     return np.sqrt(var(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
-                       correction=correction))
+                       correction=correction, where=where, mean=mean))
 
 
 @implements(np.average)
@@ -112,21 +116,12 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
     return (num / den, den) if returned else num / den
 
 
-@implements(np.nansum)
-def nansum(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
-    return sum_(np.where(np.isnan(a), 0, a), axis=axis, dtype=dtype, out=out, keepdims=keepdims)
-
-
-@implements(np.nanmean)
-def nanmean(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
-    ok = ~np.isnan(a)
-    return nansum(a, axis=axis, keepdims=keepdims) / np.sum(ok, axis=axis, keepdims=keepdims)
-
-
 # --- prod -------------------------------------------------------------------------------
 def _prod_of_others(x, axes):
     """For each element, the product of the other elements reduced with it (exact with zeros)."""
     shape = shape_of(x)
+    if 0 in shape:  # an empty product: nothing to differentiate
+        return np.zeros_like(x)
     keep = [i for i in range(len(shape)) if i not in axes]
     perm = keep + list(axes)
     xt = np.transpose(x, perm)
@@ -157,7 +152,10 @@ reduce_prod = Primitive(
 @implements(np.prod)
 def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
     _no_out(out, "prod")
+    a = a if dtype is None else _astype(a, dtype)
     axes = normalize_axis(axis, ndim_of(a))
+    if where is not True:
+        a = _where_mask(a, where, 1)
     r = bind(reduce_prod, (a,), {"axes": axes, "keepdims": bool(keepdims)})
     return r if initial is None else r * initial
 
@@ -189,6 +187,8 @@ reduce_min = Primitive("reduce_min", lambda x, axes, keepdims: np.min(x, axis=ax
 @implements(np.max, np.amax)
 def max_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
     _no_out(out, "max")
+    if where is not True or initial is not None:
+        return _extreme_masked(max_, np.maximum, a, axis, keepdims, initial, where)
     r = bind(reduce_max, (a,), {"axes": normalize_axis(axis, ndim_of(a)),
                                 "keepdims": bool(keepdims)})
     return r if initial is None else np.maximum(r, initial)
@@ -197,19 +197,11 @@ def max_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
 @implements(np.min, np.amin)
 def min_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
     _no_out(out, "min")
+    if where is not True or initial is not None:
+        return _extreme_masked(min_, np.minimum, a, axis, keepdims, initial, where)
     r = bind(reduce_min, (a,), {"axes": normalize_axis(axis, ndim_of(a)),
                                 "keepdims": bool(keepdims)})
     return r if initial is None else np.minimum(r, initial)
-
-
-@implements(np.nanmax)
-def nanmax(a, axis=None, out=None, keepdims=False, **kw):
-    return max_(np.where(np.isnan(a), -np.inf, a), axis=axis, keepdims=keepdims)
-
-
-@implements(np.nanmin)
-def nanmin(a, axis=None, out=None, keepdims=False, **kw):
-    return min_(np.where(np.isnan(a), np.inf, a), axis=axis, keepdims=keepdims)
 
 
 # --- cumulative ----------------------------------------------------------------------------
@@ -262,12 +254,14 @@ def _cumulative(prim, a, axis):
 @implements(np.cumsum)
 def cumsum(a, axis=None, dtype=None, out=None):
     _no_out(out, "cumsum")
+    a = a if dtype is None else _astype(a, dtype)
     return _cumulative(cumsum_p, a, axis)
 
 
 @implements(np.cumprod)
 def cumprod(a, axis=None, dtype=None, out=None):
     _no_out(out, "cumprod")
+    a = a if dtype is None else _astype(a, dtype)
     return _cumulative(cumprod_p, a, axis)
 
 
@@ -291,15 +285,15 @@ for _f in (np.argmax, np.argmin, np.argsort, np.any, np.all, np.count_nonzero, n
 
 # --- ufunc methods: np.add.reduce is np.sum, np.multiply.accumulate is np.cumprod, ... ---------
 def _ufunc_reduction(ufunc, function) -> None:
-    def reduce(a, axis=0, dtype=None, out=None, keepdims=False, **unsupported):
-        return function(a, axis=axis, keepdims=keepdims)
+    def reduce(a, axis=0, dtype=None, out=None, keepdims=False, initial=None, where=True):
+        return _ufunc_reduce(function, a, axis, dtype, out, keepdims, initial, where)
 
     implements_ufunc_method(ufunc, "reduce")(reduce)
 
 
 def _ufunc_accumulation(ufunc, function) -> None:
     implements_ufunc_method(ufunc, "accumulate")(
-        lambda a, axis=0, dtype=None, out=None, **unsupported: function(a, axis=axis))
+        lambda a, axis=0, dtype=None, out=None: function(a, axis=axis, dtype=dtype, out=out))
 
 
 for _ufunc, _function in ((np.add, np.sum), (np.multiply, np.prod), (np.maximum, np.max),
@@ -307,3 +301,308 @@ for _ufunc, _function in ((np.add, np.sum), (np.multiply, np.prod), (np.maximum,
     _ufunc_reduction(_ufunc, _function)
 for _ufunc, _function in ((np.add, np.cumsum), (np.multiply, np.cumprod)):
     _ufunc_accumulation(_ufunc, _function)
+
+
+# --- NumPy's full signatures: where=, initial=, dtype=, empty slices, all-NaN slices -----------
+def _astype(a, dtype):
+    """`a` cast to `dtype` (a Tracer, an ndarray or a Python number)."""
+    dtype = np.dtype(dtype)
+    if dtype_of(a) == dtype:
+        return a
+    return a.astype(dtype) if hasattr(a, "_var") else np.asarray(a).astype(dtype)
+
+
+def _where_mask(a, where, fill):
+    """`a` with the entries outside `where` replaced by `fill` (where= must broadcast to a)."""
+    shape = shape_of(a)
+    if np.broadcast_shapes(shape, shape_of(where)) != shape:
+        raise ValueError(f"where= of shape {shape_of(where)} does not broadcast to the "
+                         f"reduced array's shape {shape}")
+    return np.where(where, a, _astype(fill, dtype_of(a)) if hasattr(fill, "_var") else fill)
+
+
+def _reduced_count(a, axes, where, keepdims):
+    """How many entries are reduced into each result: an int, or an integer array for where=."""
+    shape = shape_of(a)
+    if where is True:
+        count = 1
+        for ax in axes:
+            count *= shape[ax]
+        return count
+    return np.sum(np.broadcast_to(where, shape), axis=axes, keepdims=keepdims, dtype=np.intp)
+
+
+def _result_float(a, dtype):
+    """The floating dtype NumPy's mean and var compute in."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    dt = dtype_of(a)
+    return np.dtype(np.float64) if dt.kind in "iub" else dt
+
+
+def _count_as(count, dtype):
+    """A divisor of `dtype`: never a Python 0, whose reciprocal in a rule would raise."""
+    if hasattr(count, "_var"):
+        return count.astype(dtype)
+    return np.asarray(count, dtype=dtype)
+
+
+def _any_true(x) -> bool:
+    """bool(np.any(x)) for a warning: read from the concrete value (not a guard)."""
+    while hasattr(x, "_var"):
+        x = x._value
+    return bool(np.any(x))
+
+
+def _sum_masked(a, axis, dtype, keepdims, initial, where):
+    axes = normalize_axis(axis, ndim_of(a))
+    if dtype is not None:
+        a = _astype(a, dtype)
+    if where is not True:
+        a = _where_mask(a, where, 0)
+    r = bind(reduce_sum, (a,), {"axes": axes, "keepdims": bool(keepdims)})
+    r = r if initial is None else r + initial
+    return r if dtype is None else _astype(r, dtype)
+
+
+def _mean_masked(a, axes, dtype, keepdims, where):
+    """np.mean with where=, dtype= or empty slices (0/0: NaN and NumPy's warning)."""
+    import warnings
+
+    rdtype = _result_float(a, dtype)
+    count = _reduced_count(a, axes, where, keepdims)
+    if _any_true(np.equal(count, 0)):
+        warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
+    a = _astype(a, rdtype)
+    if where is not True:
+        a = _where_mask(a, where, 0)
+    total = bind(reduce_sum, (a,), {"axes": axes, "keepdims": bool(keepdims)})
+    return _astype(total / _count_as(count, rdtype), rdtype)
+
+
+def _var_masked(a, axes, dtype, ddof, keepdims, where, mean):
+    """np.var with where=, mean=, dtype= or no degrees of freedom left (NaN or inf, warned)."""
+    import warnings
+
+    rdtype = _result_float(a, dtype)
+    count = _reduced_count(a, axes, where, keepdims)
+    if _any_true(np.less_equal(np.subtract(count, ddof), 0)):
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+    a = _astype(a, rdtype)
+    if mean is None:
+        kcount = _reduced_count(a, axes, where, True)
+        masked = a if where is True else _where_mask(a, where, 0)
+        mean = bind(reduce_sum, (masked,), {"axes": axes, "keepdims": True}) / _count_as(
+            kcount, rdtype)
+    d = a - mean
+    sq = d * d
+    if where is not True:
+        sq = _where_mask(sq, where, 0)
+    total = bind(reduce_sum, (sq,), {"axes": axes, "keepdims": bool(keepdims)})
+    return _astype(total / _count_as(np.maximum(np.subtract(count, ddof), 0), rdtype), rdtype)
+
+
+def _extreme_masked(function, combine, a, axis, keepdims, initial, where):
+    """np.max/np.min with where= (which needs initial=, as in NumPy) or initial=."""
+    name = combine.__name__
+    if initial is None:
+        raise ValueError(f"reduction operation '{name}' does not have an identity, so to use a "
+                         "where mask one has to specify 'initial'")
+    axes = normalize_axis(axis, ndim_of(a))
+    if where is not True:
+        a = _where_mask(a, where, initial)
+    shape = shape_of(a)
+    if any(shape[ax] == 0 for ax in axes):  # an empty reduction is `initial`
+        kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
+        oshape = kshape if keepdims else tuple(d for i, d in enumerate(shape) if i not in axes)
+        dt = np.result_type(dtype_of(a), dtype_of(initial) if hasattr(initial, "_var")
+                            else initial)
+        return combine(np.zeros(oshape, dt), initial) if not hasattr(initial, "_var") else (
+            np.broadcast_to(_astype(initial, dt), oshape))
+    return combine(function(a, axis=axes, keepdims=keepdims), initial)
+
+
+def _ufunc_reduce(function, a, axis, dtype, out, keepdims, initial, where):
+    """`np.add.reduce(a, ...)` through np.sum (and likewise for multiply, maximum, minimum)."""
+    _no_out(out, "ufunc.reduce")
+    if dtype is not None:
+        a = _astype(a, dtype)
+    kwargs = {}
+    if initial is not None:
+        kwargs["initial"] = initial
+    if where is not True:
+        kwargs["where"] = where
+    return function(a, axis=axis, keepdims=keepdims, **kwargs)
+
+
+# --- NaN-ignoring reductions ----------------------------------------------------------------------
+def _inexact(a) -> bool:
+    return dtype_of(a).kind in "fc"
+
+
+def _replace_nan(a, value):
+    """(a with NaNs replaced by `value`, the NaN mask), or (a, None) for exact dtypes."""
+    if not _inexact(a):
+        return a, None
+    mask = np.isnan(a)
+    return np.where(mask, _astype(value, dtype_of(a)) if hasattr(value, "_var") else value,
+                    a), mask
+
+
+def _reduction_kwargs(initial, where):
+    kwargs = {}
+    if initial is not None:
+        kwargs["initial"] = initial
+    if where is not True:
+        kwargs["where"] = where
+    return kwargs
+
+
+@implements(np.nansum)
+def nansum(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
+    """np.nansum: NaNs count as zero (an all-NaN slice sums to 0)."""
+    _no_out(out, "nansum")
+    a, _ = _replace_nan(a, 0)
+    return sum_(a, axis=axis, dtype=dtype, keepdims=keepdims, initial=initial, where=where)
+
+
+@implements(np.nanprod)
+def nanprod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=True):
+    """np.nanprod: NaNs count as one."""
+    _no_out(out, "nanprod")
+    a, _ = _replace_nan(a, 1)
+    if dtype is not None:
+        a = _astype(a, dtype)
+    return prod(a, axis=axis, keepdims=keepdims, initial=initial, where=where)
+
+
+@implements(np.nancumsum)
+def nancumsum(a, axis=None, dtype=None, out=None):
+    """np.nancumsum: NaNs count as zero."""
+    _no_out(out, "nancumsum")
+    return cumsum(_replace_nan(a, 0)[0], axis=axis, dtype=dtype)
+
+
+@implements(np.nancumprod)
+def nancumprod(a, axis=None, dtype=None, out=None):
+    """np.nancumprod: NaNs count as one."""
+    _no_out(out, "nancumprod")
+    return cumprod(_replace_nan(a, 1)[0], axis=axis, dtype=dtype)
+
+
+def _nan_extreme(function, fill, a, axis, out, keepdims, initial, where, name):
+    """np.nanmax / np.nanmin: NumPy's fmax.reduce / fmin.reduce, NaN for an all-NaN slice."""
+    import warnings
+
+    _no_out(out, name)
+    kwargs = _reduction_kwargs(initial, where)
+    if not _inexact(a):
+        return function(a, axis=axis, keepdims=keepdims, **kwargs)
+    if where is not True and initial is None:
+        raise ValueError(f"reduction operation '{'fmax' if name == 'nanmax' else 'fmin'}' does "
+                         "not have an identity, so to use a where mask one has to specify "
+                         "'initial'")
+    mask = np.isnan(a)
+    if where is not True:
+        mask = mask | ~np.broadcast_to(where, shape_of(a))
+    axes = normalize_axis(axis, ndim_of(a))
+    shape = shape_of(a)
+    if any(shape[ax] == 0 for ax in axes):
+        return function(a, axis=axes, keepdims=keepdims, **kwargs)  # initial, or NumPy's error
+    none = np.all(mask, axis=axes, keepdims=keepdims)
+    r = function(np.where(mask, fill, a), axis=axes, keepdims=keepdims)
+    r = np.where(none, np.nan, r)
+    if initial is not None:
+        r = (np.fmax if name == "nanmax" else np.fmin)(r, initial)
+    if _any_true(np.isnan(r)):
+        warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=3)
+    return r
+
+
+@implements(np.nanmax)
+def nanmax(a, axis=None, out=None, keepdims=False, initial=None, where=True):
+    """np.nanmax: the maximum ignoring NaNs; NaN (with NumPy's warning) for all-NaN slices."""
+    return _nan_extreme(max_, -np.inf, a, axis, out, keepdims, initial, where, "nanmax")
+
+
+@implements(np.nanmin)
+def nanmin(a, axis=None, out=None, keepdims=False, initial=None, where=True):
+    """np.nanmin: the minimum ignoring NaNs; NaN (with NumPy's warning) for all-NaN slices."""
+    return _nan_extreme(min_, np.inf, a, axis, out, keepdims, initial, where, "nanmin")
+
+
+def _nan_count(mask, axes, where, keepdims):
+    ok = ~mask if where is True else ~mask & np.broadcast_to(where, shape_of(mask))
+    return np.sum(ok, axis=axes, keepdims=keepdims, dtype=np.intp)
+
+
+@implements(np.nanmean)
+def nanmean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=True):
+    """np.nanmean: the mean of the non-NaN entries; NaN (warned) for an all-NaN slice."""
+    import warnings
+
+    _no_out(out, "nanmean")
+    arr, mask = _replace_nan(a, 0)
+    if mask is None:
+        return mean(a, axis=axis, dtype=dtype, keepdims=keepdims, where=where)
+    axes = normalize_axis(axis, ndim_of(a))
+    count = _nan_count(mask, axes, where, keepdims)
+    total = sum_(arr, axis=axes, dtype=dtype, keepdims=keepdims, where=where)
+    if _any_true(np.equal(count, 0)):
+        warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / _count_as(count, dtype_of(total))
+
+
+@implements(np.nanvar)
+def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True,
+           mean=None, correction=None):
+    """np.nanvar: the variance of the non-NaN entries; NaN (warned) without degrees of freedom."""
+    import warnings
+
+    _no_out(out, "nanvar")
+    arr, mask = _replace_nan(a, 0)
+    if mask is None:
+        return var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where,
+                   mean=mean, correction=correction)
+    if correction is not None:
+        if ddof != 0:
+            raise ValueError("ddof and correction can't be provided simultaneously.")
+        ddof = correction
+    axes = normalize_axis(axis, ndim_of(a))
+    if dtype is not None:
+        arr = _astype(arr, dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if mean is None:
+            kcount = _nan_count(mask, axes, where, True)
+            mean = sum_(arr, axis=axes, keepdims=True, where=where) / _count_as(
+                kcount, dtype_of(arr))
+        d = np.where(mask, 0, arr - mean)
+        total = sum_(d * d, axis=axes, keepdims=keepdims, where=where)
+        dof = np.subtract(_nan_count(mask, axes, where, keepdims), ddof)
+        r = total / _count_as(dof, dtype_of(total))
+    bad = np.less_equal(dof, 0)
+    if _any_true(bad):
+        warnings.warn("Degrees of freedom <= 0 for slice.", RuntimeWarning, stacklevel=2)
+        r = np.where(bad, np.nan, r)
+    return r
+
+
+@implements(np.nanstd)
+def nanstd(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True,
+           mean=None, correction=None):
+    """np.nanstd: the square root of np.nanvar."""
+    return np.sqrt(nanvar(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
+                          where=where, mean=mean, correction=correction))
+
+
+@implements(np.ptp)
+def ptp(a, axis=None, out=None, keepdims=False):
+    """np.ptp: max - min (ties share the gradient, as for max and min)."""
+    _no_out(out, "ptp")
+    return np.subtract(max_(a, axis=axis, keepdims=keepdims), min_(a, axis=axis,
+                                                                    keepdims=keepdims))
+
+
+for _f in (np.nanargmax, np.nanargmin):
+    _nondiff_function(_f, _f.__name__)

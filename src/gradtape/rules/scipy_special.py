@@ -15,9 +15,9 @@ import math
 import numpy as np
 
 from ..core.errors import GradtapeError
-from ..core.routes import implements, implements_module_function
+from ..core.routes import implements_module_function
 from ..core.tracing import LevelKind, Tracer
-from .elementwise import lambertw_real, maclaurin
+from .elementwise import lambertw_real
 from .stop import stop_gradient
 
 
@@ -75,15 +75,6 @@ def _concrete(v, what: str):
             w = w._value
         return np.asarray(v.tolist())  # a guard on its value when staging
     return v
-
-
-@implements(np.sinc)
-def sinc(x):
-    """sin(pi x) / (pi x); at 0 every derivative comes from the Maclaurin series (exact)."""
-    pi_x = x * math.pi
-    zero = x == 0
-    safe = np.where(zero, 1.0, pi_x)
-    return np.where(zero, maclaurin(pi_x, series="sinc", k=0), np.sin(safe) / safe)
 
 
 _MINUS_INV_E = -math.exp(-1.0)

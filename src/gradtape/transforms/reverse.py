@@ -196,7 +196,7 @@ def _scalar_output(out, level, fname: str):
             f"grad of {fname} needs a scalar output, but it returned a {type(out).__name__}. "
             "Return a scalar, use has_aux=True to return (scalar, aux), or use vjp/jacobian."
         )
-    if shape != ():
+    if shape != () and int(np.prod(shape)) != 1:  # shape (1,), (1, 1): as HIPS autograd
         raise GradtapeError(
             f"grad of {fname} needs a scalar output, but it returned shape {shape}. Use "
             "gradtape.jacobian or gradtape.vjp for non-scalar outputs, or reduce it (np.sum)."
@@ -224,7 +224,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
                                         "(scalar, aux).")
                 out, aux = out
             outvar = _scalar_output(out, level, fname)
-        seed = np.ones((), dtype=out.dtype if hasattr(out, "dtype") else np.float64)
+        seed = np.ones(np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.float64)
         cts = backward(level.tape, [outvar], [seed]) if outvar is not None else {}
         grads = _grads_for(in_trees, cts)
         value = _lower(out, level)
