@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import math
-import os
 import queue
 import threading
 import time
@@ -43,6 +42,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import config
 from . import cache, numba_codegen
 from .numpy_backend import NumpyLowered
 from .program import Program
@@ -545,7 +545,7 @@ def lower_tiered(program: Program) -> NumbaLowered:
 def _register() -> None:
     from .dispatch import register_backend
 
-    if os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not config.numba_enabled():
         return
     if available():
         register_backend("numba", lower_waiting)
