@@ -21,7 +21,7 @@ def _stop_impl(x):
     return bind(stop_gradient_p, (x,), {}) if type(x) is trace.Tracer else x
 
 
-stop_gradient_p = Primitive("stop_gradient", _stop_impl, nondiff=True)
+stop_gradient_p = Primitive("stop_gradient", _stop_impl, nondiff=True, identity=True)
 
 
 def stop_gradient(x):

@@ -705,7 +705,8 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
     return tuple([*outs[:nc], *outs[2 * nc:2 * nc + nx], *t_g_caps])
 
 
-scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp)
+scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp,
+                       reads_trip_count=True)
 scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
@@ -938,7 +939,8 @@ def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
     return tuple(t_carry + hidden)
 
 
-while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp)
+while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp,
+                    shape_from_data=lambda params: slice(params["n_carry"], None))
 while_p.python_impl = _while_python
 while_p.vjp_all = _while_vjp_all
 

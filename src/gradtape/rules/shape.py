@@ -66,6 +66,7 @@ astype_p = Primitive(
 full_like_p = Primitive(
     "full_like", lambda x, fill, dtype: np.full_like(x, fill, dtype=dtype),
     vjps=(None,), jvp=lambda ts, ans, x, fill, dtype: None, jvp_batched=True,
+    constant_valued=True,
 )
 
 
