@@ -30,7 +30,18 @@ from ..core.ir import Instruction, Var
 from ..rules.indexing import _Slot
 from . import fusion
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
-from .numpy_backend import _as_ufunc
+from .numba.scalar import (
+    BOOL,
+    F32,
+    F64,
+    SUPPORTED_DTYPES,
+    cast,
+    fusable,
+    literal,
+    loop_dtypes,
+    scalar_expression,
+)
+from .numba.scalar import numpy_type as _numpy_type
 from .program import Program, tree_expr
 
 GENERATOR_VERSION = "1"
@@ -40,183 +51,6 @@ ROW_BLOCK = 256  # rows per block of a loop with matrix products (its row buffer
 ROW_GROUP = 4  # rows per pass of a product's inner loop (four independent sums)
 BLAS_MIN_WORK = 32**3  # multiply-adds from which a matrix-matrix product calls BLAS (np.dot)
 STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
-SUPPORTED_DTYPES = frozenset(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float32, np.float64))
-_NATIVE_RESULT = frozenset(np.dtype(t) for t in (np.bool_, np.int64, np.float32, np.float64))
-F32, F64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.bool_)
-
-# --- scalar expressions of elementwise primitives -----------------------------------------------
-_OPERATORS = {"add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})",
-              "negative": "(-{0})", "positive": "(+{0})", "square": "({0} * {0})",
-              "greater": "({0} > {1})", "greater_equal": "({0} >= {1})", "less": "({0} < {1})",
-              "less_equal": "({0} <= {1})", "equal": "({0} == {1})",
-              "not_equal": "({0} != {1})"}
-_FLOAT_OPERATORS = {"divide": "({0} / {1})", "absolute": "abs({0})"}
-# vectorizable polynomial versions (fastmath.py), for float32 and float64 loops
-_FAST = {"exp": "fast_exp", "expm1": "fast_expm1", "log": "fast_log", "log1p": "fast_log1p",
-         "tanh": "fast_tanh", "logaddexp": "fast_logaddexp", "expit": "fast_expit",
-         "log_expit": "fast_log_expit"}
-# NumPy ufuncs that Numba implements on scalars with NumPy's loop types
-_NUMBA_UFUNCS = frozenset(
-    "sqrt exp2 log2 log10 cbrt sin cos tan arcsin arccos arctan sinh cosh arcsinh arccosh "
-    "arctanh deg2rad rad2deg maximum minimum fmax fmin copysign hypot arctan2 logaddexp2 "
-    "remainder fmod floor ceil trunc rint sign floor_divide signbit logical_and logical_or "
-    "logical_xor logical_not isnan isinf isfinite bitwise_and bitwise_or bitwise_xor invert "
-    "left_shift right_shift spacing nextafter gcd lcm absolute reciprocal divide add subtract "
-    "multiply negative positive square power float_power exp expm1 log log1p tanh logaddexp "
-    "greater greater_equal less less_equal equal not_equal".split())
-# scipy.special ufuncs: float64 functions of math or of _numba_rt
-_SPECIAL = {"gammaln": "math.lgamma({0})", "gamma": "math.gamma({0})", "erf": "math.erf({0})",
-            "erfc": "math.erfc({0})", "ndtr": "ndtr({0})", "xlogy": "xlogy({0}, {1})"}
-_SMALL_POWERS = {0: "{one}", 1: "{0}", 2: "({0} * {0})", 3: "({0} * {0} * {0})",
-                 4: "(({0} * {0}) * ({0} * {0}))", -1: "({one} / {0})",
-                 -2: "({one} / ({0} * {0}))"}
-
-
-def _numpy_type(dtype: np.dtype) -> str:
-    return f"np.{dtype.name}" if dtype != BOOL else "np.bool_"
-
-
-def cast(expr: str, dtype: np.dtype) -> str:
-    """`expr` converted to `dtype` in Numba."""
-    if dtype == BOOL:
-        return f"({expr} != 0)"
-    return f"{_numpy_type(dtype)}({expr})"
-
-
-def literal(value, dtype: np.dtype) -> str:
-    """A Numba expression for the constant `value` of `dtype` (typed: no silent promotion)."""
-    if dtype == BOOL:
-        return "True" if bool(value) else "False"
-    if dtype.kind == "f":
-        x = float(value)
-        text = repr(x) if math.isfinite(x) else ("np.nan" if x != x else
-                                                  ("np.inf" if x > 0 else "-np.inf"))
-        return text if dtype == F64 else f"np.float32({text})"
-    text = repr(int(value))
-    return text if dtype == np.dtype(np.int64) else f"{_numpy_type(dtype)}({text})"
-
-
-def _operand_dtype(v: Var | None, a):
-    """What resolve_dtypes needs: the dtype, or the Python type of a weak scalar."""
-    if v is not None:
-        return v.dtype
-    if type(a) in (int, float, bool):
-        return type(a)
-    return np.asarray(a).dtype
-
-
-def loop_dtypes(ins: Instruction):
-    """(input dtypes, output dtype) of the NumPy loop an elementwise instruction runs."""
-    name = ins.prim.name
-    out = ins.outvars[0].dtype
-    if name == "where":
-        return (BOOL, out, out), out
-    if name in ("astype", "broadcast_to"):
-        return (_operand_dtype(ins.invars[0], ins.args[0]),), out
-    uf = _as_ufunc(ins.prim)
-    if uf is None:
-        return None
-    try:
-        dts = uf.resolve_dtypes(tuple(_operand_dtype(v, a) for v, a in zip(ins.invars, ins.args))
-                                + (None,) * uf.nout)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return tuple(np.dtype(d) for d in dts[:uf.nin]), np.dtype(dts[-1])
-
-
-def fusable(ins: Instruction) -> bool:
-    """Whether an elementwise instruction has a scalar expression here."""
-    if len(ins.outvars) != 1 or ins.prim.multiple_results:
-        return False
-    name = ins.prim.name
-    if not (name in _NUMBA_UFUNCS or name in _SPECIAL or name in _FAST
-            or name in ("where", "astype", "broadcast_to")):
-        return False
-    if name == "broadcast_to" and (ins.invars[0] is None and np.size(ins.args[0]) != 1):
-        return False
-    if any(v is None and not isinstance(a, (int, float, bool, np.generic, np.ndarray))
-           for v, a in zip(ins.invars, ins.args)):
-        return False
-    if any(v is not None and v.dtype not in SUPPORTED_DTYPES for v in ins.invars):
-        return False
-    if any(v is None and np.asarray(a).dtype not in SUPPORTED_DTYPES
-           for v, a in zip(ins.invars, ins.args)):
-        return False
-    if ins.outvars[0].dtype not in SUPPORTED_DTYPES:
-        return False
-    dts = loop_dtypes(ins)
-    if dts is None or dts[1] not in SUPPORTED_DTYPES or any(d not in SUPPORTED_DTYPES
-                                                            for d in dts[0]):
-        return False
-    if (name in _FAST or name in _SPECIAL) and dts[0][0].kind != "f":
-        return False
-    return True
-
-
-def _power(x: str, y_value, dtype: np.dtype) -> str | None:
-    """x ** y for a constant y: multiplications for small integer powers (vectorizable)."""
-    if dtype.kind != "f":
-        return None
-    y = float(np.asarray(y_value))
-    if y.is_integer() and int(y) in _SMALL_POWERS:
-        return _SMALL_POWERS[int(y)].format(x, one=literal(1.0, dtype))
-    return None
-
-
-def _invariant_divisor(ins: Instruction) -> bool:
-    """x / d with d the same for every element of the loop (a constant or a size-1 value)."""
-    v, a = ins.invars[1], ins.args[1]
-    return (np.size(a) == 1 and np.isfinite(a) and a != 0) if v is None else (
-        math.prod(v.shape) == 1)
-
-
-def scalar_expression(ins: Instruction, args: list[str], in_loop: bool = False) -> str:
-    """The Numba expression of an elementwise instruction on operand expressions `args`
-    (variables or literals already converted to the loop's input dtypes).
-
-    In a loop, x / d by a loop-invariant d is x * (1 / d) (LLVM computes 1 / d once): a
-    division costs 16 times a multiplication in AVX-512 throughput, and the product is
-    within an ulp of the quotient. Everything else computes what NumPy computes.
-    """
-    name = ins.prim.name
-    (in_dts, out_dt) = loop_dtypes(ins)
-    dt = in_dts[0] if in_dts else out_dt
-    if (in_loop and name == "divide" and dt.kind == "f" and in_dts[1] == dt
-            and _invariant_divisor(ins)):
-        return f"({args[0]} * ({literal(1.0, dt)} / {args[1]}))"
-    if name == "where":
-        expr = f"({args[1]} if {args[0]} else {args[2]})"
-    elif name in ("astype", "broadcast_to"):
-        expr = args[0] if in_dts[0] == out_dt else cast(args[0], out_dt)
-    elif name == "power" and ins.invars[1] is None and (
-            p := _power(args[0], ins.args[1], dt)) is not None:
-        expr = p
-    elif name == "sign" and dt.kind == "f":  # Numba's keeps the sign of -0.0; NumPy's is +0.0
-        one, zero = literal(1.0, dt), literal(0.0, dt)
-        x = args[0]
-        expr = f"({one} if {x} > 0 else (-{one} if {x} < 0 else ({x} if {x} != {x} else {zero})))"
-    elif name == "reciprocal" and dt.kind == "f":
-        expr = f"({literal(1.0, dt)} / {args[0]})"
-    elif name in _FAST and dt.kind == "f":
-        expr = f"{_FAST[name]}({', '.join(args)})"
-    elif name in _SPECIAL:
-        expr = _SPECIAL[name].format(*args)
-        if out_dt != F64:
-            expr = cast(expr, out_dt)
-        return expr
-    elif name in _OPERATORS and dt.kind in "fi" and all(d == dt for d in in_dts):
-        expr = _OPERATORS[name].format(*args)
-    elif name in _FLOAT_OPERATORS and dt.kind == "f":
-        expr = _FLOAT_OPERATORS[name].format(*args)
-    elif name == "float_power":
-        expr = f"({args[0]} ** {args[1]})"
-    else:
-        expr = f"np.{name}({', '.join(args)})"
-    if out_dt not in _NATIVE_RESULT:
-        expr = cast(expr, out_dt)
-    return expr
 
 
 def _extreme_step(kind: str):

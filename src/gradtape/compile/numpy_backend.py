@@ -277,7 +277,9 @@ def _ident(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)
 
 
-def _as_ufunc(prim):
+def ufunc_of(prim):
+    """The ufunc a primitive computes (NumPy's, or scipy.special's once scipy is imported),
+    or None."""
     if isinstance(prim.impl, np.ufunc):
         return prim.impl
     if prim.partials is not None and "scipy.special" in sys.modules:
@@ -304,7 +306,7 @@ def emitter_for(ins: Instruction) -> Emitter:
     e = EMITTERS.get(prim.name)
     if e is not None:
         return e
-    uf = _as_ufunc(prim)
+    uf = ufunc_of(prim)
     if uf is not None and uf.nout == 1:
         return (_scalar_emitter(ins, uf) if uf.signature is None else None) or _ufunc_emitter(uf)
     return Emitter(VALUE, _fallback)

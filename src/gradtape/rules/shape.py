@@ -33,7 +33,7 @@ broadcast_p = Primitive(
     vjps=(lambda g, ans, x, shape: unbroadcast(g, shape_of(x)),),
     jvp=lambda ts, ans, x, shape: broadcast_p(lift_tangent(ts[0], x, len(shape)),
                                               shape=batch_shape(ts[0], x) + shape),
-    linear=True, jvp_batched=True,
+    linear=True, jvp_batched=True, native="@broadcast",
 )
 
 
@@ -59,6 +59,7 @@ astype_p = Primitive(
     "astype", lambda x, dtype: x.astype(dtype),
     vjps=(lambda g, ans, x, dtype: g.astype(dtype_of(x)),),
     jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype), linear=True, jvp_batched=True,
+    native="@convert",
 )
 
 # A fresh array shaped like a traced one: a Tracer with no derivative, so that functional
