@@ -48,11 +48,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.ir import Instruction, Var
+from ..rules.linalg import matmul_p
+from ..rules.shape import transpose_p
+from .numba.lowering import REDUCTIONS
 from .program import Program
 
 LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"
 MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see plan)
-FULL_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
 # where a value lives in generated code
 HELD_SCALAR, HELD_ARRAY, HELD_LOOP = "scalar", "array", "loop"
 
@@ -95,25 +97,20 @@ def size_of(shape: tuple) -> int:
 
 
 def full_reduction(ins: Instruction) -> bool:
-    """A reduction over every axis of a non-trivial operand (it folds into a loop)."""
-    name = ins.prim.name
+    """A reduction over every axis of a non-trivial operand (it folds into a loop; which
+    primitives reduce, and when over every axis, is the backend's REDUCTIONS table)."""
     if len(ins.invars) != 1 or ins.invars[0] is None or len(ins.outvars) != 1:
         return False
     v = ins.invars[0]
     if size_of(v.shape) <= 1 or v.dtype.kind not in "iubf":
         return False
-    if name in FULL_REDUCTIONS:
-        return (len(ins.params["axes"]) == len(v.shape)
-                and ins.outvars[0].dtype.kind in "iuf")
-    if name in ("any", "all"):
-        return set(ins.params) <= {"axis", "keepdims"} and ins.params.get(
-            "axis") is None and not ins.params.get("keepdims") and ins.outvars[0].shape == ()
-    return False
+    reduction = REDUCTIONS.get(ins.prim)
+    return reduction is not None and reduction.whole is not None and reduction.whole(ins)
 
 
 def vector_dot(ins: Instruction) -> bool:
     """matmul of two traced vectors of one length: a multiply folded into a sum."""
-    if ins.prim.name != "matmul" or any(v is None for v in ins.invars):
+    if ins.prim is not matmul_p or any(v is None for v in ins.invars):
         return False
     a, b = ins.invars
     return (len(a.shape) == 1 and a.shape == b.shape and size_of(a.shape) > 1
@@ -122,7 +119,7 @@ def vector_dot(ins: Instruction) -> bool:
 
 def _float_matmul(ins: Instruction) -> tuple | None:
     """The operand shapes of a matmul of two floating arrays of one dtype (traced or constant)."""
-    if ins.prim.name != "matmul" or len(ins.outvars) != 1:
+    if ins.prim is not matmul_p or len(ins.outvars) != 1:
         return None
     dtypes = {v.dtype if v is not None else np.asarray(a).dtype
               for v, a in zip(ins.invars, ins.args)}
@@ -207,8 +204,7 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
     def transposed(v: Var | None) -> bool:
         """Whether `v` is a transpose of a matrix (its rows are the matrix's columns)."""
         stage = defined_in.get(v.id) if v is not None else None
-        return stage is not None and stage.kind == OP and stage.members[0].prim.name == (
-            "transpose")
+        return stage is not None and stage.kind == OP and stage.members[0].prim is transpose_p
 
     def column_accumulation(ins: Instruction) -> bool:
         g = accumulated_vector(ins)
@@ -271,7 +267,7 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
         if stage.kind == LOOP:
             stage.nested = any(
                 broadcasts_partially(shape, stage.shape)
-                for ins in stage.members if ins.prim.name != "matmul"
+                for ins in stage.members if ins.prim is not matmul_p
                 for shape in operand_shapes(ins))
 
     # segments: python stages separate native kernels

@@ -27,14 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from ..core.ir import Instruction, Var
-from ..rules.indexing import _Slot
 from . import fusion
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
+from .numba import indexing, matmul
+from .numba.lowering import LOWERINGS, REDUCTIONS, is_view, lowerable
+from .numba.matmul import PARALLEL_MIN_CHUNK, blas_matmul, matrix_member
 from .numba.scalar import (
     BOOL,
     F32,
     F64,
-    SUPPORTED_DTYPES,
     cast,
     fusable,
     literal,
@@ -42,169 +43,10 @@ from .numba.scalar import (
     scalar_expression,
 )
 from .numba.scalar import numpy_type as _numpy_type
+from .numba.wrapper import STATUS_CHECK, STATUS_LAYOUT, STATUS_OK
 from .program import Program, tree_expr
 
 GENERATOR_VERSION = "1"
-PARALLEL_MIN_CHUNK = 16384  # elements per parallel chunk at least (a launch costs ~10 us)
-# matrix products (see _KernelWriter.blocked_loop and matmul_loops)
-ROW_BLOCK = 256  # rows per block of a loop with matrix products (its row buffers stay in L1)
-ROW_GROUP = 4  # rows per pass of a product's inner loop (four independent sums)
-BLAS_MIN_WORK = 32**3  # multiply-adds from which a matrix-matrix product calls BLAS (np.dot)
-STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
-
-
-def _extreme_step(kind: str):
-    def step(dt: np.dtype) -> tuple[str, str]:
-        if dt.kind == "f":
-            init = literal(-np.inf if kind == "max" else np.inf, dt)
-            return init, f"{kind}_step({{a}}, {{b}})"
-        info = np.iinfo(dt)
-        init = literal(info.min if kind == "max" else info.max, dt)
-        return init, f"int_{kind}_step({{a}}, {{b}})"
-    return step
-
-
-# reduction name -> (accumulator dtype -> (initial value, step template in {a} and {b}))
-_REDUCTION_STEPS = {
-    "reduce_sum": lambda dt: (literal(0, dt), "reduce_add({a}, {b})" if dt.kind == "f"
-                              else "({a} + {b})"),
-    "reduce_prod": lambda dt: (literal(1, dt), "reduce_mul({a}, {b})" if dt.kind == "f"
-                               else "({a} * {b})"),
-    "reduce_max": _extreme_step("max"),
-    "reduce_min": _extreme_step("min"),
-    "any": lambda dt: ("False", "({a} | {b})"),
-    "all": lambda dt: ("True", "({a} & {b})"),
-}
-
-# --- ops between loops ------------------------------------------------------------------------
-def _index_parts(idx: tuple, ndim: int) -> list | None:
-    """The index with Ellipsis expanded (Numba rejects `...` in reads), or None if unusable."""
-    if not isinstance(idx, tuple):
-        return None
-    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    parts = []
-    for i in idx:
-        if i is Ellipsis:
-            parts.extend([slice(None)] * (ndim - used))
-        else:
-            parts.append(i)
-    return parts
-
-
-# primitives indexing with traced integers: how many leading arguments precede the indices
-DYNAMIC_INDEXING = {"dyn_getitem": 1, "dyn_setitem": 2, "dyn_scatter_add": 2}
-
-
-def _basic_index(idx) -> bool:
-    return all(isinstance(i, (int, slice)) or i is None or i is Ellipsis for i in idx)
-
-
-def _one_int_array(parts: list) -> int | None:
-    """The position of the single integer-array index among full slices, or None."""
-    found = None
-    for k, i in enumerate(parts):
-        if isinstance(i, np.ndarray):
-            if found is not None or i.dtype.kind not in "iu" or i.ndim != 1:
-                return None
-            found = k
-        elif not (isinstance(i, slice) and i == slice(None)):
-            return None
-    return found
-
-
-def _dynamic_lowerable(ins: Instruction) -> bool:
-    """Indexing by traced integers (a loop counter): basic indices once the slots are filled."""
-    n = DYNAMIC_INDEXING[ins.prim.name]
-    base, out = ins.invars[0], ins.outvars[0]
-    if base is None and n == 2 and isinstance(ins.args[0], np.ndarray):
-        base = Var(-1, ins.args[0].shape, ins.args[0].dtype)  # a constant base: copied
-    if base is None or not base.shape or base.dtype not in SUPPORTED_DTYPES or (
-            out.dtype != base.dtype):
-        return False
-    if n == 2 and (ins.invars[1].dtype if ins.invars[1] is not None else
-                   np.asarray(ins.args[1]).dtype) not in SUPPORTED_DTYPES:
-        return False
-    if any(v is None or v.shape != () or v.dtype.kind not in "iu" for v in ins.invars[n:]):
-        return False
-    parts = _index_parts(ins.params["template"], len(base.shape))
-    return parts is not None and all(
-        isinstance(p, (int, slice, _Slot)) or p is None for p in parts)
-
-
-def blas_matmul(ins: Instruction) -> bool:
-    """A matrix-matrix product large enough for BLAS to pay (np.dot): the loops written
-    instead do not block for the caches, and a kernel calling BLAS costs Numba about 1.5 s
-    more to compile (its BLAS bindings) and keeps its loops serial (see generate)."""
-    shapes = [v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args)]
-    return (ins.prim.name == "matmul" and all(len(s) == 2 for s in shapes)
-            and shapes[0][0] * shapes[0][1] * shapes[1][1] >= BLAS_MIN_WORK)
-
-
-def matrix_member(ins: Instruction) -> bool:
-    """A row product or column accumulation of a loop (fusion.py): a matmul with a 1-d result."""
-    return ins.prim.name == "matmul" and len(ins.outvars[0].shape) == 1
-
-
-def _pairwise_sum(terms: list[str]) -> str:
-    while len(terms) > 1:
-        terms = [f"({terms[k]} + {terms[k + 1]})" if k + 1 < len(terms) else terms[k]
-                 for k in range(0, len(terms), 2)]
-    return terms[0]
-
-
-def lowerable(ins: Instruction) -> bool:
-    """Whether a non-fused instruction has a Numba translation here (else: python stage)."""
-    if ins.prim.multiple_results or len(ins.outvars) != 1:
-        return False
-    out = ins.outvars[0]
-    if out.dtype not in SUPPORTED_DTYPES:
-        return False
-    name = ins.prim.name
-    if name in DYNAMIC_INDEXING:
-        return _dynamic_lowerable(ins)
-    scalar_ok = name in ("setitem", "scatter_add", "reshape", "broadcast_to")
-    for k, (v, a) in enumerate(zip(ins.invars, ins.args)):
-        dtype = v.dtype if v is not None else np.asarray(a).dtype
-        if dtype not in SUPPORTED_DTYPES or (v is not None and v.shape == () and not (
-                scalar_ok and (k == 1 or name in ("reshape", "broadcast_to")))):
-            return False
-    first = ins.invars[0]
-    if name in ("setitem", "scatter_add") and first is None and isinstance(
-            ins.args[0], np.ndarray) and ins.args[0].ndim:
-        first = Var(-1, ins.args[0].shape, ins.args[0].dtype)  # a constant base: copied
-    if name == "matmul":
-        shapes = [v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args)]
-        dtypes = {v.dtype if v is not None else np.asarray(a).dtype
-                  for v, a in zip(ins.invars, ins.args)}
-        return (dtypes == {out.dtype} and out.dtype.kind == "f"
-                and all(1 <= len(s) <= 2 for s in shapes)
-                and all(v is not None or isinstance(a, np.ndarray)
-                        for v, a in zip(ins.invars, ins.args)))
-    if first is None:
-        return name == "concatenate"  # ops on constants alone were folded
-    if name == "getitem":
-        parts = _index_parts(ins.params["idx"], len(first.shape))
-        if parts is None:
-            return False
-        return _basic_index(parts) or _one_int_array(parts) is not None
-    if name in ("reshape", "transpose", "broadcast_to"):
-        return True
-    if name in ("setitem", "scatter_add"):
-        parts = _index_parts(ins.params["idx"], len(first.shape))
-        if parts is None:
-            return False
-        if _basic_index(parts):
-            return True
-        return (name == "scatter_add" and len(first.shape) == 1 and len(parts) == 1
-                and _one_int_array(parts) == 0)
-    if name == "concatenate":
-        return all((v.dtype if v is not None else np.asarray(a).dtype) == out.dtype and (
-            v is not None or isinstance(a, np.ndarray)) for v, a in zip(ins.invars, ins.args))
-    if name in ("cumsum", "cumprod"):
-        return len(first.shape) == 1 and out.dtype == first.dtype
-    if name in fusion.FULL_REDUCTIONS:
-        return out.dtype.kind in "iuf" and first.dtype.kind in "iuf"
-    return False
 
 
 # --- the generator ---------------------------------------------------------------------------
@@ -259,16 +101,6 @@ class _Consts:
             n = self._by_id[key] = f"c{len(self.arrays)}"
             self.arrays.append(np.ascontiguousarray(a))
         return n
-
-
-@dataclass
-class _LoopProducts:
-    """The row products and column accumulations of one loop (written by blocked_loop)."""
-
-    rows: list[tuple[int, np.dtype]] = field(default_factory=list)  # (var id, dtype)
-    # (var id, dtype, length expression, matrix transposed: read M[j, r] instead of M[r, j])
-    columns: list[tuple[int, np.dtype, str, bool]] = field(default_factory=list)
-    finish: list[str] = field(default_factory=list)
 
 
 class _KernelWriter:
@@ -438,7 +270,8 @@ class _KernelWriter:
             if held == HELD_SCALAR:
                 lines.append(f"{self._zeros_index(o, v.shape)} = s{vid}")
             else:
-                lines.extend(self.assign_loops(o, v.shape, f"a{vid}", v.shape, v.dtype, v.dtype))
+                lines.extend(indexing.assign_loops(self, o, v.shape, f"a{vid}", v.shape, v.dtype,
+                                                   v.dtype))
         return lines
 
     # --- scalar statements ---
@@ -509,11 +342,11 @@ class _KernelWriter:
 
         stores: list[str] = []
         accumulators: list[tuple[str, str, str]] = []  # (acc, init, finish)
-        products = _LoopProducts()
+        products = matmul.LoopProducts()
         for ins in members:
             out = ins.outvars[0]
             if matrix_member(ins):
-                body.append(self.matrix_step(ins, access, pre, products))
+                body.append(matmul.matrix_step(self, ins, access, pre, products))
             elif out.id in self.plan.reductions:
                 body.extend(self.reduction_step(ins, access, accumulators, pre))
                 continue
@@ -530,7 +363,7 @@ class _KernelWriter:
         inner = load_lines + body + stores
         lines = list(pre)
         if products.rows or products.columns:
-            lines.extend(self.blocked_loop(size, inner, accumulators, products))
+            lines.extend(matmul.blocked_loop(self, size, inner, accumulators, products))
         elif nested:
             indent = ""
             for k, d in enumerate(shape):
@@ -544,134 +377,6 @@ class _KernelWriter:
             lines.extend("    " + s for s in inner)
         lines.extend(acc[2] for acc in accumulators)
         lines.extend(products.finish)
-        return lines
-
-    # --- matrix products in loops ---
-    def matrix_step(self, ins: Instruction, access, pre: list[str],
-                    products: _LoopProducts) -> str:
-        """The loop-body line of a row product or a column accumulation (fusion.py), which
-        blocked_loop computes around the elementwise loop; operands are bound before it."""
-        out = ins.outvars[0]
-        vid, dtype = out.id, _numpy_type(out.dtype)
-        operand = [lambda k=k: self.op_operand(ins.invars[k], ins.args[k]) for k in (0, 1)]
-        if vid not in self.plan.reductions:  # row product M @ v: computed per block
-            pre.extend([f"mx{vid} = {operand[0]()}", f"vx{vid} = {operand[1]()}"])
-            products.rows.append((vid, out.dtype))
-            return f"v{vid} = zb{vid}[i - u0]"
-        vector_first = len(ins.invars[0].shape if ins.invars[0] is not None else
-                           np.shape(ins.args[0])) == 1  # g @ M, else M @ g
-        g = ins.invars[0 if vector_first else 1]
-        length = f"mx{vid}.shape[{1 if vector_first else 0}]"
-        # explicit zeros: under parallel=True, np.zeros would become a parallel region
-        pre.extend([f"mx{vid} = {operand[1 if vector_first else 0]()}",
-                    f"qa{vid} = np.empty({length}, {dtype})", f"for j in range({length}):",
-                    f"    qa{vid}[j] = {literal(0.0, out.dtype)}"])
-        products.columns.append((vid, out.dtype, length, not vector_first))
-        products.finish.append(f"a{vid} = qa{vid}")
-        return f"gb{vid}[i - u0] = {access(g)}"
-
-    def blocked_loop(self, size: str, inner: list[str], accumulators: list,
-                     products: _LoopProducts) -> list[str]:
-        """A flat loop with matrix products, by blocks of ROW_BLOCK rows: the block's row
-        products into buffers, then the elementwise loop (vectorized; it reads the products
-        and writes the weights of the column accumulations into buffers), then the column
-        accumulations. `X @ w`, the elementwise work and `X.T @ r` read X from memory once.
-
-        With threads, chunks of blocks run in parallel as in parallel_loop; each chunk has
-        its own accumulated vectors, added in chunk order afterwards (deterministic).
-        """
-        buffers = [(f"zb{vid}", dt) for vid, dt in products.rows] + [
-            (f"gb{vid}", dt) for vid, dt, *_ in products.columns]
-        n = f"n{self.tmp}"
-        serial = [f"{name} = np.empty({ROW_BLOCK}, {_numpy_type(dt)})"
-                  for name, dt in buffers] + self.block_pass("0", n, inner, products, "")
-        lines = [f"{n} = {size}"]
-        if self.gen.threads <= 1:
-            return lines + serial
-        nch = f"nch{self.tmp}"
-        work = " + ".join([f"mx{vid}.shape[1]" for vid, _ in products.rows]
-                          + [length for _, _, length, _ in products.columns])
-        lines += [f"{nch} = min({self.gen.threads}, ({n} * ({work})) // {PARALLEL_MIN_CHUNK})",
-                  f"if {nch} <= 1:"]
-        lines += ["    " + line for line in serial]
-        lines.append("else:")
-        renamed = inner
-        for name in [acc for acc, *_ in accumulators] + [name for name, _ in buffers]:
-            renamed = [re.sub(rf"\b{name}\b", f"{name}_c", line) for line in renamed]
-        for acc, _, _, _, dt in accumulators:
-            lines.append(f"    {acc}_p = np.empty({nch}, {_numpy_type(dt)})")
-        for vid, dt, length, _ in products.columns:
-            lines.append(f"    qa{vid}_p = np.empty(({nch}, {length}), {_numpy_type(dt)})")
-        chunk = ["prefer_wide_vectors()", f"lo = ({n} * c) // {nch}",
-                 f"hi = ({n} * (c + 1)) // {nch}"]
-        chunk += [f"{acc}_c = {init}" for acc, init, *_ in accumulators]
-        chunk += [f"{name}_c = np.empty({ROW_BLOCK}, {_numpy_type(dt)})" for name, dt in buffers]
-        for vid, dt, length, _ in products.columns:
-            chunk += [f"qa{vid}_c = np.empty({length}, {_numpy_type(dt)})",
-                      f"for j in range({length}):", f"    qa{vid}_c[j] = {literal(0.0, dt)}"]
-        chunk += self.block_pass("lo", "hi", renamed, products, "_c")
-        chunk += [f"{acc}_p[c] = {acc}_c" for acc, *_ in accumulators]
-        for vid, _, length, _ in products.columns:
-            chunk += [f"for j in range({length}):", f"    qa{vid}_p[c, j] = qa{vid}_c[j]"]
-        lines.append(f"    for c in prange({nch}):")
-        lines += ["        " + line for line in chunk]
-        for acc, _, _, step, _ in accumulators:
-            lines.append(f"    for c in range({nch}):")
-            lines.append(f"        {acc} = {step.format(a=acc, b=f'{acc}_p[c]')}")
-        for vid, _, length, _ in products.columns:
-            lines += [f"    for c in range({nch}):", f"        for j in range({length}):",
-                      f"            qa{vid}[j] += qa{vid}_p[c, j]"]
-        return lines
-
-    def block_pass(self, lo: str, hi: str, inner: list[str], products: _LoopProducts,
-                   suffix: str) -> list[str]:
-        """Rows lo .. hi by blocks (see blocked_loop); `suffix` names a chunk's buffers."""
-        # unsigned row indices, as in parallel_loop: Numba then skips the negative-index
-        # wraparound (measured: 10-15% of the time of X @ w and X.T @ r)
-        body = [f"i1 = min(i0 + {ROW_BLOCK}, {hi})", "u0 = np.uint64(i0)", "u1 = np.uint64(i1)",
-                f"u4 = np.uint64(i1 - (i1 - i0) % {ROW_GROUP})"]
-        for vid, dt in products.rows:
-            body += self.row_groups(lambda rows, vid=vid, dt=dt: self.row_product_group(
-                vid, dt, rows, suffix))
-        body.append("for i in range(u0, u1):")
-        body += ["    " + line for line in inner]
-        for vid, _, length, transposed in products.columns:
-            body += self.row_groups(lambda rows, vid=vid, length=length, transposed=transposed:
-                                    self.column_group(vid, length, transposed, rows, suffix))
-        return [f"for i0 in range({lo}, {hi}, {ROW_BLOCK}):"] + ["    " + line for line in body]
-
-    @staticmethod
-    def row_groups(group) -> list[str]:
-        """The rows u0 .. u1 of a block, ROW_GROUP at a time, then one at a time; `group(rows)`
-        writes the statements for the rows `rows` (index expressions)."""
-        lines = []
-        for start, stop, size in (("u0", "u4", ROW_GROUP), ("u4", "u1", 1)):
-            step = f", np.uint64({size})" if size > 1 else ""
-            lines.append(f"for r in range({start}, {stop}{step}):")
-            rows = ["r"] + [f"r + np.uint64({k})" for k in range(1, size)]
-            lines += ["    " + line for line in group(rows)]
-        return lines
-
-    @staticmethod
-    def row_product_group(vid: int, dtype: np.dtype, rows: list[str], suffix: str) -> list[str]:
-        """Dot products of some rows of M with v: independent sums, which overlap in the CPU,
-        reassociable so that long rows vectorize (measured: k = 64 rows 1.6x faster)."""
-        lines = [f"y{k} = {literal(0.0, dtype)}" for k in range(len(rows))]
-        lines += [f"for j in range(mx{vid}.shape[1]):", f"    xj = vx{vid}[j]"]
-        lines += [f"    y{k} = reduce_add(y{k}, mx{vid}[{row}, j] * xj)"
-                  for k, row in enumerate(rows)]
-        lines += [f"zb{vid}{suffix}[{row} - u0] = y{k}" for k, row in enumerate(rows)]
-        return lines
-
-    @staticmethod
-    def column_group(vid: int, length: str, transposed: bool, rows: list[str],
-                     suffix: str) -> list[str]:
-        """Some rows of M, scaled by their weights, added to the accumulated vector."""
-        lines = [f"h{k} = gb{vid}{suffix}[{row} - u0]" for k, row in enumerate(rows)]
-        terms = [f"h{k} * mx{vid}[{f'j, {row}' if transposed else f'{row}, j'}]"
-                 for k, row in enumerate(rows)]
-        lines += [f"for j in range({length}):",
-                  f"    qa{vid}{suffix}[j] += {_pairwise_sum(terms)}"]
         return lines
 
     def parallel_loop(self, size: str, inner: list[str], accumulators: list) -> list[str]:
@@ -719,22 +424,21 @@ class _KernelWriter:
         """
         out = ins.outvars[0]
         acc = f"r{out.id}"
-        name = ins.prim.name
         dtype = out.dtype
-        if name == "matmul":
+        reduction = REDUCTIONS[ins.prim]
+        if reduction.product:
             a, b = (access(v) for v in ins.invars)  # two traced vectors (fusion.vector_dot)
             term = f"({a} * {b})"
-            name = "reduce_sum"
-        elif name in ("any", "all"):
+        elif reduction.truth:
             v = ins.invars[0]
             term = access(v) if v.dtype == BOOL else f"({access(v)} != 0)"
         else:
             v = ins.invars[0]
             term = access(v) if v.dtype == dtype else cast(access(v), dtype)
-        acc_dt = F64 if dtype == F32 and name in ("reduce_sum", "reduce_prod") else dtype
+        acc_dt = F64 if dtype == F32 and reduction.widen else dtype
         if acc_dt != dtype:
             term = cast(term, acc_dt)
-        init, step = _REDUCTION_STEPS[name](acc_dt)
+        init, step = reduction.start(acc_dt)
         pre.append(f"{acc} = {init}")
         finish = f"s{out.id} = {acc if acc_dt == dtype else cast(acc, dtype)}"
         accumulators.append((acc, init, finish, step, acc_dt))
@@ -760,195 +464,21 @@ class _KernelWriter:
             return f"np.ascontiguousarray({expr})"
         return expr
 
-    def index_text(self, parts: list) -> str:
-        out = []
-        for i in parts:
-            if i is None:
-                out.append("None")
-            elif isinstance(i, slice):
-                out.append(":".join("" if x is None else str(x) for x in (i.start, i.stop, i.step))
-                           if i.step is not None else
-                           ":".join("" if x is None else str(x) for x in (i.start, i.stop)))
-            elif isinstance(i, np.ndarray):
-                out.append(self.const_array(i))
-            elif isinstance(i, str):  # a traced integer's expression (dynamic_parts)
-                out.append(i)
-            else:
-                out.append(str(int(i)))
-        return ", ".join(out) if out else ""
-
     def op(self, ins: Instruction) -> list[str]:
+        """The statements of an op (its entry of the lowering table)."""
         out = ins.outvars[0]
-        name = ins.prim.name
         target = f"s{out.id}" if out.shape == () else f"a{out.id}"
         args = [self.op_operand(v, a) for v, a in zip(ins.invars, ins.args)]
-        x = ins.invars[0]
-        pre: list[str] = []
-        if name in DYNAMIC_INDEXING:  # fill the slots with the checked integer values
-            pre, parts = self.dynamic_parts(ins, args[0])
-            name = name[4:]
-        if name == "getitem":
-            if not pre:
-                parts = _index_parts(ins.params["idx"], len(x.shape))
-            expr = f"{args[0]}[{self.index_text(parts)}]"
-        elif name in ("reshape", "broadcast_to") and x is not None and x.shape == ():
-            expr = f"np.full({self.shape_expr(out.shape)}, {args[0]})"
-        elif name == "reshape":
-            expr = f"{self.contiguous(x, args[0])}.reshape({self.shape_expr(out.shape)})"
-        elif name == "transpose":
-            expr = f"np.transpose({args[0]}, {tuple(ins.params['axes'])!r})"
-        elif name == "broadcast_to":
-            expr = f"np.broadcast_to({args[0]}, {self.shape_expr(out.shape)})"
-        elif name == "matmul" and not blas_matmul(ins):
-            return self.matmul_loops(ins, args[0], args[1], target)
-        elif name == "matmul":
-            a = self.contiguous(ins.invars[0], args[0])
-            b = self.contiguous(ins.invars[1], args[1])
-            expr = f"np.dot({a}, {b})"
-        elif name == "concatenate":
-            parts = [self.contiguous(v, s) for v, s in zip(ins.invars, args)]
-            expr = f"np.concatenate(({', '.join(parts)},), axis={ins.params['axis']})"
-        elif name in ("cumsum", "cumprod"):
-            expr = f"np.{name}({args[0]})"
-        elif name in ("setitem", "scatter_add"):
-            ndim = len(x.shape) if x is not None else np.ndim(ins.args[0])
-            if not pre:
-                parts = _index_parts(ins.params["idx"], ndim)
-            v = ins.invars[1]
-            value = args[1]
-            if v is None and not np.ndim(ins.args[1]):
-                value = literal(ins.args[1], out.dtype)
-            lines = pre + [f"{target} = {args[0]}.copy()"]
-            shape_parts = tuple(0 if isinstance(p, str) else p for p in parts)
-            if name == "setitem" or _basic_index(shape_parts):
-                view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[shape_parts].shape
-                value_shape = None if (v is None and not np.ndim(ins.args[1])) or (
-                    v is not None and v.shape == ()) else (
-                    v.shape if v is not None else np.shape(ins.args[1]))
-                value_dtype = v.dtype if v is not None else np.asarray(ins.args[1]).dtype
-                view = f"u{out.id}"
-                if view_shape == ():
-                    lines.append(f"{target}[{self.index_text(parts)}] "
-                                 f"{'=' if name == 'setitem' else '+='} "
-                                 f"{self._element(value, value_shape, (), value_dtype, out.dtype)}")
-                    return lines
-                lines.append(f"{view} = {target}[{self.index_text(parts)}]")
-                lines.extend(self.assign_loops(view, view_shape, value, value_shape,
-                                               value_dtype, out.dtype,
-                                               "=" if name == "setitem" else "+="))
-            else:
-                helper = "scatter_add_1d" if v is not None and v.shape != () or (
-                    v is None and np.ndim(ins.args[1])) else "scatter_add_1d_scalar"
-                lines.append(f"{helper}({target}, {self.const_array(parts[0])}, {value})")
-            return lines
-        elif name in fusion.FULL_REDUCTIONS:
-            return self.partial_reduction(ins, args[0], target)
-        else:  # pragma: no cover - lowerable() admits only the names above
-            raise NotImplementedError(name)
+        return LOWERINGS[ins.prim].emit(self, ins, target, args)
+
+    def assign(self, ins: Instruction, target: str, expr: str, pre: list[str] = ()) -> list[str]:
+        """`target = expr` after the lines `pre`; a strided result that a loop reads by flat
+        index is made contiguous."""
+        out = ins.outvars[0]
         if out.shape != () and self.gen.read_by_loop(out) and self.gen.maybe_strided(
                 out, self.segment):
             expr = f"np.ascontiguousarray({expr})"
-        return pre + [f"{target} = {expr}"]
-
-    def dynamic_parts(self, ins: Instruction, base: str) -> tuple[list[str], list]:
-        """(bounds checks, index parts) of a dyn_* instruction: each slot becomes its integer's
-        expression; an index out of range fails a check, and NumPy then raises IndexError."""
-        n = DYNAMIC_INDEXING[ins.prim.name]
-        values = iter(ins.invars[n:])
-        lines, parts, axis = [], [], 0
-        ndim = np.ndim(ins.args[0]) if ins.invars[0] is None else len(ins.invars[0].shape)
-        for p in _index_parts(ins.params["template"], ndim):
-            if isinstance(p, _Slot):
-                i = self.scalar_ref(next(values))
-                lines.append(f"if not (-{base}.shape[{axis}] <= {i} < {base}.shape[{axis}]):")
-                lines.append(f"    return {self.status_tuple(STATUS_CHECK)}")
-                p = i
-            if p is not None:
-                axis += 1
-            parts.append(p)
-        return lines, parts
-
-    def matmul_loops(self, ins: Instruction, a: str, b: str, target: str) -> list[str]:
-        """A matmul as explicit loops (see blas_matmul): rows of b, scaled by elements of a,
-        added into the result's rows (the inner loop is contiguous and vectorizes)."""
-        out = ins.outvars[0]
-        a_2d, b_2d = (len(v.shape if v is not None else np.shape(x)) == 2
-                      for v, x in zip(ins.invars, ins.args))
-        rows = f"{a}.shape[0]" if a_2d else "1"
-        cols = f"{b}.shape[1]" if b_2d else "1"
-        acc = f"p{out.id}"
-        lines = [f"{acc} = np.zeros(({rows}, {cols}), {_numpy_type(out.dtype)})",
-                 f"for im in range({rows}):",
-                 f"    for jm in range({a}.shape[{1 if a_2d else 0}]):",
-                 f"        am = {a}[{'im, jm' if a_2d else 'jm'}]",
-                 f"        for lm in range({cols}):",
-                 f"            {acc}[im, lm] += am * {b}[{'jm, lm' if b_2d else 'jm'}]"]
-        if out.shape == ():
-            return lines + [f"{target} = {acc}[0, 0]"]
-        if a_2d and b_2d:
-            return lines + [f"{target} = {acc}"]
-        return lines + [f"{target} = {acc}.reshape(({rows if a_2d else cols},))"]
-
-    def _element(self, value: str, value_shape: tuple | None, index: tuple[str, ...],
-                 value_dtype: np.dtype, dtype: np.dtype) -> str:
-        """Element `index` (of the target) of a value broadcast against it."""
-        if value_shape is None:
-            expr = value
-        else:
-            offset = len(index) - len(value_shape)
-            parts = ["0" if d == 1 else index[offset + k] for k, d in enumerate(value_shape)]
-            expr = f"{value}[{', '.join(parts)}]" if parts else value
-        return expr if value_dtype == dtype else cast(expr, dtype)
-
-    def assign_loops(self, target: str, shape: tuple, value: str, value_shape: tuple | None,
-                     value_dtype: np.dtype, dtype: np.dtype, op: str = "=") -> list[str]:
-        """`target[...] op value` as explicit loops (Numba's broadcasting assignment builds
-        error messages whose compilation costs seconds)."""
-        idx = tuple(f"j{k}" for k in range(len(shape)))
-        lines, indent = [], ""
-        for k, d in enumerate(shape):
-            lines.append(f"{indent}for {idx[k]} in range({self.dim(d)}):")
-            indent += "    "
-        element = self._element(value, value_shape, idx, value_dtype, dtype)
-        lines.append(f"{indent}{target}[{', '.join(idx)}] {op} {element}")
-        return lines
-
-    def partial_reduction(self, ins: Instruction, src: str, target: str) -> list[str]:
-        """A reduction over some axes: explicit loops into a result of the kept axes."""
-        x = ins.invars[0]
-        axes = tuple(a % len(x.shape) for a in ins.params["axes"])
-        out = ins.outvars[0]
-        kept = tuple(d for k, d in enumerate(x.shape) if k not in axes)
-        dtype = out.dtype
-        name = ins.prim.name
-        init = {"reduce_sum": 0, "reduce_prod": 1}.get(name)
-        if init is None:
-            big = np.inf if dtype.kind == "f" else (
-                np.iinfo(dtype).max if name == "reduce_min" else np.iinfo(dtype).min)
-            init = -big if name == "reduce_max" and dtype.kind == "f" else big
-        step = {"reduce_sum": "{a} + {x}", "reduce_prod": "{a} * {x}",
-                "reduce_max": "max_step({a}, {x})" if dtype.kind == "f" else
-                "int_max_step({a}, {x})",
-                "reduce_min": "min_step({a}, {x})" if dtype.kind == "f" else
-                "int_min_step({a}, {x})"}[name]
-        acc = f"p{out.id}"
-        lines = [f"{acc} = np.full({self.shape_expr(kept)}, {literal(init, dtype)})"]
-        indent = ""
-        idx = [f"j{k}" for k in range(len(x.shape))]
-        for k, d in enumerate(x.shape):
-            lines.append(f"{indent}for {idx[k]} in range({self.dim(d)}):")
-            indent += "    "
-        kept_idx = [idx[k] for k in range(len(x.shape)) if k not in axes]
-        a_ref = f"{acc}[{', '.join(kept_idx)}]" if kept_idx else f"{acc}[()]"
-        value = f"{src}[{', '.join(idx)}]"
-        if x.dtype != dtype:
-            value = cast(value, dtype)
-        lines.append(f"{indent}{a_ref} = {step.format(a=a_ref, x=value)}")
-        if out.shape == ():
-            lines.append(f"{target} = {acc}[()]")
-        else:
-            lines.append(f"{target} = {acc}.reshape({self.shape_expr(out.shape)})")
-        return lines
+        return list(pre) + [f"{target} = {expr}"]
 
     # --- checks ---
     def check(self, index: int) -> list[str]:
@@ -1039,8 +569,7 @@ class _Generator:
         home = self.plan.defined_in.get(v.id)
         if home is None or home.segment != segment or home.kind != OP:
             return False
-        ins = home.members[0]
-        return ins.prim.name in ("getitem", "dyn_getitem", "transpose", "broadcast_to")
+        return is_view(home.members[0].prim)
 
 
 def generate(program: Program, threads: int = 1) -> Generated:
