@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.primitive import Primitive
+from ..core.primitive import REGISTRY, Primitive
 from . import numba_codegen
 from .numba_codegen import Generated, Kernel, KernelArg, literal
 
-LOOP_PRIMS = frozenset({"scan", "scan_bwd", "while_loop"})
 _FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
 _MAX_FAILURES = 3  # a loop whose steps keep leaving the recorded path stays in Python
 _I64 = np.dtype(np.int64)
@@ -140,7 +139,7 @@ class NativeLoop:
             if self.state != _NOT_YET:
                 return
             try:
-                spec = build_spec(self.prim.name, params, args)
+                spec = build_spec(self.prim, params, args)
             except _TooShort:
                 return  # no step to record the VJP on: try again on the next call
             except Exception as exc:  # Unsupported, or what the generator cannot write:
@@ -178,10 +177,24 @@ class _TooShort(Exception):
 
 
 # --- specs ---------------------------------------------------------------------------------------
-def build_spec(name: str, params: dict, args: tuple) -> LoopSpec:
+def _builders() -> dict:
+    """Loop primitive -> the function writing its driver. The loop primitives are declared
+    above compile (control flow): found in the registry, on each call."""
+    found = {REGISTRY.get(name): build for name, build in (
+        ("scan", _forward_spec), ("scan_bwd", _backward_spec), ("while_loop", _while_spec))}
+    found.pop(None, None)
+    return found
+
+
+def has_driver(prim: Primitive) -> bool:
+    """Whether a loop primitive's instructions run a native driver (scan, its backward loop,
+    while_loop)."""
+    return prim in _builders()
+
+
+def build_spec(prim: Primitive, params: dict, args: tuple) -> LoopSpec:
     """The driver of this loop instruction (raises Unsupported for what stays in Python)."""
-    build = {"scan": _forward_spec, "scan_bwd": _backward_spec, "while_loop": _while_spec}[name]
-    return build(params, args)
+    return _builders()[prim](params, args)
 
 
 def _step_kernel(program) -> numba_codegen.Generated:

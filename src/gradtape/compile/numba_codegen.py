@@ -583,10 +583,10 @@ def generate(program: Program, threads: int = 1) -> Generated:
         # two pools take the cores from each other (measured: 10x slower on 2 cores)
         threads = 1
     gen = _Generator(program, plan, threads)
-    from .native_loops import LOOP_PRIMS, NativeLoop
+    from .native_loops import NativeLoop, has_driver
 
     gen.loops = {id(s.members[0]): NativeLoop(s.members[0].prim) for s in plan.stages
-                 if s.kind == PYTHON and s.members[0].prim.name in LOOP_PRIMS}
+                 if s.kind == PYTHON and has_driver(s.members[0].prim)}
     kernels = []
     for segment in range(plan.segments):
         if any(s.segment == segment for s in plan.stages if s.kind != PYTHON) or (

@@ -62,7 +62,7 @@ class custom_vjp:
         self.bwd = None
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp)
+        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp, user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> custom_vjp:
@@ -158,7 +158,7 @@ class custom_jvp:
         self.fun = fun
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp)
+        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp, user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defjvp(self, rule: Callable) -> Callable:

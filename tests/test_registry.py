@@ -1,0 +1,89 @@
+"""What each backend computes with its own code, over every declared primitive.
+
+The lists below are reviewed: a primitive added without a native form or a lowering (or an
+entry lost in a refactoring) changes them, and this test says which. Update them on purpose;
+`python -m gradtape.compile.coverage` prints the current lists.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradtape.compile import coverage
+from gradtape.core.primitive import REGISTRY
+
+pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
+
+# run through NumPy between the numba backend's kernels (no native form, no lowering entry,
+# no fused reduction, no loop driver)
+NATIVE_GAPS = {
+    # index and search functions, predicates on whole arrays
+    "allclose", "argmax", "argmin", "argsort", "argwhere", "array_equal", "count_nonzero",
+    "flatnonzero", "isclose", "nonzero", "searchsorted",
+    # linear algebra beyond matmul (LAPACK through NumPy)
+    "cholesky", "det", "eigh", "einsum", "inv", "qr", "slogdet", "solve",
+    # elementwise functions without a scalar expression Numba implements
+    "betaln", "digamma", "entr", "erfinv", "exp10", "heaviside", "log_ndtr", "logit", "ndtri",
+    "xlog1py", "zeta",
+    # shapes
+    "pad",
+}
+
+# computed by the numpy backend through its generic fallback (a call of the primitive's
+# implementation) rather than code writing into a reused buffer
+NUMPY_FALLBACKS = {
+    "all", "allclose", "any", "argmax", "argmin", "argsort", "argwhere", "array_equal",
+    "cholesky", "count_nonzero", "det", "dyn_getitem", "dyn_scatter_add", "dyn_setitem", "eigh",
+    "einsum", "flatnonzero", "inv", "isclose", "nonzero", "qr", "scan", "scan_bwd",
+    "searchsorted", "slogdet", "solve", "while_loop",
+    "zeta",  # scipy.special.zeta is a Python function around the _zeta ufunc
+}
+
+
+@functools.cache
+def _fresh_process() -> dict:
+    """Both lists from a new process: its registry holds gradtape's primitives only (tests
+    declare primitives of their own)."""
+    script = ("import json; from gradtape.compile import coverage; print(json.dumps("
+              "{'gaps': coverage.native_gaps(), 'fallbacks': coverage.numpy_fallbacks(), "
+              "'report': coverage.report()}))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_primitives_the_numba_backend_runs_through_numpy():
+    gaps = set(_fresh_process()["gaps"])
+    assert gaps - NATIVE_GAPS == set(), "new primitives without a native form or lowering"
+    assert NATIVE_GAPS - gaps == set(), "these are native now: drop them from NATIVE_GAPS"
+
+
+def test_primitives_the_numpy_backend_computes_through_its_fallback():
+    fallbacks = set(_fresh_process()["fallbacks"])
+    assert fallbacks - NUMPY_FALLBACKS == set(), "new primitives on the generic fallback"
+    assert NUMPY_FALLBACKS - fallbacks == set(), "these have emitters now: update the list"
+
+
+def test_the_walk_covers_every_declared_primitive_and_no_user_rule():
+    import gradtape as gt
+
+    @gt.custom_jvp
+    def twice(x):
+        return 2 * x
+
+    names = {p.name for p in coverage.primitives()}
+    assert {"add", "matmul", "scan", "getitem", "stop_gradient"} <= names
+    assert all(not REGISTRY[n].user_rule for n in names)
+    assert not any(n.startswith(("custom_vjp[", "custom_jvp[")) for n in names)
+
+
+def test_the_report_lists_both():
+    text = _fresh_process()["report"]
+    assert f"{len(NATIVE_GAPS)} primitives run through NumPy" in text
+    assert "heaviside" in text and "while_loop" in text
