@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("numba")
 special = pytest.importorskip("scipy.special")
 
-from gradtape.compile import fastmath as fm  # noqa: E402
+from gradtape.compile.numba import fastmath as fm  # noqa: E402
 
 if np.finfo(np.longdouble).nmant < 63:
     pytest.skip("needs an extended-precision np.longdouble for the references",

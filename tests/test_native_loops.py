@@ -14,8 +14,8 @@ import pytest
 from test_scan import _rnn_params, guarded_scan, newton_sqrt, rnn_python, rnn_scan
 
 import gradtape as gt
-from gradtape.compile import numba_backend
-from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
+from gradtape.compile.numba import backend as numba_backend
+from gradtape.compile.numba.backend import NativeFallbackWarning, lowered
 from gradtape.core.pytree import tree_flatten
 
 pytestmark = pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
@@ -266,7 +266,7 @@ def test_hessian_vector_products_run_natively():
 
 
 def test_a_driver_that_cannot_be_built_leaves_the_loop_in_python(monkeypatch):
-    from gradtape.compile import native_loops
+    from gradtape.compile.numba import loops as native_loops
 
     def broken(*args, **kwargs):
         raise NotImplementedError("a check kind the generator does not know")

@@ -3,8 +3,8 @@
 from . import tracer as _tracer  # noqa: F401  (installs the Tracer and the NumPy rules)
 from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
-from .compile.cache import clear as clear_cache
-from .compile.numba_backend import get_num_threads, set_num_threads
+from .compile.numba.backend import get_num_threads, set_num_threads
+from .compile.numba.cache import clear as clear_cache
 from .core.errors import GradtapeError
 from .core.ir import Tape
 from .rules.control import custom_jvp, custom_vjp, stop_gradient

@@ -526,7 +526,7 @@ _native_usable: list = []
 def _eager_native_enabled() -> bool:
     """Numba installed and not turned off (GRADTAPE_NUMBA=0); checked once."""
     if not _native_usable:
-        from ..compile import numba_backend
+        from ..compile.numba import backend as numba_backend
 
         off = os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off")
         _native_usable.append(numba_backend.available() and not off)
@@ -549,7 +549,7 @@ def _native(owner: BodyProgram, prim: Primitive, args: tuple, params: dict):
             count = owner.native_calls[key] = owner.native_calls.get(key, 0) + 1
             if count < EAGER_NATIVE_AFTER:
                 return None
-            from ..compile.native_loops import NativeLoop
+            from ..compile.numba.loops import NativeLoop
 
             loop = owner.native.setdefault(key, NativeLoop(prim, quiet=True))
     return loop.try_call(args, params)

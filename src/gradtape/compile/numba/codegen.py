@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.ir import Instruction, Var
-from . import fusion
+from ...core.ir import Instruction, Var
+from ..program import Program, tree_expr
+from . import fusion, indexing, matmul
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, PYTHON, SCALAR, Plan
-from .numba import indexing, matmul
-from .numba.lowering import LOWERINGS, REDUCTIONS, is_view, lowerable
-from .numba.matmul import PARALLEL_MIN_CHUNK, blas_matmul, matrix_member
-from .numba.scalar import (
+from .lowering import LOWERINGS, REDUCTIONS, is_view, lowerable
+from .matmul import PARALLEL_MIN_CHUNK, blas_matmul, matrix_member
+from .scalar import (
     BOOL,
     F32,
     F64,
@@ -42,9 +42,8 @@ from .numba.scalar import (
     loop_dtypes,
     scalar_expression,
 )
-from .numba.scalar import numpy_type as _numpy_type
-from .numba.wrapper import STATUS_CHECK, STATUS_LAYOUT, STATUS_OK
-from .program import Program, tree_expr
+from .scalar import numpy_type as _numpy_type
+from .wrapper import STATUS_CHECK, STATUS_LAYOUT, STATUS_OK
 
 GENERATOR_VERSION = "1"
 
@@ -583,7 +582,7 @@ def generate(program: Program, threads: int = 1) -> Generated:
         # two pools take the cores from each other (measured: 10x slower on 2 cores)
         threads = 1
     gen = _Generator(program, plan, threads)
-    from .native_loops import NativeLoop, has_driver
+    from .loops import NativeLoop, has_driver
 
     gen.loops = {id(s.members[0]): NativeLoop(s.members[0].prim) for s in plan.stages
                  if s.kind == PYTHON and has_driver(s.members[0].prim)}
@@ -605,7 +604,7 @@ def _runtime_digest() -> str:
     module's text, hence of its cache key: Numba's disk cache checks a kernel's own file only,
     and would otherwise serve kernels built against older helpers after an upgrade."""
     digest = hashlib.sha256()
-    for name in ("_numba_rt.py", "fastmath.py"):
+    for name in ("runtime.py", "fastmath.py"):
         digest.update((Path(__file__).with_name(name)).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -616,10 +615,10 @@ import math
 
 import numpy as np
 
-from gradtape.compile._numba_rt import (
+from gradtape.compile.numba.runtime import (
     int_max_step, int_min_step, is_c, max_step, min_step, ndtr, prefer_wide_vectors, reduce_add,
     reduce_mul, same_value, scatter_add_1d, scatter_add_1d_scalar, xlogy)
-from gradtape.compile.fastmath import (
+from gradtape.compile.numba.fastmath import (
     fast_exp, fast_expit, fast_expm1, fast_log, fast_log1p, fast_log_expit, fast_logaddexp,
     fast_tanh)
 """

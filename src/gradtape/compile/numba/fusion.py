@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.ir import Instruction, Var
-from ..rules.linalg import matmul_p
-from ..rules.shape import transpose_p
-from .numba.lowering import REDUCTIONS
-from .program import Program
+from ...core.ir import Instruction, Var
+from ...rules.linalg import matmul_p
+from ...rules.shape import transpose_p
+from ..program import Program
+from .lowering import REDUCTIONS
 
 LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"
 MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see plan)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from .. import config
+from ... import config
 
 _override: list = []  # [path or None] after set_cache_dir
 _lock = threading.Lock()

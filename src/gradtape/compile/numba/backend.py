@@ -1,7 +1,7 @@
 """The numba backend: a compiled tape as fused native loops (`compile(f, backend="numba")`).
 
 Lowering a Program (cheap, in the caller's thread, no Numba import):
-`numba_codegen.generate` plans it (fusion.py: elementwise instructions and full reductions of
+`codegen.generate` plans it (fusion.py: elementwise instructions and full reductions of
 one shape share a loop; matmul, slices, reshapes ... are calls between the loops; primitives
 without a native translation run through their NumPy implementation between kernels) and
 writes the kernels' module and this variant's Python wrapper. The numpy backend's lowering
@@ -42,16 +42,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import config
-from . import cache, numba_codegen
-from .numpy_backend import NumpyLowered
-from .program import Program
+from ... import config
+from ..numpy_backend import NumpyLowered
+from ..program import Program
+from . import cache, codegen
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
 # Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
 # 3000 stages: 9 s); beyond this many stages a variant stays on the numpy backend
 MAX_NATIVE_STAGES = 4000
-STATUS_LAYOUT = numba_codegen.STATUS_LAYOUT
+STATUS_LAYOUT = codegen.STATUS_LAYOUT
 
 
 class NativeFallbackWarning(UserWarning):
@@ -114,7 +114,7 @@ def get_num_threads() -> int:
 class NativeKernels:
     """The compiled kernels of one generated module; variants with the same text share it."""
 
-    def __init__(self, generated: numba_codegen.Generated):
+    def __init__(self, generated: codegen.Generated):
         self.key = generated.key
         self.module_text = generated.module
         self.kernels = generated.kernels
@@ -183,7 +183,7 @@ _REGISTRY: dict[str, NativeKernels] = {}
 _registry_lock = threading.Lock()
 
 
-def kernels_for(generated: numba_codegen.Generated) -> NativeKernels:
+def kernels_for(generated: codegen.Generated) -> NativeKernels:
     with _registry_lock:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
@@ -272,7 +272,7 @@ def _numba_startup() -> float:
         from numba.core.compiler_lock import global_compiler_lock
         from numba.core.registry import cpu_target
 
-        from . import _numba_rt, fastmath  # noqa: F401  (fastmath registers its functions)
+        from . import fastmath, runtime  # noqa: F401  (fastmath registers its functions)
 
         # under Numba's compiler lock: another thread may be compiling (refreshing the
         # registries while it types a function leaves it without array attributes)
@@ -286,7 +286,7 @@ def _numba_startup() -> float:
 _JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
 
 
-def _numba_type(arg: numba_codegen.KernelArg):
+def _numba_type(arg: codegen.KernelArg):
     from numba import from_dtype, types
 
     scalar = from_dtype(arg.dtype)
@@ -363,7 +363,7 @@ class NumbaLowered:
         self.native: NativeKernels | None = None
         try:
             threads = get_num_threads()
-            generated = numba_codegen.generate(program, threads)
+            generated = codegen.generate(program, threads)
         except NotImplementedError as exc:
             _warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
             self.run = numpy_run
@@ -463,7 +463,7 @@ class NumbaLowered:
         """Switch to the kernels generated for `n` threads (see set_num_threads): they take the
         same arguments, so the wrapper stays and only the kernels it calls change."""
         self._threads_wanted = n
-        generated = numba_codegen.generate(self._program, n)
+        generated = codegen.generate(self._program, n)
         if generated.key == self.native.key:
             return
         if generated.wrapper != self.generated.wrapper:  # (not expected) keep the kernels
@@ -513,7 +513,7 @@ class NumbaLowered:
 
 def _large_enough_for_threads(program: Program) -> bool:
     """Whether some value of `program` has enough elements for a loop in parallel chunks."""
-    least = 2 * numba_codegen.PARALLEL_MIN_CHUNK
+    least = 2 * codegen.PARALLEL_MIN_CHUNK
     return any(math.prod(v.shape) >= least for v in program.inputs) or any(
         math.prod(v.shape) >= least for ins in program.instructions for v in ins.outvars)
 
@@ -543,7 +543,7 @@ def lower_tiered(program: Program) -> NumbaLowered:
 
 
 def _register() -> None:
-    from .dispatch import register_backend
+    from ..dispatch import register_backend
 
     if not config.numba_enabled():
         return

@@ -2,7 +2,7 @@
 
 Without this a compiled tape runs a scan in Python, one generated-NumPy call per step (about
 20 us a step for a small RNN). Here the body's step (for `scan_bwd`, the step's VJP) becomes a
-Numba kernel, written by the generator every program goes through (numba_codegen.generate),
+Numba kernel, written by the generator every program goes through (codegen.generate),
 and a driver loop written around it walks the steps natively: array carries live in two
 buffers swapped every step, ys and the stored carries are written in place, the cotangents of
 the values the body captured are summed over the steps. Sizes are read from the arguments,
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.primitive import REGISTRY, Primitive
-from . import numba_codegen
-from .numba_codegen import Generated, Kernel, KernelArg, literal
+from ...core.primitive import REGISTRY, Primitive
+from . import codegen
+from .codegen import Generated, Kernel, KernelArg, literal
 
 _FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
 _MAX_FAILURES = 3  # a loop whose steps keep leaving the recorded path stays in Python
@@ -133,7 +133,7 @@ class NativeLoop:
         return result
 
     def _prepare(self, args, params) -> None:
-        from . import numba_backend
+        from . import backend
 
         with self._lock:
             if self.state != _NOT_YET:
@@ -146,13 +146,13 @@ class NativeLoop:
                 # the loop stays in Python rather than failing a call that works there
                 self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
-                    numba_backend._warn_once(f"numba backend: a {self.prim.name} loop runs step "
+                    backend._warn_once(f"numba backend: a {self.prim.name} loop runs step "
                                              f"by step through NumPy: {exc}")
                 return
             self.spec, self.state = spec, _BUILDING
         generated = Generated(spec.module, hashlib.sha256(spec.module.encode()).hexdigest()[:32],
                               [spec.driver], "", {}, [], None)
-        nk = numba_backend.kernels_for(generated)
+        nk = backend.kernels_for(generated)
 
         def ready(nk) -> None:
             if nk.functions is not None:
@@ -160,7 +160,7 @@ class NativeLoop:
             else:
                 self.state, self.reason = _OFF, nk.error
                 if not self.quiet:
-                    numba_backend._warn_once(f"numba backend: Numba could not compile a "
+                    backend._warn_once(f"numba backend: Numba could not compile a "
                                              f"{self.prim.name} loop ({nk.error}); it runs "
                                              "through NumPy")
 
@@ -197,8 +197,8 @@ def build_spec(prim: Primitive, params: dict, args: tuple) -> LoopSpec:
     return _builders()[prim](params, args)
 
 
-def _step_kernel(program) -> numba_codegen.Generated:
-    gen = numba_codegen.generate(program, threads=1)
+def _step_kernel(program) -> codegen.Generated:
+    gen = codegen.generate(program, threads=1)
     if len(gen.kernels) != 1 or gen.plan.segments != 1 or any(
             s.kind == "python" for s in gen.plan.stages):
         names = sorted({s.members[0].prim.name for s in gen.plan.stages if s.kind == "python"})
@@ -213,7 +213,7 @@ def _slot(a) -> tuple[np.dtype, bool]:
 
 
 def _forward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..rules.loops import body_inputs, step_program
+    from ...rules.loops import body_inputs, step_program
 
     body = params["program"]
     nc, nx = params["n_carry"], params["n_x"]
@@ -256,8 +256,8 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..core.errors import GuardFailure
-    from ..rules.loops import body_inputs, record_step_vjp, step_program
+    from ...core.errors import GuardFailure
+    from ...rules.loops import body_inputs, record_step_vjp, step_program
 
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
@@ -358,7 +358,7 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
     for i, (shape, dtype) in enumerate(body.out_avals[nc:]):
         if tuple(shape):  # the step's ys are not needed again: a scratch buffer
             w.lines.append(f"ys{i} = np.empty({tuple(shape)!r}, "
-                           f"{numba_codegen._numpy_type(np.dtype(dtype))})")
+                           f"{codegen._numpy_type(np.dtype(dtype))})")
         y_targets.append(f"ys{i}")
     w.lines.append(f"for start in range((T - 1) // {every} * {every}, -1, -{every}):")
     w.body(f"end = min(start + {every}, T)")
@@ -377,7 +377,7 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
 
 
 def _while_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..rules.loops import body_inputs, step_program
+    from ...rules.loops import body_inputs, step_program
 
     body, cond = params["body"], params["cond"]
     nc, nb = params["n_carry"], params["n_body_caps"]
@@ -397,7 +397,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     stored = [f"hd{j}" for j in range(nc)]
     for j, o in enumerate(outputs):
         shape = "".join(f"{s}, " for s in ["T", *(f"a{j}.shape[{k}]" for k in range(len(o.shape)))])
-        w.lines.append(f"hd{j} = np.empty(({shape}), {numba_codegen._numpy_type(o.dtype)})")
+        w.lines.append(f"hd{j} = np.empty(({shape}), {codegen._numpy_type(o.dtype)})")
     w.lines += ["capacity = T", "n = 0", "while True:"]
     w.fail = f"return (r[0], n, {''.join(h + ', ' for h in stored)})"
     w.step([f"a{j}" for j in range(nc)] + [ccaps[p] for p in c_positions], ["go"], cond_gen,
@@ -407,7 +407,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     w.body("if n == capacity:  # room for twice as many stored carries")
     for j, (h, o) in enumerate(zip(stored, outputs)):
         w.body(f"    grown{j} = np.empty((2 * capacity,) + {h}.shape[1:], "
-               f"{numba_codegen._numpy_type(o.dtype)})")
+               f"{codegen._numpy_type(o.dtype)})")
         w.body(f"    grown{j}[:n] = {h}[:n]")
         w.body(f"    {h} = grown{j}")
     w.body("    capacity *= 2")
@@ -427,7 +427,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
 class _DriverWriter:
     """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
 
-    def __init__(self, gen: numba_codegen.Generated):
+    def __init__(self, gen: codegen.Generated):
         self.gen = gen
         self.args: list[KernelArg] = []
         self.lines: list[str] = []
@@ -529,7 +529,8 @@ class _DriverWriter:
         for name, gen in (helpers or {}).items():  # other kernels: their functions, renamed
             module += f"\ndef {name}(" + gen.module.split("\ndef kernel0(", 1)[1]
         names = ("step", *(helpers or {}))
-        module += ("\nfrom gradtape.compile._numba_rt import add_into, copy_into  # noqa: E402\n"
+        module += ("\nfrom gradtape.compile.numba.runtime import add_into, copy_into"
+                   "  # noqa: E402\n"
                    f"\nHELPERS = {names!r}\n\n"
                    f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
                    + "".join(f"    {line}\n" for line in self.lines))
