@@ -46,12 +46,14 @@ from ... import config
 from ..numpy_backend import NumpyLowered
 from ..program import Program
 from . import cache, codegen
+from .kernel import KernelArg
+from .parallel import PARALLEL_MIN_CHUNK
+from .wrapper import STATUS_LAYOUT
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
 # Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
 # 3000 stages: 9 s); beyond this many stages a variant stays on the numpy backend
 MAX_NATIVE_STAGES = 4000
-STATUS_LAYOUT = codegen.STATUS_LAYOUT
 
 
 class NativeFallbackWarning(UserWarning):
@@ -63,7 +65,7 @@ _warned: set[str] = set()
 _warn_lock = threading.Lock()
 
 
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
     with _warn_lock:
         if message in _warned:
             return
@@ -286,7 +288,7 @@ def _numba_startup() -> float:
 _JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
 
 
-def _numba_type(arg: codegen.KernelArg):
+def _numba_type(arg: KernelArg):
     from numba import from_dtype, types
 
     scalar = from_dtype(arg.dtype)
@@ -365,12 +367,12 @@ class NumbaLowered:
             threads = get_num_threads()
             generated = codegen.generate(program, threads)
         except NotImplementedError as exc:
-            _warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
+            warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
             self.run = numpy_run
             self.source = self.numpy.source
             return
         if len(generated.plan.stages) > MAX_NATIVE_STAGES:
-            _warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
+            warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
                        "large to compile natively (Python loops are unrolled on the tape: "
                        "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
                        "backend")
@@ -384,7 +386,7 @@ class NumbaLowered:
         for stage in generated.plan.stages:
             if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
                 name = stage.members[0].prim.name
-                _warn_once(f"numba backend: primitive {name!r} has no native translation; it "
+                warn_once(f"numba backend: primitive {name!r} has no native translation; it "
                            "runs through NumPy between the native kernels (exact, slower)")
         self.generated = generated
         self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
@@ -433,7 +435,7 @@ class NumbaLowered:
             if nk.functions is not None:
                 state.kernels = nk.functions
             else:
-                _warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
+                warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
                            "that variant runs on the numpy backend")
 
         if not generated.kernels:
@@ -467,14 +469,14 @@ class NumbaLowered:
         if generated.key == self.native.key:
             return
         if generated.wrapper != self.generated.wrapper:  # (not expected) keep the kernels
-            _warn_once("numba backend: a variant's kernels for another thread count take other "
+            warn_once("numba backend: a variant's kernels for another thread count take other "
                        "arguments; it keeps its thread count")
             return
         nk = kernels_for(generated)
 
         def swap(nk: NativeKernels) -> None:
             if nk.functions is None:
-                _warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
+                warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
                            f"({nk.error}); that variant keeps its kernels")
                 return
             if self._threads_wanted != n:
@@ -513,7 +515,7 @@ class NumbaLowered:
 
 def _large_enough_for_threads(program: Program) -> bool:
     """Whether some value of `program` has enough elements for a loop in parallel chunks."""
-    least = 2 * codegen.PARALLEL_MIN_CHUNK
+    least = 2 * PARALLEL_MIN_CHUNK
     return any(math.prod(v.shape) >= least for v in program.inputs) or any(
         math.prod(v.shape) >= least for ins in program.instructions for v in ins.outvars)
 
@@ -528,8 +530,7 @@ def _rebind(run: Callable, kernels: tuple) -> None:
 def lowered(compiled, *args, **kwargs):
     """The lowered variant that `compiled(*args, **kwargs)` replays (recorded if needed): a
     NumbaLowered for the numba backends; for tests, benchmarks and curious users."""
-    _, variant = compiled._variant_for(args, kwargs)
-    return None if variant is None else variant.lowered
+    return compiled.lowered(*args, **kwargs)
 
 
 def lower_waiting(program: Program) -> NumbaLowered:

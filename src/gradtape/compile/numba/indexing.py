@@ -15,7 +15,6 @@ import numpy as np
 
 from ...core.ir import Instruction, Var
 from .scalar import SUPPORTED_DTYPES, cast, literal
-from .wrapper import STATUS_CHECK
 
 
 class _Slot:
@@ -156,7 +155,7 @@ def dynamic_parts(w, ins: Instruction, base: str, n: int) -> tuple[list[str], li
         if p is SLOT:
             i = w.scalar_ref(next(values))
             lines.append(f"if not (-{base}.shape[{axis}] <= {i} < {base}.shape[{axis}]):")
-            lines.append(f"    return {w.status_tuple(STATUS_CHECK)}")
+            lines.append(f"    {w.check_failed()}")
             p = i
         if p is not None:
             axis += 1

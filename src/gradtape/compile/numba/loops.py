@@ -25,7 +25,9 @@ import numpy as np
 
 from ...core.primitive import REGISTRY, Primitive
 from . import codegen
-from .codegen import Generated, Kernel, KernelArg, literal
+from .codegen import Generated
+from .kernel import Kernel, KernelArg
+from .scalar import literal, numpy_type
 
 _FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
 _MAX_FAILURES = 3  # a loop whose steps keep leaving the recorded path stays in Python
@@ -146,7 +148,7 @@ class NativeLoop:
                 # the loop stays in Python rather than failing a call that works there
                 self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
-                    backend._warn_once(f"numba backend: a {self.prim.name} loop runs step "
+                    backend.warn_once(f"numba backend: a {self.prim.name} loop runs step "
                                              f"by step through NumPy: {exc}")
                 return
             self.spec, self.state = spec, _BUILDING
@@ -160,7 +162,7 @@ class NativeLoop:
             else:
                 self.state, self.reason = _OFF, nk.error
                 if not self.quiet:
-                    backend._warn_once(f"numba backend: Numba could not compile a "
+                    backend.warn_once(f"numba backend: Numba could not compile a "
                                              f"{self.prim.name} loop ({nk.error}); it runs "
                                              "through NumPy")
 
@@ -358,7 +360,7 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
     for i, (shape, dtype) in enumerate(body.out_avals[nc:]):
         if tuple(shape):  # the step's ys are not needed again: a scratch buffer
             w.lines.append(f"ys{i} = np.empty({tuple(shape)!r}, "
-                           f"{codegen._numpy_type(np.dtype(dtype))})")
+                           f"{numpy_type(np.dtype(dtype))})")
         y_targets.append(f"ys{i}")
     w.lines.append(f"for start in range((T - 1) // {every} * {every}, -1, -{every}):")
     w.body(f"end = min(start + {every}, T)")
@@ -397,7 +399,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     stored = [f"hd{j}" for j in range(nc)]
     for j, o in enumerate(outputs):
         shape = "".join(f"{s}, " for s in ["T", *(f"a{j}.shape[{k}]" for k in range(len(o.shape)))])
-        w.lines.append(f"hd{j} = np.empty(({shape}), {codegen._numpy_type(o.dtype)})")
+        w.lines.append(f"hd{j} = np.empty(({shape}), {numpy_type(o.dtype)})")
     w.lines += ["capacity = T", "n = 0", "while True:"]
     w.fail = f"return (r[0], n, {''.join(h + ', ' for h in stored)})"
     w.step([f"a{j}" for j in range(nc)] + [ccaps[p] for p in c_positions], ["go"], cond_gen,
@@ -407,7 +409,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     w.body("if n == capacity:  # room for twice as many stored carries")
     for j, (h, o) in enumerate(zip(stored, outputs)):
         w.body(f"    grown{j} = np.empty((2 * capacity,) + {h}.shape[1:], "
-               f"{codegen._numpy_type(o.dtype)})")
+               f"{numpy_type(o.dtype)})")
         w.body(f"    grown{j}[:n] = {h}[:n]")
         w.body(f"    {h} = grown{j}")
     w.body("    capacity *= 2")

@@ -10,16 +10,15 @@ take the kernel writer `w` (kernel.py) for names, arguments and the thread setti
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...core.ir import Instruction
 from ...rules.linalg import matmul_p
+from .parallel import PARALLEL_MIN_CHUNK, chunk_names, combined
 from .scalar import literal, numpy_type
 
-PARALLEL_MIN_CHUNK = 16384  # elements per parallel chunk at least (a launch costs ~10 us)
 ROW_BLOCK = 256  # rows per block of a loop with matrix products (its row buffers stay in L1)
 ROW_GROUP = 4  # rows per pass of a product's inner loop (four independent sums)
 BLAS_MIN_WORK = 32**3  # multiply-adds from which a matrix-matrix product calls BLAS (np.dot)
@@ -84,9 +83,8 @@ def matrix_step(w, ins: Instruction, access, pre: list[str], products: LoopProdu
 def blocked_loop(w, size: str, inner: list[str], accumulators: list,
                  products: LoopProducts) -> list[str]:
     """A flat loop with matrix products, by blocks of ROW_BLOCK rows (see the module
-    docstring). With threads, chunks of blocks run in parallel as in the kernel writer's
-    parallel_loop; each chunk has its own accumulated vectors, added in chunk order
-    afterwards (deterministic)."""
+    docstring). With threads, chunks of blocks run in parallel as in parallel.py; each chunk
+    has its own accumulated vectors, added in chunk order afterwards (deterministic)."""
     buffers = [(f"zb{vid}", dt) for vid, dt in products.rows] + [
         (f"gb{vid}", dt) for vid, dt, *_ in products.columns]
     n = f"n{w.tmp}"
@@ -109,9 +107,7 @@ def blocked_loop(w, size: str, inner: list[str], accumulators: list,
     lines.append(f"    for c in prange({nch}):")
     lines += ["        " + line for line in _chunk(n, nch, inner, accumulators, products,
                                                      buffers)]
-    for acc, _, _, step, _ in accumulators:
-        lines.append(f"    for c in range({nch}):")
-        lines.append(f"        {acc} = {step.format(a=acc, b=f'{acc}_p[c]')}")
+    lines += combined(accumulators, nch, "    ")
     for vid, _, length, _ in products.columns:
         lines += [f"    for c in range({nch}):", f"        for j in range({length}):",
                   f"            qa{vid}[j] += qa{vid}_p[c, j]"]
@@ -122,9 +118,7 @@ def _chunk(n: str, nch: str, inner: list[str], accumulators: list, products: Loo
            buffers: list) -> list[str]:
     """The body of chunk c of a blocked loop in parallel: its own accumulators and buffers
     (names ending in _c), its rows, then its partial results into the per-chunk arrays."""
-    renamed = inner
-    for name in [acc for acc, *_ in accumulators] + [name for name, _ in buffers]:
-        renamed = [re.sub(rf"\b{name}\b", f"{name}_c", line) for line in renamed]
+    renamed = chunk_names(inner, [acc for acc, *_ in accumulators] + [name for name, _ in buffers])
     chunk = ["prefer_wide_vectors()", f"lo = ({n} * c) // {nch}",
              f"hi = ({n} * (c + 1)) // {nch}"]
     chunk += [f"{acc}_c = {init}" for acc, init, *_ in accumulators]
