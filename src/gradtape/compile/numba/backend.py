@@ -351,6 +351,68 @@ class _State:
     __slots__ = ("kernels", "pending", "slow", "run", "numpy_run", "requested")
 
 
+def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
+    """A variant's state: no kernels yet; `pending` runs the numpy tier and requests the
+    kernels (once); `slow` answers a call a kernel returned a status other than 0 for."""
+    state = _State()
+    state.kernels = None
+    state.numpy_run = numpy_run
+    state.requested = False
+
+    def pending(*args):
+        try:
+            return numpy_run(*args)
+        finally:
+            if not state.requested:
+                state.requested = True
+                nk.request()
+
+    def slow(status, args, O):
+        if status != STATUS_LAYOUT or all(
+                type(a) is not np.ndarray or a.flags.c_contiguous for a in args) and (
+                O is None or all(o.flags.c_contiguous for o in O)):
+            return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
+        args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
+        if O is None:
+            return state.run(*args, None)
+        contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
+        state.run(*args, contiguous)
+        for o, c in zip(O, contiguous):
+            if o is not c:
+                o[...] = c
+        return None
+
+    state.pending = pending
+    state.slow = slow
+    return state
+
+
+def _generated(program: Program, threads: int) -> codegen.Generated | None:
+    """The kernels and wrapper of `program`, or None when the numpy backend's code is what
+    should run (nothing native to do, too large a program, or what the generator cannot
+    write: a warning says so)."""
+    try:
+        generated = codegen.generate(program, threads)
+    except NotImplementedError as exc:
+        warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
+        return None
+    if len(generated.plan.stages) > MAX_NATIVE_STAGES:
+        warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
+                  "large to compile natively (Python loops are unrolled on the tape: "
+                  "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
+                  "backend")
+        return None
+    if not (generated.loops or any(s.kind in ("loop", "scalar", "op")
+                                   for s in generated.plan.stages)):
+        return None  # nothing native to do: the numpy backend's code is better
+    for stage in generated.plan.stages:
+        if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
+            name = stage.members[0].prim.name
+            warn_once(f"numba backend: primitive {name!r} has no native translation; it "
+                      "runs through NumPy between the native kernels (exact, slower)")
+    return generated
+
+
 class NumbaLowered:
     """A variant lowered to native kernels (see the module docstring).
 
@@ -361,98 +423,34 @@ class NumbaLowered:
 
     def __init__(self, program: Program, wait: bool):
         self.numpy = NumpyLowered(program)
-        numpy_run = self.numpy.run
         self.native: NativeKernels | None = None
-        try:
-            threads = get_num_threads()
-            generated = codegen.generate(program, threads)
-        except NotImplementedError as exc:
-            warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
-            self.run = numpy_run
-            self.source = self.numpy.source
-            return
-        if len(generated.plan.stages) > MAX_NATIVE_STAGES:
-            warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
-                       "large to compile natively (Python loops are unrolled on the tape: "
-                       "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
-                       "backend")
-        if len(generated.plan.stages) > MAX_NATIVE_STAGES or not (generated.loops or any(
-                s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)):
-            self.run = numpy_run  # nothing native to do: the numpy backend's code is better
+        threads = get_num_threads()
+        generated = _generated(program, threads)
+        if generated is None:
+            self.run = self.numpy.run
             self.source = self.numpy.source
             return
         for loop in generated.loops.values():
             loop.wait = wait
-        for stage in generated.plan.stages:
-            if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
-                name = stage.members[0].prim.name
-                warn_once(f"numba backend: primitive {name!r} has no native translation; it "
-                           "runs through NumPy between the native kernels (exact, slower)")
         self.generated = generated
         self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
-        state = _State()
-        state.kernels = None
-        state.numpy_run = numpy_run
-        state.requested = False
         nk = self.native = kernels_for(generated)
-
-        def pending(*args):
-            try:
-                return numpy_run(*args)
-            finally:
-                if not state.requested:
-                    state.requested = True
-                    nk.request()
-
-        def slow(status, args, O):
-            if status != STATUS_LAYOUT or all(
-                    type(a) is not np.ndarray or a.flags.c_contiguous for a in args) and (
-                    O is None or all(o.flags.c_contiguous for o in O)):
-                return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
-            args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
-            if O is None:
-                return state.run(*args, None)
-            contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
-            state.run(*args, contiguous)
-            for o, c in zip(O, contiguous):
-                if o is not c:
-                    o[...] = c
-            return None
-
-        state.pending = pending
-        state.slow = slow
-        self._state = state
-
-        def build(source: str, extra: dict):
-            consts = dict(extra)
-            consts.update(state=state, empty=np.empty, array=np.array, asarray=np.asarray,
-                          ascontiguous=np.ascontiguousarray)
-            namespace: dict = {}
-            exec(compile(source, f"<gradtape numba wrapper {generated.key}>", "exec"), namespace)
-            return namespace["_build"](consts)
-
-        def ready(nk: NativeKernels) -> None:
-            if nk.functions is not None:
-                state.kernels = nk.functions
-            else:
-                warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
-                           "that variant runs on the numpy backend")
-
+        state = self._state = _state(nk, self.numpy.run)
         if not generated.kernels:
             state.kernels = ()
         elif wait:
             nk.compile_now()
-            ready(nk)
+            self._ready(nk)
         else:
-            nk.when_ready(ready)
+            nk.when_ready(self._ready)
         self._bound = wait and state.kernels is not None
         if self._bound:
             # the kernels are known now: bind them into the wrapper (no per-call lookup)
             source, extra = generated.bound_wrapper()
             extra.update({f"k{j}": k for j, k in enumerate(state.kernels)})
-            state.run = self.run = build(source, extra)
+            state.run = self.run = self._build(source, extra)
         else:
-            state.run = self.run = build(generated.wrapper, generated.wrapper_consts)
+            state.run = self.run = self._build(generated.wrapper, generated.wrapper_consts)
         if generated.kernels and _large_enough_for_threads(program):
             self._program, self._wait, self._threads_wanted = program, wait, threads
             with _threads_lock:
@@ -460,6 +458,23 @@ class NumbaLowered:
                 current = get_num_threads()
             if current != threads:  # set_num_threads ran while this was being lowered
                 self.use_threads(current)
+
+    def _ready(self, nk: NativeKernels) -> None:
+        if nk.functions is not None:
+            self._state.kernels = nk.functions
+        else:
+            warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
+                      "that variant runs on the numpy backend")
+
+    def _build(self, source: str, extra: dict) -> Callable:
+        """The wrapper's `run`, from its source and constants."""
+        consts = dict(extra)
+        consts.update(state=self._state, empty=np.empty, array=np.array, asarray=np.asarray,
+                      ascontiguous=np.ascontiguousarray)
+        namespace: dict = {}
+        exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"),
+             namespace)
+        return namespace["_build"](consts)
 
     def use_threads(self, n: int) -> None:
         """Switch to the kernels generated for `n` threads (see set_num_threads): they take the
@@ -470,14 +485,14 @@ class NumbaLowered:
             return
         if generated.wrapper != self.generated.wrapper:  # (not expected) keep the kernels
             warn_once("numba backend: a variant's kernels for another thread count take other "
-                       "arguments; it keeps its thread count")
+                      "arguments; it keeps its thread count")
             return
         nk = kernels_for(generated)
 
         def swap(nk: NativeKernels) -> None:
             if nk.functions is None:
                 warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
-                           f"({nk.error}); that variant keeps its kernels")
+                          f"({nk.error}); that variant keeps its kernels")
                 return
             if self._threads_wanted != n:
                 return  # another count was set since

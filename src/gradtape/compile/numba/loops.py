@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...core.errors import GuardFailure
 from ...core.primitive import REGISTRY, Primitive
+
+# what the drivers need of the loop primitives' bodies: one import, from their home module
+from ...rules.loops import body_inputs, record_step_vjp, step_program
 from . import codegen
 from .codegen import Generated
 from .kernel import Kernel, KernelArg
@@ -149,7 +153,7 @@ class NativeLoop:
                 self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
                     backend.warn_once(f"numba backend: a {self.prim.name} loop runs step "
-                                             f"by step through NumPy: {exc}")
+                                      f"by step through NumPy: {exc}")
                 return
             self.spec, self.state = spec, _BUILDING
         generated = Generated(spec.module, hashlib.sha256(spec.module.encode()).hexdigest()[:32],
@@ -163,7 +167,7 @@ class NativeLoop:
                 self.state, self.reason = _OFF, nk.error
                 if not self.quiet:
                     backend.warn_once(f"numba backend: Numba could not compile a "
-                                             f"{self.prim.name} loop ({nk.error}); it runs "
+                                      f"{self.prim.name} loop ({nk.error}); it runs "
                                              "through NumPy")
 
         if self.wait:
@@ -215,8 +219,6 @@ def _slot(a) -> tuple[np.dtype, bool]:
 
 
 def _forward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ...rules.loops import body_inputs, step_program
-
     body = params["program"]
     nc, nx = params["n_carry"], params["n_x"]
     ny = len(body.out_avals) - nc
@@ -258,9 +260,6 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
 
 
 def _backward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ...core.errors import GuardFailure
-    from ...rules.loops import body_inputs, record_step_vjp, step_program
-
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
     g_carry, g_ys = args[:nc], args[nc:nc + ny]
@@ -268,24 +267,7 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     rest = args[2 * nc + ny + nx:]
     caps = rest[:len(rest) - nc] if params["stored_cotangents"] else rest
     every = params["checkpoint"] or 1
-    length = np.shape(stored[0])[0] if nc and every == 1 else params["length"]
-    if length == 0:
-        raise _TooShort
-    # the example step the VJP is recorded on: the first one the backward loop differentiates
-    # (with checkpoint=, the first step of the last segment, whose carry is stored)
-    last = (length - 1) // every * every
-    t_last = length - 1 - last if params["reverse"] else last
-    example = ([np.asarray(s)[last // every] for s in stored]
-               + [np.asarray(x)[t_last] for x in xs])
-    cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
-    for tape, guards, positions in body.variants:
-        try:
-            vjp = record_step_vjp(tape, guards, example, [caps[p] for p in positions], cts)
-            break
-        except GuardFailure:
-            continue
-    else:
-        raise Unsupported("no recorded path of its body matches its last step")
+    vjp, tape, positions = _recorded_step_vjp(params, g_carry, g_ys, stored, xs, caps)
     gen = _step_kernel(step_program(vjp, vjp.inputs))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
@@ -350,6 +332,28 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
                   helpers={"forward_step": forward} if every > 1 else None)
 
 
+def _recorded_step_vjp(params: dict, g_carry, g_ys, stored, xs, caps) -> tuple:
+    """(the step's VJP tape, the body tape it differentiates, its capture positions),
+    recorded on the first step the backward loop differentiates (with checkpoint=, the first
+    step of the last segment, whose carry is stored); raises _TooShort for no step."""
+    every = params["checkpoint"] or 1
+    length = np.shape(stored[0])[0] if params["n_carry"] and every == 1 else params["length"]
+    if length == 0:
+        raise _TooShort
+    last = (length - 1) // every * every
+    t_last = length - 1 - last if params["reverse"] else last
+    example = ([np.asarray(s)[last // every] for s in stored]
+               + [np.asarray(x)[t_last] for x in xs])
+    cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
+    for tape, guards, positions in params["program"].variants:
+        try:
+            vjp = record_step_vjp(tape, guards, example, [caps[p] for p in positions], cts)
+            return vjp, tape, positions
+        except GuardFailure:
+            continue
+    raise Unsupported("no recorded path of its body matches its last step")
+
+
 def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry) -> None:
     """Open the backward loop of a checkpointed scan: for each segment, from the last, the
     forward step kernel refills `sg` (the segment's carries) from the stored first one."""
@@ -379,8 +383,6 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
 
 
 def _while_spec(params: dict, args: tuple) -> LoopSpec:
-    from ...rules.loops import body_inputs, step_program
-
     body, cond = params["body"], params["cond"]
     nc, nb = params["n_carry"], params["n_body_caps"]
     tape, _, positions = body.variants[0]
