@@ -87,3 +87,46 @@ def test_the_report_lists_both():
     text = _fresh_process()["report"]
     assert f"{len(NATIVE_GAPS)} primitives run through NumPy" in text
     assert "heaviside" in text and "while_loop" in text
+
+
+def test_a_new_ufunc_declared_with_a_native_form_fuses_with_no_other_edit():
+    """np.ldexp (which gradtape does not declare) gets a primitive and a native form: the
+    numba backend computes it in the fused loop, with no edit to compile/."""
+    pytest.importorskip("numba")
+    import numpy as np
+
+    import gradtape as gt
+    from gradtape.compile.numba.backend import lowered
+    from gradtape.core.primitive import UFUNCS
+    from gradtape.rules.elementwise import elementwise
+
+    assert np.ldexp not in UFUNCS
+    ldexp = elementwise("test_ldexp", np.ldexp, (lambda ans, x, n: 2.0 ** n, None),
+                        ufunc=np.ldexp, native="np.ldexp")
+    try:
+        def f(x):
+            return np.sum(np.ldexp(x, 3) * np.sin(x))
+
+        compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+        x = np.linspace(-1.0, 2.0, 9)
+        value, grad = compiled(x)
+        np.testing.assert_allclose(value, np.sum(8.0 * x * np.sin(x)), rtol=1e-14)
+        np.testing.assert_allclose(grad, 8.0 * (np.sin(x) + x * np.cos(x)), rtol=1e-13)
+        low = lowered(compiled, x)
+        assert low.tier == "native"
+        assert all(s.kind != "python" for s in low.generated.plan.stages)
+        assert any(ins.prim is ldexp for s in low.generated.plan.stages if s.kind == "loop"
+                   for ins in s.members)
+    finally:
+        UFUNCS.pop(np.ldexp, None)
+        REGISTRY.pop("test_ldexp", None)
+
+
+def test_native_forms_that_cannot_be_read_are_refused():
+    from gradtape.compile.numba.scalar import parse
+
+    assert [a.kinds for a in parse(("signed:({0} + {1})", "np.add"))] == ["fi", None]
+    with pytest.raises(ValueError, match="unknown native rule"):
+        parse("@no_such_rule")
+    with pytest.raises(ValueError, match="string or a tuple"):
+        parse(("np.add", 3))
