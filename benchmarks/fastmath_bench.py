@@ -6,7 +6,7 @@
 Each Numba kernel is one loop `s += <element>` compiled with fastmath
 {"reassoc", "contract", "nsz", "arcp"} (the reduction may be reordered, so LLVM vectorizes
 it): "libm" uses NumPy's functions in the loop (LLVM lowers them to scalar libm calls), "fast"
-uses gradtape.compile.fastmath's; "numpy" is the unfused NumPy expression. One thread (the
+uses gradtape.compile.numba.fastmath's; "numpy" is the unfused NumPy expression. One thread (the
 loops are not parallel; NumPy's elementwise functions are single-threaded). The three are
 timed in turn within each repeat, so they share the machine's load; medians in microseconds.
 """
@@ -19,7 +19,7 @@ import timeit
 import numpy as np
 from numba import njit
 
-from gradtape.compile import fastmath as fm
+from gradtape.compile.numba import fastmath as fm
 
 LOOP_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
 FAST_NAMES = {f.__name__: f for f in fm.FAST_FUNCTIONS.values()}

@@ -51,7 +51,7 @@ from collections.abc import Callable  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gradtape as gt  # noqa: E402
-from gradtape.compile import numba_backend  # noqa: E402
+from gradtape.compile.numba import backend as numba_backend  # noqa: E402
 
 LOG_2PI = math.log(2 * math.pi)
 FEATURES = 8
@@ -189,7 +189,7 @@ WORKLOADS = {  # name: (body, hand NumPy, hand loop, sizes, quick sizes)
 def _hand_loop(source: str, fast: bool):
     from numba import njit
 
-    from gradtape.compile import fastmath
+    from gradtape.compile.numba import fastmath
 
     namespace = {"np": np, "math": math, "LOG_2PI": LOG_2PI,
                  "EXP": fastmath.fast_exp if fast else math.exp,
@@ -324,7 +324,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import numpy as np
 import gradtape as gt
-from gradtape.compile.numba_backend import lowered
+from gradtape.compile.numba.backend import lowered
 t1 = time.perf_counter()
 sys.path.insert(0, {bench_dir!r})
 import numba_bench as B

@@ -49,7 +49,7 @@ from gradtape.bench.workloads import (  # noqa: E402
     rnn_scan_hand,
     rnn_scan_problem,
 )
-from gradtape.compile import numba_backend  # noqa: E402
+from gradtape.compile.numba import backend as numba_backend  # noqa: E402
 from gradtape.control.loops import EAGER_NATIVE_AFTER  # noqa: E402
 
 ValueAndGrad = Callable[..., tuple[Any, Any]]

@@ -12,7 +12,8 @@ import pytest
 
 import gradtape as gt
 from gradtape.bench.cli import main as cli_main
-from gradtape.compile import cache, numba_backend
+from gradtape.compile.numba import backend as numba_backend
+from gradtape.compile.numba import cache
 
 DAY = 86400.0
 

@@ -253,7 +253,7 @@ def test_out_writes_in_place_and_allocates_nothing():
     assert_same((out[0][()], out[1]), gt.value_and_grad(eam)(x))
     for _ in range(20):
         cf(x, out=out)
-    numba_backend = sys.modules.get("gradtape.compile.numba_backend")
+    numba_backend = sys.modules.get("gradtape.compile.numba.backend")
     if numba_backend is not None:  # kernels of earlier tests compiling in the background
         numba_backend.wait_for_kernels(timeout=120)
     tracemalloc.start()

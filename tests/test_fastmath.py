@@ -1,4 +1,4 @@
-"""Accuracy, special values, types and vectorization of gradtape.compile.fastmath.
+"""Accuracy, special values, types and vectorization of gradtape.compile.numba.fastmath.
 
 Errors are in ulps of the exact result: references are computed by NumPy (and scipy.special)
 in np.longdouble, x87 extended precision with 11 more significand bits than float64, on the
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.native  # every kernel here is compiled by Numba
 pytest.importorskip("numba")
 special = pytest.importorskip("scipy.special")
 
-from gradtape.compile import fastmath as fm  # noqa: E402
+from gradtape.compile.numba import fastmath as fm  # noqa: E402
 
 if np.finfo(np.longdouble).nmant < 63:
     pytest.skip("needs an extended-precision np.longdouble for the references",

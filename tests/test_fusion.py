@@ -1,4 +1,4 @@
-"""compile/fusion.py: the schedule the native backend generates code from, without compiling it.
+"""compile/numba/fusion.py: the schedule the native backend generates code from, uncompiled.
 
 The planner runs on the Program `compile` records (captured by a backend registered for these
 tests, which lowers it with the numpy backend) with the numba backend's own predicates of what
@@ -13,7 +13,8 @@ import pytest
 from seed_functions import eam, normal_logpdf
 
 import gradtape as gt
-from gradtape.compile import BACKENDS, fusion, numba_codegen, register_backend
+from gradtape.compile import BACKENDS, register_backend
+from gradtape.compile.numba import fusion, lowering, scalar
 
 _PROGRAMS: list = []
 RNG = np.random.default_rng(5)
@@ -31,7 +32,7 @@ def recording_backend():
     del BACKENDS["record-plan"]
 
 
-def planned(f, *args, lowerable=numba_codegen.lowerable):
+def planned(f, *args, lowerable=lowering.lowerable):
     """(the plan of the Program compile(f) records for these arguments, that Program)."""
     cf = gt.compile(f, backend="record-plan")
     before = len(_PROGRAMS)
@@ -42,7 +43,7 @@ def planned(f, *args, lowerable=numba_codegen.lowerable):
         result, expected = (result,), (expected,)
     for r, e in zip(result, expected):
         np.testing.assert_allclose(r, e, rtol=1e-14)
-    return fusion.plan(prog, numba_codegen.fusable, lowerable), prog
+    return fusion.plan(prog, scalar.fusable, lowerable), prog
 
 
 def kinds(plan) -> list[str]:

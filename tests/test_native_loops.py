@@ -14,8 +14,8 @@ import pytest
 from test_scan import _rnn_params, guarded_scan, newton_sqrt, rnn_python, rnn_scan
 
 import gradtape as gt
-from gradtape.compile import numba_backend
-from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
+from gradtape.compile.numba import backend as numba_backend
+from gradtape.compile.numba.backend import NativeFallbackWarning, lowered
 from gradtape.core.pytree import tree_flatten
 
 pytestmark = [
@@ -269,12 +269,14 @@ def test_hessian_vector_products_run_natively():
 
 
 def test_a_driver_that_cannot_be_built_leaves_the_loop_in_python(monkeypatch):
-    from gradtape.compile import native_loops
+    from gradtape.compile.numba import loops as native_loops
 
     def broken(*args, **kwargs):
         raise NotImplementedError("a check kind the generator does not know")
 
-    monkeypatch.setattr(native_loops, "_forward_spec", broken)
+    from gradtape.control.loops import scan_p
+
+    monkeypatch.setitem(native_loops.DRIVERS, scan_p, broken)
     xs = RNG.random(7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NativeFallbackWarning)

@@ -26,8 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gradtape as gt
-from gradtape.compile import cache, fusion, numba_backend, numba_codegen
-from gradtape.compile.numba_backend import NativeFallbackWarning, lowered
+from gradtape.compile.numba import backend as numba_backend
+from gradtape.compile.numba import cache, fusion
+from gradtape.compile.numba import codegen as numba_codegen
+from gradtape.compile.numba.backend import NativeFallbackWarning, lowered
 
 pytestmark = [
     pytest.mark.native,
@@ -545,7 +547,7 @@ _CACHE_SCRIPT = textwrap.dedent("""
     import json, sys, time
     import numpy as np
     import gradtape as gt
-    from gradtape.compile.numba_backend import lowered
+    from gradtape.compile.numba.backend import lowered
 
     def f(x):
         return np.sum(np.log1p(np.exp(0.25 * x)) * 1.2345)

@@ -1,4 +1,4 @@
-"""Regenerate the polynomial coefficients and split constants of gradtape.compile.fastmath.
+"""Regenerate the polynomial coefficients and split constants of gradtape.compile.numba.fastmath.
 
 Run `python tools/fastmath_coefficients.py` (needs mpmath) and paste the printed table into
 fastmath.py. Each polynomial is a Remez minimax fit of relative error in 60-digit arithmetic,

@@ -3,8 +3,8 @@
 from . import process, rules  # noqa: F401  (rules: declares every primitive)
 from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
-from .compile.cache import clear as clear_cache
-from .compile.numba_backend import get_num_threads, set_num_threads
+from .compile.numba.backend import get_num_threads, set_num_threads
+from .compile.numba.cache import clear as clear_cache
 from .control.custom import custom_jvp, custom_vjp
 from .control.loops import fori_loop, scan, while_loop
 from .core.errors import GradtapeError

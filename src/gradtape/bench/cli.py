@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_cache_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``gradtape cache [--clear]``: the kernel cache's place and size; clear it."""
-    from gradtape.compile import cache
+    from gradtape.compile.numba import cache
 
     if args.clear:
         print(f"removed {cache.clear()} cached kernel modules")

@@ -201,7 +201,7 @@ def measure(
 
 def _settle(call: PreparedCall) -> None:
     """A few more calls, then wait for kernels and loop drivers compiling in the background."""
-    from gradtape.compile import numba_backend
+    from gradtape.compile.numba import backend as numba_backend
     from gradtape.control.loops import EAGER_NATIVE_AFTER
 
     for _ in range(EAGER_NATIVE_AFTER):

@@ -12,7 +12,7 @@ from .dispatch import (
     compile,
     register_backend,
 )
-from .numba_backend import NativeFallbackWarning  # registers "numba" (Numba is imported lazily)
+from .numba.backend import NativeFallbackWarning  # registers "numba" (Numba is imported lazily)
 
 __all__ = ["BACKENDS", "CompileWarning", "CompiledFunction", "NativeFallbackWarning", "compile",
            "register_backend"]

@@ -495,6 +495,12 @@ class CompiledFunction:
         sig, _ = self._variant_for(args, kwargs)
         return [v.tape for v in sig.variants]
 
+    def lowered(self, *args, **kwargs):
+        """The backend's lowered variant that these arguments replay (recorded if needed), or
+        None when they run eagerly: what `source()` and the numba backend's tiers read."""
+        _, variant = self._variant_for(args, kwargs)
+        return None if variant is None else variant.lowered
+
     def source(self, *args, **kwargs) -> str:
         """The generated source that these arguments replay."""
         sig, variant = self._variant_for(args, kwargs)

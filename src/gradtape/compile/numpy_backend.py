@@ -20,6 +20,9 @@ import numpy as np
 
 from ..core.errors import GuardFailure
 from ..core.ir import Instruction, Var
+from ..core.primitive import Primitive
+from ..rules import elementwise, indexing, reductions, shape
+from ..rules.indexing import is_basic
 from .program import Program, tree_expr
 
 BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output
@@ -115,8 +118,9 @@ def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> lis
 
 
 # --- 0-d values: NumPy scalars, no buffer (a ufunc call on a 0-d array costs ~1 us) -----------
-_SCALAR_OPERATORS = {"add": "{0} + {1}", "subtract": "{0} - {1}", "multiply": "{0} * {1}",
-                     "divide": "{0} / {1}", "negative": "-{0}", "square": "{0} * {0}"}
+_SCALAR_OPERATORS = {elementwise.add: "{0} + {1}", elementwise.subtract: "{0} - {1}",
+                     elementwise.multiply: "{0} * {1}", elementwise.divide: "{0} / {1}",
+                     elementwise.negative: "-{0}", elementwise.square: "{0} * {0}"}
 _F64 = np.dtype(np.float64)
 
 
@@ -131,7 +135,7 @@ def _scalar_emitter(ins: Instruction, ufunc) -> Emitter | None:
     NumPy's scalar arithmetic equals the ufunc) or the ufunc without a buffer."""
     if ins.outvars[0].shape != () or any(v is not None and v.shape != () for v in ins.invars):
         return None
-    pattern = _SCALAR_OPERATORS.get(ins.prim.name)
+    pattern = _SCALAR_OPERATORS.get(ins.prim)
     if (pattern is not None and ins.outvars[0].dtype == _F64
             and all(_is_float64_operand(v, a) for v, a in zip(ins.invars, ins.args))):
         return Emitter(VALUE, lambda gen, ins, out, args: [f"{out} = {pattern.format(*args)}"])
@@ -183,8 +187,6 @@ def _setitem_update(gen, ins, out, args):
 
 
 def _scatter_add_update(gen, ins, out, args):
-    from ..rules.indexing import is_basic
-
     idx = ins.params["idx"]
     if is_basic(idx):
         return [f"{out}[{gen.const(idx, 'idx')}] += {args[1]}"]
@@ -216,8 +218,6 @@ def _take_axis(idx) -> tuple[int, np.ndarray] | None:
 
 
 def _lower_getitem(ins: Instruction) -> Emitter:
-    from ..rules.indexing import is_basic
-
     idx = ins.params["idx"]
     take = _take_axis(idx)
     if take is not None and ins.invars[0] is not None:
@@ -248,22 +248,37 @@ def _emit_identity(gen, ins, out, args):
     return [f"{out} = {args[0]}"]
 
 
-_REDUCTIONS = {"reduce_sum": _reduction(np.add), "reduce_prod": _reduction(np.multiply),
-               "reduce_max": _reduction(np.maximum), "reduce_min": _reduction(np.minimum)}
+def _reduction_entry(ufunc) -> Callable[[Instruction], Emitter]:
+    emit = _reduction(ufunc)
+    return lambda ins: Emitter(VALUE if ins.outvars[0].shape == () else BUFFER, emit)
 
-EMITTERS: dict[str, Emitter] = {
-    "cumsum": _cumulative(np.cumsum),
-    "cumprod": _cumulative(np.cumprod),
-    "where": Emitter(BUFFER, _emit_where),
-    "concatenate": Emitter(BUFFER, _emit_concatenate),
-    "astype": Emitter(BUFFER, _emit_astype),
-    "setitem": _copy_then(_setitem_update),
-    "scatter_add": _copy_then(_scatter_add_update),
-    "pad": Emitter(BUFFER, _emit_pad),
-    "reshape": _view(np.reshape, "shape"),
-    "transpose": _view(np.transpose, "axes"),
-    "broadcast_to": _view(np.broadcast_to, "shape"),
-    "stop_gradient": Emitter(VIEW, _emit_identity),
+
+def _always(emitter: Emitter) -> Callable[[Instruction], Emitter]:
+    return lambda ins: emitter
+
+
+_WHERE = Emitter(BUFFER, _emit_where)
+_IDENTITY = Emitter(VIEW, _emit_identity)
+
+# primitive -> its emitter for an instruction; the others: ufuncs into their buffer, identities
+# forwarded, everything else through the primitive's own implementation (`emitter_for`)
+EMITTERS: dict[Primitive, Callable[[Instruction], Emitter]] = {
+    indexing.getitem_p: lambda ins: _lower_getitem(ins),
+    reductions.reduce_sum: _reduction_entry(np.add),
+    reductions.reduce_prod: _reduction_entry(np.multiply),
+    reductions.reduce_max: _reduction_entry(np.maximum),
+    reductions.reduce_min: _reduction_entry(np.minimum),
+    reductions.cumsum_p: _always(_cumulative(np.cumsum)),
+    reductions.cumprod_p: _always(_cumulative(np.cumprod)),
+    indexing.where_p: lambda ins: _scalar_where(ins) or _WHERE,
+    shape.concatenate_p: _always(Emitter(BUFFER, _emit_concatenate)),
+    shape.astype_p: _always(Emitter(BUFFER, _emit_astype)),
+    indexing.setitem_p: _always(_copy_then(_setitem_update)),
+    indexing.scatter_add_p: _always(_copy_then(_scatter_add_update)),
+    shape.pad_p: _always(Emitter(BUFFER, _emit_pad)),
+    shape.reshape_p: _always(_view(np.reshape, "shape")),
+    shape.transpose_p: _always(_view(np.transpose, "axes")),
+    shape.broadcast_p: _always(_view(np.broadcast_to, "shape")),
 }
 
 
@@ -277,7 +292,9 @@ def _ident(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)
 
 
-def _as_ufunc(prim):
+def ufunc_of(prim):
+    """The ufunc a primitive computes (NumPy's, or scipy.special's once scipy is imported),
+    or None."""
     if isinstance(prim.impl, np.ufunc):
         return prim.impl
     if prim.partials is not None and "scipy.special" in sys.modules:
@@ -292,19 +309,12 @@ def emitter_for(ins: Instruction) -> Emitter:
     prim = ins.prim
     if prim.multiple_results:
         return Emitter(VALUE, _fallback)
-    if prim.name == "getitem":
-        return _lower_getitem(ins)
-    reduction = _REDUCTIONS.get(prim.name)
-    if reduction is not None:
-        return Emitter(VALUE if ins.outvars[0].shape == () else BUFFER, reduction)
-    if prim.name == "where":
-        e = _scalar_where(ins)
-        if e is not None:
-            return e
-    e = EMITTERS.get(prim.name)
-    if e is not None:
-        return e
-    uf = _as_ufunc(prim)
+    entry = EMITTERS.get(prim)
+    if entry is not None:
+        return entry(ins)
+    if prim.identity:
+        return _IDENTITY
+    uf = ufunc_of(prim)
     if uf is not None and uf.nout == 1:
         return (_scalar_emitter(ins, uf) if uf.signature is None else None) or _ufunc_emitter(uf)
     return Emitter(VALUE, _fallback)

@@ -18,21 +18,16 @@ from typing import Any
 import numpy as np
 
 from ..core.ir import Instruction, Tape, Var
+from ..core.primitive import Primitive
 from ..core.pytree import TreeDef
+from ..core.routes import lookup_ufunc
+from ..rules import elementwise, indexing, shape
 
-# primitives whose output shape depends on input values (not fixed by the signature):
-# the replay checks the shape it got, like a guard
-DYNAMIC_SHAPE_PRIMS = frozenset({"nonzero", "argwhere", "flatnonzero"})
-# a while loop's stored carries: one per iteration, so their length is the trip count. The
-# backward loop reads it from them; any other reader (a backward loop differentiated again,
-# traced through its steps) was recorded for one trip count: the replay checks it
-TRIP_COUNT_READERS = frozenset({"scan_bwd"})
-# what a replay can check: the guards the Tracer records, and shapes of DYNAMIC_SHAPE_PRIMS
+# What a replay can check: the guards the Tracer records, and the shapes of the outputs of
+# primitives declared `shape_from_data` (their shape depends on the input's values). Other
+# facts this module reads from the declarations: `constant_valued` (folded), `identity`
+# (forwarded), `reads_trip_count` (see _shape_checks).
 CHECK_KINDS = frozenset({"bool", "int", "index", "item", "value", "shape"})
-# primitives whose output value depends only on shapes (fixed per signature): folded
-CONSTANT_VALUED_PRIMS = frozenset({"full_like"})
-# primitives that return their (only) input unchanged
-IDENTITY_PRIMS = frozenset({"stop_gradient"})
 
 
 @dataclass
@@ -168,21 +163,16 @@ def _ordered_checks(tape: Tape) -> list[Check]:
     """Guards and shape checks in replay order, positioned in the recorded tape."""
     produced_at = {}
     shape_checks = []
-    readers: dict[int, set] = {}
+    readers: dict[int, set[Primitive]] = {}
     for ins in tape.instructions:
         for v in ins.invars:
             if v is not None:
-                readers.setdefault(v.id, set()).add(ins.prim.name)
+                readers.setdefault(v.id, set()).add(ins.prim)
     output_ids = {v.id for v in tape.outputs if isinstance(v, Var)}
     for pos, ins in enumerate(tape.instructions):
         for v in ins.outvars:
             produced_at[v.id] = pos
-        outs = ins.out if ins.prim.multiple_results else (ins.out,)
-        checked = list(zip(ins.outvars, outs)) if ins.prim.name in DYNAMIC_SHAPE_PRIMS else []
-        if ins.prim.name == "while_loop":
-            checked = [(v, o) for v, o in list(zip(ins.outvars, outs))[ins.params["n_carry"]:]
-                       if v.id in output_ids or readers.get(v.id, set()) - TRIP_COUNT_READERS]
-        for v, o in checked:
+        for v, o in _shape_checks(ins, readers, output_ids):
             shape_checks.append(Check(v, "shape", tuple(np.shape(o)),
                                       f"data-dependent shape of {ins.prim.name}", pos))
     guards = []
@@ -199,6 +189,25 @@ def _ordered_checks(tape: Tape) -> list[Check]:
         merged.append(sc)
     merged.extend(guards[i:])
     return merged
+
+
+def _shape_checks(ins: Instruction, readers: dict, output_ids: set) -> list[tuple[Var, object]]:
+    """(output var, recorded value) of the outputs whose shape a replay checks.
+
+    `shape_from_data=True` (nonzero): every output. A function of the params selecting some
+    outputs (a while loop's stored carries, one per iteration): those that the result or an
+    instruction other than one that reads the trip count from them (`reads_trip_count`, the
+    backward loop) reads; that instruction was recorded for one trip count.
+    """
+    fact = ins.prim.shape_from_data
+    if not fact:
+        return []
+    outs = ins.out if ins.prim.multiple_results else (ins.out,)
+    pairs = list(zip(ins.outvars, outs))
+    if fact is True:
+        return pairs
+    return [(v, o) for v, o in pairs[fact(ins.params)]
+            if v.id in output_ids or any(not p.reads_trip_count for p in readers.get(v.id, ()))]
 
 
 def _snapshot(value, memo: dict):
@@ -268,7 +277,7 @@ def _substituted(ins: Instruction, subst: dict) -> Instruction:
 def _is_elementwise(prim) -> bool:
     """Broadcasting elementwise ops (not generalized ufuncs such as matmul, with core dims)."""
     impl = prim.impl
-    return prim.partials is not None or prim.name == "where" or (
+    return prim.partials is not None or prim is indexing.where_p or (
         isinstance(impl, np.ufunc) and impl.signature is None)
 
 
@@ -283,10 +292,10 @@ def _broadcast_source(ins: Instruction | None) -> Var | None:
     """The input of a broadcast_to, or of a reshape that only adds or drops leading 1s."""
     if ins is None or ins.invars[0] is None:
         return None
-    name = ins.prim.name
+    prim = ins.prim
     src = ins.invars[0]
-    if name == "broadcast_to" or (name == "reshape" and _strip_ones(src.shape) == _strip_ones(
-            ins.outvars[0].shape)):
+    if prim is shape.broadcast_p or (prim is shape.reshape_p and _strip_ones(
+            src.shape) == _strip_ones(ins.outvars[0].shape)):
         return src
     return None
 
@@ -358,8 +367,8 @@ def _constant_truth(c):
 
 
 # boolean ops with a constant operand: the value that decides the result alone
-_BOOLEAN_FOLDS = {"logical_and": False, "bitwise_and": False, "logical_or": True,
-                  "bitwise_or": True}
+_BOOLEAN_FOLDS = {lookup_ufunc(np.logical_and): False, lookup_ufunc(np.bitwise_and): False,
+                  lookup_ufunc(np.logical_or): True, lookup_ufunc(np.bitwise_or): True}
 
 
 def _peephole(ins: Instruction):
@@ -367,19 +376,19 @@ def _peephole(ins: Instruction):
     if len(ins.outvars) != 1:
         return None
     out = ins.outvars[0]
-    name = ins.prim.name
-    if name in CONSTANT_VALUED_PRIMS:
+    prim = ins.prim
+    if prim.constant_valued:
         return ("const", ins.out)
-    if name in IDENTITY_PRIMS and ins.invars[0] is not None and _same_type(ins.invars[0], out):
+    if prim.identity and ins.invars[0] is not None and _same_type(ins.invars[0], out):
         return ("var", ins.invars[0])
-    if name == "multiply" and len(ins.invars) == 2:
+    if prim is elementwise.multiply and len(ins.invars) == 2:
         for mine, other in ((0, 1), (1, 0)):
             v = ins.invars[mine]
             if (v is not None and ins.invars[other] is None and _is_one(ins.args[other])
                     and _same_type(v, out)):
                 return ("var", v)
-    if name in _BOOLEAN_FOLDS and out.dtype == bool and len(ins.invars) == 2:
-        absorbing = _BOOLEAN_FOLDS[name]  # False for and, True for or
+    if prim in _BOOLEAN_FOLDS and out.dtype == bool and len(ins.invars) == 2:
+        absorbing = _BOOLEAN_FOLDS[prim]  # False for and, True for or
         for mine, other in ((0, 1), (1, 0)):
             if ins.invars[mine] is None:
                 truth = _constant_truth(ins.args[mine])
@@ -388,7 +397,7 @@ def _peephole(ins: Instruction):
                 v = ins.invars[other]
                 if truth is (not absorbing) and v is not None and _same_type(v, out):
                     return ("var", v)
-    if name == "where" and ins.invars[0] is None:
+    if prim is indexing.where_p and ins.invars[0] is None:
         truth = _constant_truth(ins.args[0])
         if truth is not None:
             pick = 1 if truth else 2

@@ -19,8 +19,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..compile import numba_backend
-from ..compile.native_loops import NativeLoop
+from ..compile.numba import backend as numba_backend
+from ..compile.numba import loops as native_loops
+from ..compile.numba.loops import NativeLoop
 from ..compile.numpy_backend import lower
 from ..compile.step import BackwardLoopArgs, body_inputs, step_program
 from ..core import tracing as trace
@@ -469,7 +470,7 @@ def _eager_native_enabled() -> bool:
 def _native(owner: BodyProgram, prim: Primitive, args: tuple, params: dict):
     """An eager loop's results from its native driver, or None: run it in Python.
 
-    A body's loops get native drivers (compile/native_loops.py) after EAGER_NATIVE_AFTER
+    A body's loops get native drivers (compile/numba/loops.py) after EAGER_NATIVE_AFTER
     eager calls, built in the background, so `grad` of a scan in an optimiser's loop runs
     native code after a few iterations while a one-off call never waits for Numba.
     """
@@ -840,9 +841,15 @@ def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
     return tuple(t_carry + hidden)
 
 
-while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp)
+while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp,
+                    shape_from_data=lambda params: slice(params["n_carry"], None))
 while_p.python_impl = _while_python
 while_p.vjp_all = _while_vjp_all
+
+# the numba backend's native drivers of the loop primitives
+native_loops.register_driver(scan_p, native_loops.forward_spec)
+native_loops.register_driver(scan_bwd_p, native_loops.backward_spec)
+native_loops.register_driver(while_p, native_loops.while_spec)
 
 
 def while_loop(cond_fun, body_fun, init_val):

@@ -42,7 +42,9 @@ class Primitive:
     native:    for elementwise primitives, the scalar expression the native backend fuses into
                its loops (see compile/numba/scalar.py for the forms it accepts); None: not fused.
     shape_from_data: the output's shape depends on the input's values (nonzero): a replay
-               checks it.
+               checks it. For a primitive whose later results only (hidden from the user) have
+               such shapes: a function `params -> slice` selecting them (a while loop's stored
+               carries); a replay checks those some instruction reads (see reads_trip_count).
     constant_valued: the output's value depends only on the input's shape and dtype
                (full_like): a replay folds it to a constant.
     identity:  the output is the (only) input, unchanged (stop_gradient): a replay forwards it.

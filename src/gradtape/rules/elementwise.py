@@ -100,14 +100,18 @@ def _make_jvp(partials, safe: bool, name: str):
 
 
 def elementwise(name: str, impl, partials, *, safe: bool = False, ufunc=None,
-                scipy_name: str | None = None) -> Primitive:
-    """Declare an elementwise primitive from its local derivatives."""
+                scipy_name: str | None = None, native=None) -> Primitive:
+    """Declare an elementwise primitive from its local derivatives.
+
+    `native`: its scalar expression in the native backend's fused loops (Primitive.native;
+    the forms are described in compile/numba/scalar.py); None: it runs through NumPy there.
+    """
     prim = Primitive(
         name, impl,
         vjps=tuple(_make_vjp(i, p, safe, name) for i, p in enumerate(partials)),
         jvp=_make_jvp(partials, safe, name), jvp_batched=True,
         partials=partials, safe=safe,
-        linear=all(isinstance(p, (int, float)) for p in partials),
+        linear=all(isinstance(p, (int, float)) for p in partials), native=native,
     )
     if ufunc is not None:
         UFUNCS[ufunc] = prim
@@ -116,23 +120,24 @@ def elementwise(name: str, impl, partials, *, safe: bool = False, ufunc=None,
     return prim
 
 
-def nondiff(name: str, impl, ufunc=None) -> Primitive:
-    """Declare an elementwise primitive with zero derivative (recorded only when staging)."""
-    prim = Primitive(name, impl, nondiff=True)
+def nondiff(name: str, impl, ufunc=None, native=None) -> Primitive:
+    """Declare an elementwise primitive with zero derivative (recorded only when staging);
+    `native` as for `elementwise`."""
+    prim = Primitive(name, impl, nondiff=True, native=native)
     if ufunc is not None:
         UFUNCS[ufunc] = prim
     return prim
 
 
-def _np(name: str, partials, safe: bool = False) -> Primitive:
+def _np(name: str, partials, safe: bool = False, native=None) -> Primitive:
     uf = getattr(np, name)
-    return elementwise(name, uf, partials, safe=safe, ufunc=uf)
+    return elementwise(name, uf, partials, safe=safe, ufunc=uf, native=native)
 
 
-def _spec(name: str, partials, safe: bool = False) -> Primitive:
+def _spec(name: str, partials, safe: bool = False, native=None) -> Primitive:
     """A scipy.special ufunc: scipy is imported only when the function is first called."""
     return elementwise(name, lambda *a: getattr(_sp(), name)(*a), partials, safe=safe,
-                       scipy_name=name)
+                       scipy_name=name, native=native)
 
 
 def _power_dx(ans, x, y):
@@ -161,87 +166,108 @@ def _fmin_dx(ans, x, y):
 
 
 # --- arithmetic -------------------------------------------------------------------------
-add = _np("add", (1, 1))
-subtract = _np("subtract", (1, -1))
-multiply = _np("multiply", (lambda ans, x, y: y, lambda ans, x, y: x))
-divide = _np("divide", (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y), safe=True)
+add = _np("add", (1, 1), native=("signed:({0} + {1})", "np.add"))
+subtract = _np("subtract", (1, -1), native=("signed:({0} - {1})", "np.subtract"))
+multiply = _np("multiply", (lambda ans, x, y: y, lambda ans, x, y: x),
+               native=("signed:({0} * {1})", "np.multiply"))
+divide = _np("divide", (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y), safe=True,
+             native=("@invariant_divisor", "float:({0} / {1})", "np.divide"))
 UFUNCS[np.true_divide] = divide
-negative = _np("negative", (-1,))
-positive = _np("positive", (1,))
-power = _np("power", (_power_dx, _power_dy), safe=True)
-float_power = _np("float_power", (_power_dx, _power_dy), safe=True)
-square = _np("square", (lambda ans, x: 2 * x,))
-reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,), safe=True)
-absolute = _np("absolute", (lambda ans, x: np.sign(x),))
+negative = _np("negative", (-1,), native=("signed:(-{0})", "np.negative"))
+positive = _np("positive", (1,), native=("signed:(+{0})", "np.positive"))
+power = _np("power", (_power_dx, _power_dy), safe=True, native=("@small_power", "np.power"))
+float_power = _np("float_power", (_power_dx, _power_dy), safe=True, native="({0} ** {1})")
+square = _np("square", (lambda ans, x: 2 * x,), native=("signed:({0} * {0})", "np.square"))
+reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,), safe=True,
+                 native=("float:({one} / {0})", "np.reciprocal"))
+absolute = _np("absolute", (lambda ans, x: np.sign(x),), native=("float:abs({0})", "np.absolute"))
 UFUNCS[np.fabs] = absolute
-remainder = _np("remainder", (1, lambda ans, x, y: -np.floor_divide(x, y)))
-fmod = _np("fmod", (1, lambda ans, x, y: -np.trunc(x / y)))
-maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)))
-minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)))
-fmax = _np("fmax", (_fmax_dx, lambda ans, x, y: _fmax_dx(ans, y, x)))
-fmin = _np("fmin", (_fmin_dx, lambda ans, x, y: _fmin_dx(ans, y, x)))
-copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None))
-hypot = _np("hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True)
+remainder = _np("remainder", (1, lambda ans, x, y: -np.floor_divide(x, y)), native="np.remainder")
+fmod = _np("fmod", (1, lambda ans, x, y: -np.trunc(x / y)), native="np.fmod")
+maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)), native="np.maximum")
+minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)), native="np.minimum")
+fmax = _np("fmax", (_fmax_dx, lambda ans, x, y: _fmax_dx(ans, y, x)), native="np.fmax")
+fmin = _np("fmin", (_fmin_dx, lambda ans, x, y: _fmin_dx(ans, y, x)), native="np.fmin")
+copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None),
+               native="np.copysign")
+hypot = _np("hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True,
+            native="np.hypot")
 arctan2 = _np("arctan2", (lambda ans, y, x: x / (x * x + y * y),
-                          lambda ans, y, x: -y / (x * x + y * y)), safe=True)
-logaddexp = _np("logaddexp", (lambda ans, x, y: np.exp(x - ans), lambda ans, x, y: np.exp(y - ans)))
+                          lambda ans, y, x: -y / (x * x + y * y)), safe=True, native="np.arctan2")
+logaddexp = _np("logaddexp", (lambda ans, x, y: np.exp(x - ans), lambda ans, x, y: np.exp(y - ans)),
+                native="float:fast_logaddexp")
 logaddexp2 = _np("logaddexp2", (lambda ans, x, y: np.exp2(x - ans),
-                                lambda ans, x, y: np.exp2(y - ans)))
+                                lambda ans, x, y: np.exp2(y - ans)), native="np.logaddexp2")
 
 # --- exponentials and logarithms ----------------------------------------------------------
-exp = _np("exp", (lambda ans, x: ans,))
-expm1 = _np("expm1", (lambda ans, x: ans + 1,))
-exp2 = _np("exp2", (lambda ans, x: ans * _LN2,))
-log = _np("log", (lambda ans, x: 1 / x,), safe=True)
-log1p = _np("log1p", (lambda ans, x: 1 / (1 + x),), safe=True)
-log2 = _np("log2", (lambda ans, x: 1 / (x * _LN2),), safe=True)
-log10 = _np("log10", (lambda ans, x: 1 / (x * _LN10),), safe=True)
-sqrt = _np("sqrt", (lambda ans, x: 0.5 / ans,), safe=True)
-cbrt = _np("cbrt", (lambda ans, x: 1 / (3 * ans * ans),), safe=True)
+exp = _np("exp", (lambda ans, x: ans,), native="float:fast_exp")
+expm1 = _np("expm1", (lambda ans, x: ans + 1,), native="float:fast_expm1")
+exp2 = _np("exp2", (lambda ans, x: ans * _LN2,), native="np.exp2")
+log = _np("log", (lambda ans, x: 1 / x,), safe=True, native="float:fast_log")
+log1p = _np("log1p", (lambda ans, x: 1 / (1 + x),), safe=True, native="float:fast_log1p")
+log2 = _np("log2", (lambda ans, x: 1 / (x * _LN2),), safe=True, native="np.log2")
+log10 = _np("log10", (lambda ans, x: 1 / (x * _LN10),), safe=True, native="np.log10")
+sqrt = _np("sqrt", (lambda ans, x: 0.5 / ans,), safe=True, native="np.sqrt")
+cbrt = _np("cbrt", (lambda ans, x: 1 / (3 * ans * ans),), safe=True, native="np.cbrt")
 
 # --- trigonometric and hyperbolic -------------------------------------------------------------
-sin = _np("sin", (lambda ans, x: np.cos(x),))
-cos = _np("cos", (lambda ans, x: -np.sin(x),))
-tan = _np("tan", (lambda ans, x: 1 + ans * ans,))
-arcsin = _np("arcsin", (lambda ans, x: 1 / np.sqrt(1 - x * x),), safe=True)
-arccos = _np("arccos", (lambda ans, x: -1 / np.sqrt(1 - x * x),), safe=True)
-arctan = _np("arctan", (lambda ans, x: 1 / (1 + x * x),))
-sinh = _np("sinh", (lambda ans, x: np.cosh(x),))
-cosh = _np("cosh", (lambda ans, x: np.sinh(x),))
-tanh = _np("tanh", (lambda ans, x: 1 - ans * ans,))
-arcsinh = _np("arcsinh", (lambda ans, x: 1 / np.sqrt(x * x + 1),))
-arccosh = _np("arccosh", (lambda ans, x: 1 / np.sqrt(x * x - 1),), safe=True)
-arctanh = _np("arctanh", (lambda ans, x: 1 / (1 - x * x),), safe=True)
-deg2rad = _np("deg2rad", (math.pi / 180,))
-rad2deg = _np("rad2deg", (180 / math.pi,))
+sin = _np("sin", (lambda ans, x: np.cos(x),), native="np.sin")
+cos = _np("cos", (lambda ans, x: -np.sin(x),), native="np.cos")
+tan = _np("tan", (lambda ans, x: 1 + ans * ans,), native="np.tan")
+arcsin = _np("arcsin", (lambda ans, x: 1 / np.sqrt(1 - x * x),), safe=True, native="np.arcsin")
+arccos = _np("arccos", (lambda ans, x: -1 / np.sqrt(1 - x * x),), safe=True, native="np.arccos")
+arctan = _np("arctan", (lambda ans, x: 1 / (1 + x * x),), native="np.arctan")
+sinh = _np("sinh", (lambda ans, x: np.cosh(x),), native="np.sinh")
+cosh = _np("cosh", (lambda ans, x: np.sinh(x),), native="np.cosh")
+tanh = _np("tanh", (lambda ans, x: 1 - ans * ans,), native="float:fast_tanh")
+arcsinh = _np("arcsinh", (lambda ans, x: 1 / np.sqrt(x * x + 1),), native="np.arcsinh")
+arccosh = _np("arccosh", (lambda ans, x: 1 / np.sqrt(x * x - 1),), safe=True, native="np.arccosh")
+arctanh = _np("arctanh", (lambda ans, x: 1 / (1 - x * x),), safe=True, native="np.arctanh")
+deg2rad = _np("deg2rad", (math.pi / 180,), native="np.deg2rad")
+rad2deg = _np("rad2deg", (180 / math.pi,), native="np.rad2deg")
 UFUNCS[np.radians] = deg2rad
 UFUNCS[np.degrees] = rad2deg
 
 # --- zero derivative: rounding, sign, comparisons, predicates -----------------------------
-for _name in ("floor", "ceil", "trunc", "rint", "sign", "floor_divide", "signbit", "greater",
-              "greater_equal", "less", "less_equal", "equal", "not_equal", "logical_and",
-              "logical_or", "logical_xor", "logical_not", "isnan", "isinf", "isfinite",
-              "bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift",
-              "right_shift", "spacing", "gcd", "lcm"):
-    nondiff(_name, getattr(np, _name), getattr(np, _name))
+# (name, native form); NumPy's sign of -0.0 is +0.0 (Numba's keeps the sign)
+_SIGN = "float:({one} if {0} > 0 else (-{one} if {0} < 0 else ({0} if {0} != {0} else {zero})))"
+for _name, _native in (
+        ("floor", "np.floor"), ("ceil", "np.ceil"), ("trunc", "np.trunc"), ("rint", "np.rint"),
+        ("sign", (_SIGN, "np.sign")), ("floor_divide", "np.floor_divide"),
+        ("signbit", "np.signbit"), ("greater", ("signed:({0} > {1})", "np.greater")),
+        ("greater_equal", ("signed:({0} >= {1})", "np.greater_equal")),
+        ("less", ("signed:({0} < {1})", "np.less")),
+        ("less_equal", ("signed:({0} <= {1})", "np.less_equal")),
+        ("equal", ("signed:({0} == {1})", "np.equal")),
+        ("not_equal", ("signed:({0} != {1})", "np.not_equal")),
+        ("logical_and", "np.logical_and"), ("logical_or", "np.logical_or"),
+        ("logical_xor", "np.logical_xor"), ("logical_not", "np.logical_not"),
+        ("isnan", "np.isnan"), ("isinf", "np.isinf"), ("isfinite", "np.isfinite"),
+        ("bitwise_and", "np.bitwise_and"), ("bitwise_or", "np.bitwise_or"),
+        ("bitwise_xor", "np.bitwise_xor"), ("invert", "np.invert"),
+        ("left_shift", "np.left_shift"), ("right_shift", "np.right_shift"),
+        ("spacing", "np.spacing"), ("gcd", "np.gcd"),
+        ("lcm", "np.lcm")):
+    nondiff(_name, getattr(np, _name), getattr(np, _name), native=_native)
 
 # --- scipy.special ------------------------------------------------------------------------------
-gammaln = _spec("gammaln", (lambda ans, x: _sp().digamma(x),))
-gamma = _spec("gamma", (lambda ans, x: ans * _sp().digamma(x),))
+gammaln = _spec("gammaln", (lambda ans, x: _sp().digamma(x),), native="float64:math.lgamma")
+gamma = _spec("gamma", (lambda ans, x: ans * _sp().digamma(x),), native="float64:math.gamma")
 digamma = _spec("digamma", (lambda ans, x: _sp().polygamma(1, x),))
 SCIPY_UFUNCS["psi"] = digamma
 zeta = _spec("zeta", (None, lambda ans, s, q: -s * _sp().zeta(s + 1, q)))
 SCIPY_UFUNCS["_zeta"] = zeta  # scipy.special.zeta is a Python function calling this ufunc
-erf = _spec("erf", (lambda ans, x: (2 / _SQRT_PI) * np.exp(-x * x),))
-erfc = _spec("erfc", (lambda ans, x: (-2 / _SQRT_PI) * np.exp(-x * x),))
+erf = _spec("erf", (lambda ans, x: (2 / _SQRT_PI) * np.exp(-x * x),), native="float64:math.erf")
+erfc = _spec("erfc", (lambda ans, x: (-2 / _SQRT_PI) * np.exp(-x * x),), native="float64:math.erfc")
 erfinv = _spec("erfinv", (lambda ans, x: (_SQRT_PI / 2) * np.exp(ans * ans),))
-expit = _spec("expit", (lambda ans, x: ans * (1 - ans),))
+expit = _spec("expit", (lambda ans, x: ans * (1 - ans),), native="float:fast_expit")
 logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True)
-log_expit = _spec("log_expit", (lambda ans, x: _sp().expit(-x),))
-xlogy = _spec("xlogy", (lambda ans, x, y: _sp().xlogy(1, y), lambda ans, x, y: x / y), safe=True)
+log_expit = _spec("log_expit", (lambda ans, x: _sp().expit(-x),), native="float:fast_log_expit")
+xlogy = _spec("xlogy", (lambda ans, x, y: _sp().xlogy(1, y), lambda ans, x, y: x / y), safe=True,
+               native="float64:xlogy")
 xlog1py = _spec("xlog1py", (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)),
                 safe=True)
-ndtr = _spec("ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI),))
+ndtr = _spec("ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI),), native="float64:ndtr")
 log_ndtr = _spec("log_ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),))
 ndtri = _spec("ndtri", (lambda ans, x: np.exp(0.5 * ans * ans + _LOG_SQRT_2PI),), safe=True)
 entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True)

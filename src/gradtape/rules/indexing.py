@@ -343,7 +343,7 @@ where_p = Primitive(
           lambda g, ans, c, x, y: unbroadcast(np.where(c, g, 0), shape_of(x)),
           lambda g, ans, c, x, y: unbroadcast(np.where(c, 0, g), shape_of(y))),
     jvp=lambda ts, ans, c, x, y: _where_jvp(ts, ans, c, x, y),
-    linear=True, jvp_batched=True,
+    linear=True, jvp_batched=True, native="@select",
 )
 
 

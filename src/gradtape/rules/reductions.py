@@ -266,8 +266,8 @@ def cumprod(a, axis=None, dtype=None, out=None):
 
 
 # --- no derivative: arg-reductions and predicates (recorded when staging) ----------------------
-def _nondiff_function(func, name):
-    prim = Primitive(name, func, nondiff=True)
+def _nondiff_function(func, name, shape_from_data=False):
+    prim = Primitive(name, func, nondiff=True, shape_from_data=shape_from_data)
 
     @implements(func)
     def impl(*args, **kwargs):
@@ -280,7 +280,8 @@ for _f in (np.argmax, np.argmin, np.argsort, np.any, np.all, np.count_nonzero, n
            np.searchsorted, np.isclose, np.allclose, np.array_equal, np.argwhere, np.flatnonzero,
            np.isnan, np.sign):
     if hasattr(_f, "__name__") and not isinstance(_f, np.ufunc):
-        _nondiff_function(_f, _f.__name__)
+        _nondiff_function(_f, _f.__name__,
+                          shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero))
 
 
 # --- ufunc methods: np.add.reduce is np.sum, np.multiply.accumulate is np.cumprod, ... ---------

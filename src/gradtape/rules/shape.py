@@ -34,7 +34,7 @@ broadcast_p = Primitive(
     vjps=(lambda g, ans, x, shape: unbroadcast(g, shape_of(x)),),
     jvp=lambda ts, ans, x, shape: broadcast_p(lift_tangent(ts[0], x, len(shape)),
                                               shape=batch_shape(ts[0], x) + shape),
-    linear=True, jvp_batched=True, aliases_input=True,
+    linear=True, jvp_batched=True, native="@broadcast", aliases_input=True,
 )
 
 
@@ -60,6 +60,7 @@ astype_p = Primitive(
     "astype", lambda x, dtype: x.astype(dtype),
     vjps=(lambda g, ans, x, dtype: g.astype(dtype_of(x)),),
     jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype), linear=True, jvp_batched=True,
+    native="@convert",
 )
 
 # A fresh array shaped like a traced one: a Tracer with no derivative, so that functional
@@ -67,6 +68,7 @@ astype_p = Primitive(
 full_like_p = Primitive(
     "full_like", lambda x, fill, dtype: np.full_like(x, fill, dtype=dtype),
     vjps=(None,), jvp=lambda ts, ans, x, fill, dtype: None, jvp_batched=True,
+    constant_valued=True,
 )
 
 

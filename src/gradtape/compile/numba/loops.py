@@ -2,7 +2,7 @@
 
 Without this a compiled tape runs a scan in Python, one generated-NumPy call per step (about
 20 us a step for a small RNN). Here the body's step (for `scan_bwd`, the step's VJP) becomes a
-Numba kernel, written by the generator every program goes through (numba_codegen.generate),
+Numba kernel, written by the generator every program goes through (codegen.generate),
 and a driver loop written around it walks the steps natively: array carries live in two
 buffers swapped every step, ys and the stored carries are written in place, the cotangents of
 the values the body captured are summed over the steps. Sizes are read from the arguments,
@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.primitive import Primitive
-from ..transforms.linearize import record_step_vjp
-from . import numba_codegen
-from .numba_codegen import Generated, Kernel, KernelArg, literal
-from .step import body_inputs, step_program
+from ...core.errors import GuardFailure
+from ...core.primitive import Primitive
+from ...transforms.linearize import record_step_vjp
+from ..step import body_inputs, step_program
+from . import codegen
+from .codegen import Generated
+from .kernel import Kernel, KernelArg
+from .scalar import literal, numpy_type
 
-LOOP_PRIMS = frozenset({"scan", "scan_bwd", "while_loop"})
 _FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
 _MAX_FAILURES = 3  # a loop whose steps keep leaving the recorded path stays in Python
 _I64 = np.dtype(np.int64)
@@ -136,26 +138,26 @@ class NativeLoop:
         return result
 
     def _prepare(self, args, params) -> None:
-        from . import numba_backend
+        from . import backend
 
         with self._lock:
             if self.state != _NOT_YET:
                 return
             try:
-                spec = build_spec(self.prim.name, params, args)
+                spec = build_spec(self.prim, params, args)
             except _TooShort:
                 return  # no step to record the VJP on: try again on the next call
             except Exception as exc:  # Unsupported, or what the generator cannot write:
                 # the loop stays in Python rather than failing a call that works there
                 self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
-                    numba_backend._warn_once(f"numba backend: a {self.prim.name} loop runs step "
-                                             f"by step through NumPy: {exc}")
+                    backend.warn_once(f"numba backend: a {self.prim.name} loop runs step "
+                                      f"by step through NumPy: {exc}")
                 return
             self.spec, self.state = spec, _BUILDING
         generated = Generated(spec.module, hashlib.sha256(spec.module.encode()).hexdigest()[:32],
                               [spec.driver], "", {}, [], None)
-        nk = numba_backend.kernels_for(generated)
+        nk = backend.kernels_for(generated)
 
         def ready(nk) -> None:
             if nk.functions is not None:
@@ -163,8 +165,8 @@ class NativeLoop:
             else:
                 self.state, self.reason = _OFF, nk.error
                 if not self.quiet:
-                    numba_backend._warn_once(f"numba backend: Numba could not compile a "
-                                             f"{self.prim.name} loop ({nk.error}); it runs "
+                    backend.warn_once(f"numba backend: Numba could not compile a "
+                                      f"{self.prim.name} loop ({nk.error}); it runs "
                                              "through NumPy")
 
         if self.wait:
@@ -180,14 +182,29 @@ class _TooShort(Exception):
 
 
 # --- specs ---------------------------------------------------------------------------------------
-def build_spec(name: str, params: dict, args: tuple) -> LoopSpec:
+# loop primitive -> the function writing its driver; control flow, declared above compile,
+# registers its loops here (register_driver)
+DRIVERS: dict = {}
+
+
+def register_driver(prim: Primitive, build) -> None:
+    """Give a loop primitive a native driver: `build(params, args) -> LoopSpec`."""
+    DRIVERS[prim] = build
+
+
+def has_driver(prim: Primitive) -> bool:
+    """Whether a loop primitive's instructions run a native driver (scan, its backward loop,
+    while_loop)."""
+    return prim in DRIVERS
+
+
+def build_spec(prim: Primitive, params: dict, args: tuple) -> LoopSpec:
     """The driver of this loop instruction (raises Unsupported for what stays in Python)."""
-    build = {"scan": _forward_spec, "scan_bwd": _backward_spec, "while_loop": _while_spec}[name]
-    return build(params, args)
+    return DRIVERS[prim](params, args)
 
 
-def _step_kernel(program) -> numba_codegen.Generated:
-    gen = numba_codegen.generate(program, threads=1)
+def _step_kernel(program) -> codegen.Generated:
+    gen = codegen.generate(program, threads=1)
     if len(gen.kernels) != 1 or gen.plan.segments != 1 or any(
             s.kind == "python" for s in gen.plan.stages):
         names = sorted({s.members[0].prim.name for s in gen.plan.stages if s.kind == "python"})
@@ -201,7 +218,7 @@ def _slot(a) -> tuple[np.dtype, bool]:
     return a.dtype, a.ndim == 0
 
 
-def _forward_spec(params: dict, args: tuple) -> LoopSpec:
+def forward_spec(params: dict, args: tuple) -> LoopSpec:
     body = params["program"]
     nc, nx = params["n_carry"], params["n_x"]
     ny = len(body.out_avals) - nc
@@ -242,9 +259,7 @@ def _forward_spec(params: dict, args: tuple) -> LoopSpec:
     return w.spec(slots, outputs, length_from=nc if nx else None)
 
 
-def _backward_spec(params: dict, args: tuple) -> LoopSpec:
-    from ..core.errors import GuardFailure
-
+def backward_spec(params: dict, args: tuple) -> LoopSpec:
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
     g_carry, g_ys = args[:nc], args[nc:nc + ny]
@@ -252,24 +267,7 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
     rest = args[2 * nc + ny + nx:]
     caps = rest[:len(rest) - nc] if params["stored_cotangents"] else rest
     every = params["checkpoint"] or 1
-    length = np.shape(stored[0])[0] if nc and every == 1 else params["length"]
-    if length == 0:
-        raise _TooShort
-    # the example step the VJP is recorded on: the first one the backward loop differentiates
-    # (with checkpoint=, the first step of the last segment, whose carry is stored)
-    last = (length - 1) // every * every
-    t_last = length - 1 - last if params["reverse"] else last
-    example = ([np.asarray(s)[last // every] for s in stored]
-               + [np.asarray(x)[t_last] for x in xs])
-    cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
-    for tape, guards, positions in body.variants:
-        try:
-            vjp = record_step_vjp(tape, guards, example, [caps[p] for p in positions], cts)
-            break
-        except GuardFailure:
-            continue
-    else:
-        raise Unsupported("no recorded path of its body matches its last step")
+    vjp, tape, positions = _recorded_step_vjp(params, g_carry, g_ys, stored, xs, caps)
     gen = _step_kernel(step_program(vjp, vjp.inputs))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
@@ -334,6 +332,28 @@ def _backward_spec(params: dict, args: tuple) -> LoopSpec:
                   helpers={"forward_step": forward} if every > 1 else None)
 
 
+def _recorded_step_vjp(params: dict, g_carry, g_ys, stored, xs, caps) -> tuple:
+    """(the step's VJP tape, the body tape it differentiates, its capture positions),
+    recorded on the first step the backward loop differentiates (with checkpoint=, the first
+    step of the last segment, whose carry is stored); raises _TooShort for no step."""
+    every = params["checkpoint"] or 1
+    length = np.shape(stored[0])[0] if params["n_carry"] and every == 1 else params["length"]
+    if length == 0:
+        raise _TooShort
+    last = (length - 1) // every * every
+    t_last = length - 1 - last if params["reverse"] else last
+    example = ([np.asarray(s)[last // every] for s in stored]
+               + [np.asarray(x)[t_last] for x in xs])
+    cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
+    for tape, guards, positions in params["program"].variants:
+        try:
+            vjp = record_step_vjp(tape, guards, example, [caps[p] for p in positions], cts)
+            return vjp, tape, positions
+        except GuardFailure:
+            continue
+    raise Unsupported("no recorded path of its body matches its last step")
+
+
 def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry) -> None:
     """Open the backward loop of a checkpointed scan: for each segment, from the last, the
     forward step kernel refills `sg` (the segment's carries) from the stored first one."""
@@ -344,7 +364,7 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
     for i, (shape, dtype) in enumerate(body.out_avals[nc:]):
         if tuple(shape):  # the step's ys are not needed again: a scratch buffer
             w.lines.append(f"ys{i} = np.empty({tuple(shape)!r}, "
-                           f"{numba_codegen._numpy_type(np.dtype(dtype))})")
+                           f"{numpy_type(np.dtype(dtype))})")
         y_targets.append(f"ys{i}")
     w.lines.append(f"for start in range((T - 1) // {every} * {every}, -1, -{every}):")
     w.body(f"end = min(start + {every}, T)")
@@ -362,7 +382,7 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
     w.indent = "        "
 
 
-def _while_spec(params: dict, args: tuple) -> LoopSpec:
+def while_spec(params: dict, args: tuple) -> LoopSpec:
     body, cond = params["body"], params["cond"]
     nc, nb = params["n_carry"], params["n_body_caps"]
     tape, _, positions = body.variants[0]
@@ -381,7 +401,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     stored = [f"hd{j}" for j in range(nc)]
     for j, o in enumerate(outputs):
         shape = "".join(f"{s}, " for s in ["T", *(f"a{j}.shape[{k}]" for k in range(len(o.shape)))])
-        w.lines.append(f"hd{j} = np.empty(({shape}), {numba_codegen._numpy_type(o.dtype)})")
+        w.lines.append(f"hd{j} = np.empty(({shape}), {numpy_type(o.dtype)})")
     w.lines += ["capacity = T", "n = 0", "while True:"]
     w.fail = f"return (r[0], n, {''.join(h + ', ' for h in stored)})"
     w.step([f"a{j}" for j in range(nc)] + [ccaps[p] for p in c_positions], ["go"], cond_gen,
@@ -391,7 +411,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
     w.body("if n == capacity:  # room for twice as many stored carries")
     for j, (h, o) in enumerate(zip(stored, outputs)):
         w.body(f"    grown{j} = np.empty((2 * capacity,) + {h}.shape[1:], "
-               f"{numba_codegen._numpy_type(o.dtype)})")
+               f"{numpy_type(o.dtype)})")
         w.body(f"    grown{j}[:n] = {h}[:n]")
         w.body(f"    {h} = grown{j}")
     w.body("    capacity *= 2")
@@ -411,7 +431,7 @@ def _while_spec(params: dict, args: tuple) -> LoopSpec:
 class _DriverWriter:
     """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
 
-    def __init__(self, gen: numba_codegen.Generated):
+    def __init__(self, gen: codegen.Generated):
         self.gen = gen
         self.args: list[KernelArg] = []
         self.lines: list[str] = []
@@ -513,7 +533,8 @@ class _DriverWriter:
         for name, gen in (helpers or {}).items():  # other kernels: their functions, renamed
             module += f"\ndef {name}(" + gen.module.split("\ndef kernel0(", 1)[1]
         names = ("step", *(helpers or {}))
-        module += ("\nfrom gradtape.compile._numba_rt import add_into, copy_into  # noqa: E402\n"
+        module += ("\nfrom gradtape.compile.numba.runtime import add_into, copy_into"
+                   "  # noqa: E402\n"
                    f"\nHELPERS = {names!r}\n\n"
                    f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
                    + "".join(f"    {line}\n" for line in self.lines))

@@ -47,12 +47,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.ir import Instruction, Var
-from .program import Program
+from ...core.ir import Instruction, Var
+from ...rules.linalg import matmul_p
+from ...rules.shape import transpose_p
+from ..program import Program
+from .lowering import REDUCTIONS
 
 LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"
 MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see plan)
-FULL_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
 # where a value lives in generated code
 HELD_SCALAR, HELD_ARRAY, HELD_LOOP = "scalar", "array", "loop"
 
@@ -95,25 +97,20 @@ def size_of(shape: tuple) -> int:
 
 
 def full_reduction(ins: Instruction) -> bool:
-    """A reduction over every axis of a non-trivial operand (it folds into a loop)."""
-    name = ins.prim.name
+    """A reduction over every axis of a non-trivial operand (it folds into a loop; which
+    primitives reduce, and when over every axis, is the backend's REDUCTIONS table)."""
     if len(ins.invars) != 1 or ins.invars[0] is None or len(ins.outvars) != 1:
         return False
     v = ins.invars[0]
     if size_of(v.shape) <= 1 or v.dtype.kind not in "iubf":
         return False
-    if name in FULL_REDUCTIONS:
-        return (len(ins.params["axes"]) == len(v.shape)
-                and ins.outvars[0].dtype.kind in "iuf")
-    if name in ("any", "all"):
-        return set(ins.params) <= {"axis", "keepdims"} and ins.params.get(
-            "axis") is None and not ins.params.get("keepdims") and ins.outvars[0].shape == ()
-    return False
+    reduction = REDUCTIONS.get(ins.prim)
+    return reduction is not None and reduction.whole is not None and reduction.whole(ins)
 
 
 def vector_dot(ins: Instruction) -> bool:
     """matmul of two traced vectors of one length: a multiply folded into a sum."""
-    if ins.prim.name != "matmul" or any(v is None for v in ins.invars):
+    if ins.prim is not matmul_p or any(v is None for v in ins.invars):
         return False
     a, b = ins.invars
     return (len(a.shape) == 1 and a.shape == b.shape and size_of(a.shape) > 1
@@ -122,7 +119,7 @@ def vector_dot(ins: Instruction) -> bool:
 
 def _float_matmul(ins: Instruction) -> tuple | None:
     """The operand shapes of a matmul of two floating arrays of one dtype (traced or constant)."""
-    if ins.prim.name != "matmul" or len(ins.outvars) != 1:
+    if ins.prim is not matmul_p or len(ins.outvars) != 1:
         return None
     dtypes = {v.dtype if v is not None else np.asarray(a).dtype
               for v, a in zip(ins.invars, ins.args)}
@@ -170,47 +167,76 @@ def broadcasts_partially(shape: tuple, target: tuple) -> bool:
 
 def plan(program: Program, fusable: Callable[[Instruction], bool],
          lowerable: Callable[[Instruction], bool]) -> Plan:
-    """Schedule a Program into loops, scalar statements, ops, python stages and checks."""
-    stages: list[Stage] = []
-    held: dict[int, str] = {}
-    defined_in: dict[int, Stage] = {}
-    reductions: dict[int, Stage] = {}
-    for v in program.inputs:
-        held[v.id] = HELD_SCALAR if v.shape == () else HELD_ARRAY
+    """Schedule a Program into loops, scalar statements, ops, python stages and checks.
 
-    def new_stage(kind: str, ins: Instruction | None = None, **kw) -> Stage:
-        stage = Stage(kind, len(stages), [ins] if ins is not None else [], **kw)
-        stages.append(stage)
+    `fusable(ins)`: the backend has a scalar expression for this elementwise instruction;
+    `lowerable(ins)`: it can compute this other instruction in a kernel (else: python stage).
+    """
+    planner = _Planner(program, fusable, lowerable)
+    planner.schedule()
+    stages = planner.stages
+    for stage in stages:
+        if stage.kind == LOOP:
+            stage.nested = any(
+                broadcasts_partially(shape, stage.shape)
+                for ins in stage.members if ins.prim is not matmul_p
+                for shape in operand_shapes(ins))
+    nsegments = _number_segments(stages)
+    last_use, stored, read_by_op, output_of = planner.reads()
+    storage, buffers = _assign_storage(program, stages, planner.defined_in, stored, last_use,
+                                       output_of, read_by_op)
+    return Plan(stages, planner.held, planner.defined_in, planner.reductions, stored, storage,
+                buffers, last_use, nsegments, output_of)
+
+
+class _Planner:
+    """The schedule while it is built: stages in order, where each value is defined and how
+    it is held (see the module docstring)."""
+
+    def __init__(self, program: Program, fusable, lowerable):
+        self.program, self.fusable, self.lowerable = program, fusable, lowerable
+        self.stages: list[Stage] = []
+        self.held: dict[int, str] = {}
+        self.defined_in: dict[int, Stage] = {}
+        self.reductions: dict[int, Stage] = {}
+        for v in program.inputs:
+            self.held[v.id] = HELD_SCALAR if v.shape == () else HELD_ARRAY
+        self.checks_after: dict[int, list[int]] = {}
+        for k, c in enumerate(program.checks):
+            self.checks_after.setdefault(c.position, []).append(k)
+
+    def new_stage(self, kind: str, ins: Instruction | None = None, **kw) -> Stage:
+        stage = Stage(kind, len(self.stages), [ins] if ins is not None else [], **kw)
+        self.stages.append(stage)
         return stage
 
-    def usable_in(var: Var, loop: Stage) -> bool:
+    def usable_in(self, var: Var, loop: Stage) -> bool:
         """Whether a loop at `loop.index` can read `var` (computed inside it or before it)."""
-        stage = defined_in.get(var.id)
+        stage = self.defined_in.get(var.id)
         if stage is None:
             return True
-        if var.id in reductions:
+        if var.id in self.reductions:
             return stage.index < loop.index
         return stage.index < loop.index or stage is loop
 
-    def join_loop(ins: Instruction, shape: tuple, reads: list[Var],
+    def join_loop(self, ins: Instruction, shape: tuple, reads: list[Var],
                   before: tuple[Var, ...] = ()) -> Stage:
         """The latest loop of `shape` that can read `reads` (and `before`, which must be
         computed before it), or a new one."""
-        for stage in reversed(stages):
+        for stage in reversed(self.stages):
             if stage.kind == LOOP and stage.shape == shape and all(
-                    usable_in(v, stage) for v in reads) and all(
-                    defined_in.get(v.id) is not stage for v in before):
+                    self.usable_in(v, stage) for v in reads) and all(
+                    self.defined_in.get(v.id) is not stage for v in before):
                 stage.members.append(ins)
                 return stage
-        return new_stage(LOOP, ins, shape=shape)
+        return self.new_stage(LOOP, ins, shape=shape)
 
-    def transposed(v: Var | None) -> bool:
+    def transposed(self, v: Var | None) -> bool:
         """Whether `v` is a transpose of a matrix (its rows are the matrix's columns)."""
-        stage = defined_in.get(v.id) if v is not None else None
-        return stage is not None and stage.kind == OP and stage.members[0].prim.name == (
-            "transpose")
+        stage = self.defined_in.get(v.id) if v is not None else None
+        return stage is not None and stage.kind == OP and stage.members[0].prim is transpose_p
 
-    def column_accumulation(ins: Instruction) -> bool:
+    def column_accumulation(self, ins: Instruction) -> bool:
         g = accumulated_vector(ins)
         if g is None:
             return False
@@ -220,61 +246,89 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
         # transpose, worth it for few rows when g is computed by a loop this product joins
         # (for many, a row product after that loop reads M's rows: 2000 x 2000, 2.3x faster)
         rows = ins.invars[0].shape[0] if ins.invars[0] is not None else np.shape(ins.args[0])[0]
-        return transposed(ins.invars[0]) or (held.get(g.id) == HELD_LOOP
-                                             and rows <= MAX_COLUMN_STREAMS)
+        return self.transposed(ins.invars[0]) or (self.held.get(g.id) == HELD_LOOP
+                                                  and rows <= MAX_COLUMN_STREAMS)
 
-    checks_after: dict[int, list[int]] = {}
-    for k, c in enumerate(program.checks):
-        checks_after.setdefault(c.position, []).append(k)
+    def place_checks(self, position: int) -> None:
+        for k in self.checks_after.get(position, ()):
+            self.new_stage(CHECK, check=k)
 
-    def place_checks(position: int) -> None:
-        for k in checks_after.get(position, ()):
-            new_stage(CHECK, check=k)
+    def schedule(self) -> None:
+        """Every instruction into a loop, a scalar statement, an op or a python stage."""
+        self.place_checks(-1)
+        for pos, ins in enumerate(self.program.instructions):
+            self.place(ins)
+            self.place_checks(pos)
 
-    place_checks(-1)
-    for pos, ins in enumerate(program.instructions):
+    def place(self, ins: Instruction) -> None:
+        held, defined_in = self.held, self.defined_in
         outs = ins.outvars
         if full_reduction(ins) or vector_dot(ins):
-            shape = ins.invars[0].shape
-            loop = join_loop(ins, shape, operands(ins))
-            reductions[outs[0].id] = loop
+            loop = self.join_loop(ins, ins.invars[0].shape, operands(ins))
+            self.reductions[outs[0].id] = loop
             held[outs[0].id] = HELD_SCALAR
             defined_in[outs[0].id] = loop
-        elif column_accumulation(ins):
-            loop = join_loop(ins, accumulated_vector(ins).shape, operands(ins))
-            reductions[outs[0].id] = loop
+        elif self.column_accumulation(ins):
+            loop = self.join_loop(ins, accumulated_vector(ins).shape, operands(ins))
+            self.reductions[outs[0].id] = loop
             held[outs[0].id] = HELD_ARRAY
             defined_in[outs[0].id] = loop
         elif row_product(ins):
             ops = tuple(operands(ins))
-            loop = join_loop(ins, outs[0].shape, list(ops), before=ops)
+            loop = self.join_loop(ins, outs[0].shape, list(ops), before=ops)
             held[outs[0].id] = HELD_LOOP
             defined_in[outs[0].id] = loop
-        elif len(outs) == 1 and fusable(ins):
+        elif len(outs) == 1 and self.fusable(ins):
             out = outs[0]
             if size_of(out.shape) == 1:
-                stage = new_stage(SCALAR, ins)
+                stage = self.new_stage(SCALAR, ins)
                 held[out.id] = HELD_SCALAR
             else:
-                stage = join_loop(ins, out.shape, operands(ins))
+                stage = self.join_loop(ins, out.shape, operands(ins))
                 held[out.id] = HELD_LOOP
             defined_in[out.id] = stage
         else:
-            kind = OP if lowerable(ins) else PYTHON
-            stage = new_stage(kind, ins)
+            stage = self.new_stage(OP if self.lowerable(ins) else PYTHON, ins)
             for v in outs:
                 held[v.id] = HELD_SCALAR if v.shape == () else HELD_ARRAY
                 defined_in[v.id] = stage
-        place_checks(pos)
 
-    for stage in stages:
-        if stage.kind == LOOP:
-            stage.nested = any(
-                broadcasts_partially(shape, stage.shape)
-                for ins in stage.members if ins.prim.name != "matmul"
-                for shape in operand_shapes(ins))
+    def reads(self) -> tuple[dict, set, set, dict]:
+        """(last stage reading each value, the loop values that must be stored, the values an
+        op or python stage reads, var id -> first result leaf)."""
+        last_use: dict[int, int] = {}
+        stored: set[int] = set()
+        read_by_op: set[int] = set()
 
-    # segments: python stages separate native kernels
+        def read(var: Var, stage: Stage) -> None:
+            last_use[var.id] = max(last_use.get(var.id, -1), stage.index)
+            if stage.kind in (OP, PYTHON):
+                read_by_op.add(var.id)
+            home = self.defined_in.get(var.id)
+            if self.held.get(var.id) == HELD_LOOP and home is not stage:
+                stored.add(var.id)
+
+        for stage in self.stages:
+            if stage.kind == CHECK:
+                operand = self.program.checks[stage.check].operand
+                if isinstance(operand, Var):
+                    read(operand, stage)
+                continue
+            for ins in stage.members:
+                for v in operands(ins):
+                    read(v, stage)
+        output_of: dict[int, int] = {}
+        for k, leaf in enumerate(self.program.outputs):
+            if leaf.var is not None:
+                last_use[leaf.var.id] = len(self.stages)
+                output_of.setdefault(leaf.var.id, k)
+                if self.held.get(leaf.var.id) == HELD_LOOP:
+                    stored.add(leaf.var.id)
+        return last_use, stored, read_by_op, output_of
+
+
+def _number_segments(stages: list[Stage]) -> int:
+    """Python stages separate native kernels: each gets a segment of its own."""
     segment = 0
     for stage in stages:
         if stage.kind == PYTHON:
@@ -283,43 +337,7 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
             segment += 1
         else:
             stage.segment = segment
-    nsegments = segment + 1
-
-    # what each value's readers are, and which loop values must be stored
-    last_use: dict[int, int] = {}
-    stored: set[int] = set()
-    read_by_op: set[int] = set()
-
-    def read(var: Var, stage: Stage) -> None:
-        last_use[var.id] = max(last_use.get(var.id, -1), stage.index)
-        if stage.kind in (OP, PYTHON):
-            read_by_op.add(var.id)
-        home = defined_in.get(var.id)
-        if held.get(var.id) == HELD_LOOP and home is not stage:
-            stored.add(var.id)
-
-    end = len(stages)
-    for stage in stages:
-        if stage.kind == CHECK:
-            operand = program.checks[stage.check].operand
-            if isinstance(operand, Var):
-                read(operand, stage)
-            continue
-        for ins in stage.members:
-            for v in operands(ins):
-                read(v, stage)
-    output_of: dict[int, int] = {}
-    for k, leaf in enumerate(program.outputs):
-        if leaf.var is not None:
-            last_use[leaf.var.id] = end
-            output_of.setdefault(leaf.var.id, k)
-            if held.get(leaf.var.id) == HELD_LOOP:
-                stored.add(leaf.var.id)
-
-    storage, buffers = _assign_storage(program, stages, defined_in, stored, last_use, output_of,
-                                       read_by_op)
-    return Plan(stages, held, defined_in, reductions, stored, storage, buffers, last_use,
-                nsegments, output_of)
+    return segment + 1
 
 
 def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, stored: set,

@@ -20,7 +20,8 @@ access time (its modification time stays: Numba's cache is keyed on it), so that
 when it was last used. A process that writes a new entry prunes once, after compiling it (in
 the compiler, never in a call): entries unused for `GRADTAPE_CACHE_MAX_AGE_DAYS` (default
 30) are removed, then the least recently used ones until the rest fit in
-`GRADTAPE_CACHE_MAX_MB` (default 256). `clear()` removes every entry.
+`GRADTAPE_CACHE_MAX_MB` (default 256). `clear()` removes every entry. The settings are read
+through gradtape.config.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-_DISABLED_VALUES = {"0", "false", "no", "off", ""}
+from ... import config
+
 _override: list = []  # [path or None] after set_cache_dir
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -52,13 +54,9 @@ def cache_root() -> Path | None:
     """The configured cache directory (not created), or None when the cache is disabled."""
     if _override:
         return _override[0]
-    if os.environ.get("GRADTAPE_CACHE", "1").strip().lower() in _DISABLED_VALUES:
+    if not config.cache_enabled():
         return None
-    explicit = os.environ.get("GRADTAPE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gradtape"
+    return config.cache_dir()
 
 
 def kernel_dir() -> Path | None:
@@ -171,8 +169,6 @@ def discard(directory: Path, key: str) -> None:
 
 
 # --- pruning and clearing --------------------------------------------------------------------
-DEFAULT_MAX_MB = 256
-DEFAULT_MAX_AGE_DAYS = 30
 _RECENT_SECONDS = 60.0  # an entry used this recently is never pruned (another process loads it)
 _new_entries: list[str] = []  # keys whose module this process wrote
 _used_keys: set[str] = set()  # keys this process loaded or wrote: never pruned by it
@@ -213,26 +209,15 @@ def entries(directory: Path) -> list[Entry]:
     return sorted(found.values(), key=lambda e: e.last_used)
 
 
-def _env_number(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        _warn_once(f"gradtape: {name}={text!r} is not a number; using {default}")
-        return default
-
-
 def prune(directory: Path, max_bytes: float | None = None, max_age_seconds: float | None = None,
           keep: set[str] | frozenset = frozenset()) -> list[str]:
     """Remove entries unused for `max_age_seconds`, then the least recently used ones until the
-    rest take at most `max_bytes` (defaults: the environment, see the module docstring); never
+    rest take at most `max_bytes` (defaults: the environment, see gradtape.config); never
     the keys in `keep` nor entries used in the last minute. Returns the removed keys."""
     if max_bytes is None:
-        max_bytes = _env_number("GRADTAPE_CACHE_MAX_MB", DEFAULT_MAX_MB) * 2**20
+        max_bytes = config.cache_max_mb() * 2**20
     if max_age_seconds is None:
-        max_age_seconds = _env_number("GRADTAPE_CACHE_MAX_AGE_DAYS", DEFAULT_MAX_AGE_DAYS) * 86400
+        max_age_seconds = config.cache_max_age_days() * 86400
     now = time.time()
     found = entries(directory)
     total = sum(e.size for e in found)

@@ -1,7 +1,7 @@
 """The numba backend: a compiled tape as fused native loops (`compile(f, backend="numba")`).
 
 Lowering a Program (cheap, in the caller's thread, no Numba import):
-`numba_codegen.generate` plans it (fusion.py: elementwise instructions and full reductions of
+`codegen.generate` plans it (fusion.py: elementwise instructions and full reductions of
 one shape share a loop; matmul, slices, reshapes ... are calls between the loops; primitives
 without a native translation run through their NumPy implementation between kernels) and
 writes the kernels' module and this variant's Python wrapper. The numpy backend's lowering
@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import math
-import os
 import queue
 import threading
 import time
@@ -43,15 +42,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import cache, numba_codegen
-from .numpy_backend import NumpyLowered
-from .program import Program
+from ... import config
+from ..numpy_backend import NumpyLowered
+from ..program import Program
+from . import cache, codegen
+from .kernel import KernelArg
+from .parallel import PARALLEL_MIN_CHUNK
+from .wrapper import STATUS_LAYOUT
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
 # Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
 # 3000 stages: 9 s); beyond this many stages a variant stays on the numpy backend
 MAX_NATIVE_STAGES = 4000
-STATUS_LAYOUT = numba_codegen.STATUS_LAYOUT
 
 
 class NativeFallbackWarning(UserWarning):
@@ -63,7 +65,7 @@ _warned: set[str] = set()
 _warn_lock = threading.Lock()
 
 
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
     with _warn_lock:
         if message in _warned:
             return
@@ -114,7 +116,7 @@ def get_num_threads() -> int:
 class NativeKernels:
     """The compiled kernels of one generated module; variants with the same text share it."""
 
-    def __init__(self, generated: numba_codegen.Generated):
+    def __init__(self, generated: codegen.Generated):
         self.key = generated.key
         self.module_text = generated.module
         self.kernels = generated.kernels
@@ -183,7 +185,7 @@ _REGISTRY: dict[str, NativeKernels] = {}
 _registry_lock = threading.Lock()
 
 
-def kernels_for(generated: numba_codegen.Generated) -> NativeKernels:
+def kernels_for(generated: codegen.Generated) -> NativeKernels:
     with _registry_lock:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
@@ -272,7 +274,7 @@ def _numba_startup() -> float:
         from numba.core.compiler_lock import global_compiler_lock
         from numba.core.registry import cpu_target
 
-        from . import _numba_rt, fastmath  # noqa: F401  (fastmath registers its functions)
+        from . import fastmath, runtime  # noqa: F401  (fastmath registers its functions)
 
         # under Numba's compiler lock: another thread may be compiling (refreshing the
         # registries while it types a function leaves it without array attributes)
@@ -286,7 +288,7 @@ def _numba_startup() -> float:
 _JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
 
 
-def _numba_type(arg: numba_codegen.KernelArg):
+def _numba_type(arg: KernelArg):
     from numba import from_dtype, types
 
     scalar = from_dtype(arg.dtype)
@@ -349,6 +351,68 @@ class _State:
     __slots__ = ("kernels", "pending", "slow", "run", "numpy_run", "requested")
 
 
+def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
+    """A variant's state: no kernels yet; `pending` runs the numpy tier and requests the
+    kernels (once); `slow` answers a call a kernel returned a status other than 0 for."""
+    state = _State()
+    state.kernels = None
+    state.numpy_run = numpy_run
+    state.requested = False
+
+    def pending(*args):
+        try:
+            return numpy_run(*args)
+        finally:
+            if not state.requested:
+                state.requested = True
+                nk.request()
+
+    def slow(status, args, O):
+        if status != STATUS_LAYOUT or all(
+                type(a) is not np.ndarray or a.flags.c_contiguous for a in args) and (
+                O is None or all(o.flags.c_contiguous for o in O)):
+            return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
+        args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
+        if O is None:
+            return state.run(*args, None)
+        contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
+        state.run(*args, contiguous)
+        for o, c in zip(O, contiguous):
+            if o is not c:
+                o[...] = c
+        return None
+
+    state.pending = pending
+    state.slow = slow
+    return state
+
+
+def _generated(program: Program, threads: int) -> codegen.Generated | None:
+    """The kernels and wrapper of `program`, or None when the numpy backend's code is what
+    should run (nothing native to do, too large a program, or what the generator cannot
+    write: a warning says so)."""
+    try:
+        generated = codegen.generate(program, threads)
+    except NotImplementedError as exc:
+        warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
+        return None
+    if len(generated.plan.stages) > MAX_NATIVE_STAGES:
+        warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
+                  "large to compile natively (Python loops are unrolled on the tape: "
+                  "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
+                  "backend")
+        return None
+    if not (generated.loops or any(s.kind in ("loop", "scalar", "op")
+                                   for s in generated.plan.stages)):
+        return None  # nothing native to do: the numpy backend's code is better
+    for stage in generated.plan.stages:
+        if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
+            name = stage.members[0].prim.name
+            warn_once(f"numba backend: primitive {name!r} has no native translation; it "
+                      "runs through NumPy between the native kernels (exact, slower)")
+    return generated
+
+
 class NumbaLowered:
     """A variant lowered to native kernels (see the module docstring).
 
@@ -359,98 +423,34 @@ class NumbaLowered:
 
     def __init__(self, program: Program, wait: bool):
         self.numpy = NumpyLowered(program)
-        numpy_run = self.numpy.run
         self.native: NativeKernels | None = None
-        try:
-            threads = get_num_threads()
-            generated = numba_codegen.generate(program, threads)
-        except NotImplementedError as exc:
-            _warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
-            self.run = numpy_run
-            self.source = self.numpy.source
-            return
-        if len(generated.plan.stages) > MAX_NATIVE_STAGES:
-            _warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
-                       "large to compile natively (Python loops are unrolled on the tape: "
-                       "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
-                       "backend")
-        if len(generated.plan.stages) > MAX_NATIVE_STAGES or not (generated.loops or any(
-                s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)):
-            self.run = numpy_run  # nothing native to do: the numpy backend's code is better
+        threads = get_num_threads()
+        generated = _generated(program, threads)
+        if generated is None:
+            self.run = self.numpy.run
             self.source = self.numpy.source
             return
         for loop in generated.loops.values():
             loop.wait = wait
-        for stage in generated.plan.stages:
-            if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
-                name = stage.members[0].prim.name
-                _warn_once(f"numba backend: primitive {name!r} has no native translation; it "
-                           "runs through NumPy between the native kernels (exact, slower)")
         self.generated = generated
         self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
-        state = _State()
-        state.kernels = None
-        state.numpy_run = numpy_run
-        state.requested = False
         nk = self.native = kernels_for(generated)
-
-        def pending(*args):
-            try:
-                return numpy_run(*args)
-            finally:
-                if not state.requested:
-                    state.requested = True
-                    nk.request()
-
-        def slow(status, args, O):
-            if status != STATUS_LAYOUT or all(
-                    type(a) is not np.ndarray or a.flags.c_contiguous for a in args) and (
-                    O is None or all(o.flags.c_contiguous for o in O)):
-                return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
-            args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
-            if O is None:
-                return state.run(*args, None)
-            contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
-            state.run(*args, contiguous)
-            for o, c in zip(O, contiguous):
-                if o is not c:
-                    o[...] = c
-            return None
-
-        state.pending = pending
-        state.slow = slow
-        self._state = state
-
-        def build(source: str, extra: dict):
-            consts = dict(extra)
-            consts.update(state=state, empty=np.empty, array=np.array, asarray=np.asarray,
-                          ascontiguous=np.ascontiguousarray)
-            namespace: dict = {}
-            exec(compile(source, f"<gradtape numba wrapper {generated.key}>", "exec"), namespace)
-            return namespace["_build"](consts)
-
-        def ready(nk: NativeKernels) -> None:
-            if nk.functions is not None:
-                state.kernels = nk.functions
-            else:
-                _warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
-                           "that variant runs on the numpy backend")
-
+        state = self._state = _state(nk, self.numpy.run)
         if not generated.kernels:
             state.kernels = ()
         elif wait:
             nk.compile_now()
-            ready(nk)
+            self._ready(nk)
         else:
-            nk.when_ready(ready)
+            nk.when_ready(self._ready)
         self._bound = wait and state.kernels is not None
         if self._bound:
             # the kernels are known now: bind them into the wrapper (no per-call lookup)
             source, extra = generated.bound_wrapper()
             extra.update({f"k{j}": k for j, k in enumerate(state.kernels)})
-            state.run = self.run = build(source, extra)
+            state.run = self.run = self._build(source, extra)
         else:
-            state.run = self.run = build(generated.wrapper, generated.wrapper_consts)
+            state.run = self.run = self._build(generated.wrapper, generated.wrapper_consts)
         if generated.kernels and _large_enough_for_threads(program):
             self._program, self._wait, self._threads_wanted = program, wait, threads
             with _threads_lock:
@@ -459,23 +459,40 @@ class NumbaLowered:
             if current != threads:  # set_num_threads ran while this was being lowered
                 self.use_threads(current)
 
+    def _ready(self, nk: NativeKernels) -> None:
+        if nk.functions is not None:
+            self._state.kernels = nk.functions
+        else:
+            warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
+                      "that variant runs on the numpy backend")
+
+    def _build(self, source: str, extra: dict) -> Callable:
+        """The wrapper's `run`, from its source and constants."""
+        consts = dict(extra)
+        consts.update(state=self._state, empty=np.empty, array=np.array, asarray=np.asarray,
+                      ascontiguous=np.ascontiguousarray)
+        namespace: dict = {}
+        exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"),
+             namespace)
+        return namespace["_build"](consts)
+
     def use_threads(self, n: int) -> None:
         """Switch to the kernels generated for `n` threads (see set_num_threads): they take the
         same arguments, so the wrapper stays and only the kernels it calls change."""
         self._threads_wanted = n
-        generated = numba_codegen.generate(self._program, n)
+        generated = codegen.generate(self._program, n)
         if generated.key == self.native.key:
             return
         if generated.wrapper != self.generated.wrapper:  # (not expected) keep the kernels
-            _warn_once("numba backend: a variant's kernels for another thread count take other "
-                       "arguments; it keeps its thread count")
+            warn_once("numba backend: a variant's kernels for another thread count take other "
+                      "arguments; it keeps its thread count")
             return
         nk = kernels_for(generated)
 
         def swap(nk: NativeKernels) -> None:
             if nk.functions is None:
-                _warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
-                           f"({nk.error}); that variant keeps its kernels")
+                warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
+                          f"({nk.error}); that variant keeps its kernels")
                 return
             if self._threads_wanted != n:
                 return  # another count was set since
@@ -513,7 +530,7 @@ class NumbaLowered:
 
 def _large_enough_for_threads(program: Program) -> bool:
     """Whether some value of `program` has enough elements for a loop in parallel chunks."""
-    least = 2 * numba_codegen.PARALLEL_MIN_CHUNK
+    least = 2 * PARALLEL_MIN_CHUNK
     return any(math.prod(v.shape) >= least for v in program.inputs) or any(
         math.prod(v.shape) >= least for ins in program.instructions for v in ins.outvars)
 
@@ -528,8 +545,7 @@ def _rebind(run: Callable, kernels: tuple) -> None:
 def lowered(compiled, *args, **kwargs):
     """The lowered variant that `compiled(*args, **kwargs)` replays (recorded if needed): a
     NumbaLowered for the numba backends; for tests, benchmarks and curious users."""
-    _, variant = compiled._variant_for(args, kwargs)
-    return None if variant is None else variant.lowered
+    return compiled.lowered(*args, **kwargs)
 
 
 def lower_waiting(program: Program) -> NumbaLowered:
@@ -543,9 +559,9 @@ def lower_tiered(program: Program) -> NumbaLowered:
 
 
 def _register() -> None:
-    from .dispatch import register_backend
+    from ..dispatch import register_backend
 
-    if os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not config.numba_enabled():
         return
     if available():
         register_backend("numba", lower_waiting)

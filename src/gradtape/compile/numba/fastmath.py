@@ -58,9 +58,10 @@ logaddexp(x, y) = max(x, y) + log1p(exp(-|x - y|)) cancels when max(x, y) < 0 (N
 formula too), so its error is in ulps of max(|result|, |x|, |y|), the scale of its
 sensitivity to its arguments. The tests assert these bounds rounded up to 0.25 ulp.
 
-`FAST_FUNCTIONS` maps ufunc names (gradtape's primitive names, plus "softplus" for the
-log1p(exp(x)) pattern) to these functions, for the numba backend's code generator. Importing
-this module imports Numba: only the numba backend imports it.
+`FAST_FUNCTIONS` maps the functions' names (without `fast_`) to them, for tests and
+benchmarks; the numba backend's kernels call the functions that elementwise primitives name
+in their native forms (`native="float:fast_exp"`). Importing this module imports Numba: only
+the numba backend imports it.
 """
 
 from __future__ import annotations
@@ -463,7 +464,7 @@ def fast_logaddexp(x, y):
     return _from_python(fast_logaddexp, x, y)
 
 
-#: ufunc (primitive) name -> fast function, for generated fused loops.
+#: name -> fast function (tests, benchmarks).
 FAST_FUNCTIONS: dict[str, Callable] = {
     "exp": fast_exp, "expm1": fast_expm1, "log": fast_log, "log1p": fast_log1p,
     "tanh": fast_tanh, "expit": fast_expit, "log_expit": fast_log_expit,
@@ -499,7 +500,7 @@ def _register(name: str, function: Callable) -> None:
             return lambda x: function(np.float64(x))
         return lambda x, y: function(np.float64(x), np.float64(y))
 
-    if name == "logaddexp":
+    if function.__code__.co_argcount == 2:
         def select(x, y):
             return implementation(x, y)
     else:

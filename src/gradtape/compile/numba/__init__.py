@@ -1,0 +1,21 @@
+"""The numba backend: a compiled tape as fused native loops (`compile(f, backend="numba")`).
+
+One job per module:
+
+* `scalar`: the scalar expression of an elementwise instruction, from its primitive's
+  declared `native` form; literals, casts and the dtypes kernels take.
+* `fusion`: which instructions share a loop, what is stored (the plan).
+* `lowering`: the table of the other primitives the kernels compute (keyed by Primitive).
+* `kernel`: the kernel of one segment of a plan (`matmul`: matrix products; `indexing`:
+  reads and writes through indices).
+* `wrapper`: the generated Python function around the kernels (results, status codes,
+  fallbacks).
+* `codegen`: `generate(program)`: plan, kernels' module and wrapper of one variant.
+* `backend`: compiling kernels (a background thread, the tiers, the thread setting).
+* `loops`: native drivers of loop primitives (scan, its backward loop, while_loop).
+* `runtime`, `fastmath`: what the kernels import (helpers, vectorizable libm).
+* `cache`: the disk cache of kernel modules.
+
+Importing this package imports neither Numba nor its modules; `backend` registers the
+backend (gradtape.compile imports it).
+"""

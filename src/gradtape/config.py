@@ -1,0 +1,108 @@
+"""Every GRADTAPE_* environment setting, read in one place.
+
+* `GRADTAPE_NUMBA` (default on): `0`, `false`, `no` or `off` turns the numba backend off;
+  eager loops then never get native drivers (everything runs in NumPy).
+* `GRADTAPE_CACHE` (default on): `0`, `false`, `no`, `off` or empty keeps compiled kernels in
+  memory only (no disk cache).
+* `GRADTAPE_CACHE_DIR` (default unset): the kernel cache's directory; unset, it is
+  `$XDG_CACHE_HOME/gradtape`, else `~/.cache/gradtape`.
+* `GRADTAPE_CACHE_MAX_MB` (default 256): the size the kernel cache is pruned to (least
+  recently used entries first).
+* `GRADTAPE_CACHE_MAX_AGE_DAYS` (default 30): cache entries unused for this long are pruned.
+* `GRADTAPE_MALLOC_TUNE` (default on): `0` leaves glibc's allocator thresholds alone.
+
+Each setting is read through one function below, when it is needed (a test or a program may
+change the environment between two reads); `SETTINGS` lists them with their defaults. This
+module imports nothing of gradtape, so any module may read its settings from here.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+NUMBA = "GRADTAPE_NUMBA"
+CACHE = "GRADTAPE_CACHE"
+CACHE_DIR = "GRADTAPE_CACHE_DIR"
+CACHE_MAX_MB = "GRADTAPE_CACHE_MAX_MB"
+CACHE_MAX_AGE_DAYS = "GRADTAPE_CACHE_MAX_AGE_DAYS"
+MALLOC_TUNE = "GRADTAPE_MALLOC_TUNE"
+
+DEFAULT_CACHE_MAX_MB = 256
+DEFAULT_CACHE_MAX_AGE_DAYS = 30
+
+# name -> (default, meaning), in the order of the list above
+SETTINGS: dict[str, tuple[str, str]] = {
+    NUMBA: ("1", "0/false/no/off: no numba backend, no native drivers for eager loops"),
+    CACHE: ("1", "0/false/no/off/empty: compiled kernels stay in memory (no disk cache)"),
+    CACHE_DIR: ("", "the kernel cache's directory (unset: $XDG_CACHE_HOME/gradtape, else "
+                    "~/.cache/gradtape)"),
+    CACHE_MAX_MB: (str(DEFAULT_CACHE_MAX_MB), "size the kernel cache is pruned to"),
+    CACHE_MAX_AGE_DAYS: (str(DEFAULT_CACHE_MAX_AGE_DAYS),
+                         "cache entries unused for this many days are pruned"),
+    MALLOC_TUNE: ("1", "0: leave glibc's allocator thresholds alone"),
+}
+
+_OFF = frozenset({"0", "false", "no", "off"})
+_warned: set[str] = set()
+
+
+def _text(name: str) -> str:
+    return os.environ.get(name, SETTINGS[name][0]).strip()
+
+
+def numba_enabled() -> bool:
+    """GRADTAPE_NUMBA: whether the numba backend may be used (default: yes). Turning it off
+    (`0`, `false`, `no`, `off`, any case) leaves backend="numba" unregistered and keeps eager
+    loops in Python."""
+    return _text(NUMBA).lower() not in _OFF
+
+
+def cache_enabled() -> bool:
+    """GRADTAPE_CACHE: whether compiled kernels are kept on disk (default: yes); `0`, `false`,
+    `no`, `off` or an empty value keep them in memory only."""
+    return _text(CACHE).lower() not in _OFF | {""}
+
+
+def cache_dir() -> Path:
+    """GRADTAPE_CACHE_DIR: the kernel cache's directory if set (and not empty), else
+    `$XDG_CACHE_HOME/gradtape`, else `~/.cache/gradtape` (not created here)."""
+    explicit = os.environ.get(CACHE_DIR)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gradtape"
+
+
+def cache_max_mb() -> float:
+    """GRADTAPE_CACHE_MAX_MB: the size in megabytes the kernel cache is pruned to (default
+    256). A value that is not a number warns (RuntimeWarning, once) and the default is used."""
+    return _number(CACHE_MAX_MB, DEFAULT_CACHE_MAX_MB)
+
+
+def cache_max_age_days() -> float:
+    """GRADTAPE_CACHE_MAX_AGE_DAYS: cache entries unused for this many days are pruned
+    (default 30). A value that is not a number warns (RuntimeWarning, once); the default is
+    used."""
+    return _number(CACHE_MAX_AGE_DAYS, DEFAULT_CACHE_MAX_AGE_DAYS)
+
+
+def malloc_tune() -> bool:
+    """GRADTAPE_MALLOC_TUNE: whether glibc's allocator is tuned to keep freed memory (default:
+    yes); `0` leaves it alone."""
+    return os.environ.get(MALLOC_TUNE) != "0"
+
+
+def _number(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        message = f"gradtape: {name}={text!r} is not a number; using {default}"
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return default

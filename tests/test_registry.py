@@ -1,0 +1,152 @@
+"""What each backend computes with its own code, over every declared primitive.
+
+The lists below are reviewed: a primitive added without a native form or a lowering (or an
+entry lost in a refactoring) changes them, and this test says which. Update them on purpose;
+`python -m gradtape.compile.coverage` prints the current lists.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradtape.compile import coverage
+from gradtape.core.primitive import REGISTRY
+
+pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
+
+# run through NumPy between the numba backend's kernels (no native form, no lowering entry,
+# no fused reduction, no loop driver)
+NATIVE_GAPS = {
+    # index and search functions, predicates on whole arrays
+    "allclose", "argmax", "argmin", "argsort", "argwhere", "array_equal", "count_nonzero",
+    "flatnonzero", "isclose", "nonzero", "searchsorted",
+    # linear algebra beyond matmul (LAPACK through NumPy)
+    "cholesky", "det", "eigh", "einsum", "inv", "qr", "slogdet", "solve",
+    # elementwise functions without a scalar expression Numba implements
+    "betaln", "digamma", "entr", "erfinv", "exp10", "heaviside", "log_ndtr", "logit", "ndtri",
+    "xlog1py", "zeta",
+    # shapes
+    "pad",
+    # scipy.special, scipy.stats and NumPy functions declared without a native form yet
+    "_riemann_zeta", "argpartition", "bdtr", "bdtrc", "beta", "betainc", "betaincc",
+    "betainccinv", "betaincinv", "bincount", "bincount_shifted", "bitwise_count", "conjugate",
+    "convolution", "digitize", "discrete_ppf", "divmod", "erfcinv", "frexp", "gammainc",
+    "gammaincc", "gammainccinv", "gammaincinv", "gammasgn", "histogram_bin_count",
+    "histogram_bin_index", "huber", "i0", "i0e", "i1", "i1e", "isnat", "iv", "ive", "j0", "j1",
+    "jv", "k0", "k0e", "k1", "k1e", "kl_div", "kn", "kv", "kve", "lambertw", "ldexp", "lexsort",
+    "logaddexp_reduce", "matvec", "modf", "nanargmax", "nanargmin", "nextafter", "numpy_i0",
+    "partition_index", "pdtr", "pdtrc", "pseudo_huber", "rel_entr", "rgamma", "running_extreme",
+    "sinc", "spence", "stdtr", "stdtrit", "unique_inverse", "unique_rank", "vecdot", "vecmat",
+    "y0", "y1", "yn", "yv",
+}
+
+# computed by the numpy backend through its generic fallback (a call of the primitive's
+# implementation) rather than code writing into a reused buffer
+NUMPY_FALLBACKS = {
+    "all", "allclose", "any", "argmax", "argmin", "argsort", "argwhere", "array_equal",
+    "cholesky", "count_nonzero", "det", "dyn_getitem", "dyn_scatter_add", "dyn_setitem", "eigh",
+    "einsum", "flatnonzero", "inv", "isclose", "nonzero", "qr", "scan", "scan_bwd",
+    "searchsorted", "slogdet", "solve", "while_loop",
+    "zeta",  # scipy.special.zeta is a Python function around the _zeta ufunc
+    # computed by a call of their implementation (data-dependent or multi-output results)
+    "_riemann_zeta", "argpartition", "bincount", "bincount_shifted", "convolution", "digitize",
+    "discrete_ppf", "divmod", "frexp", "gammasgn", "histogram_bin_count", "histogram_bin_index",
+    "lambertw", "lexsort", "logaddexp_reduce", "matvec", "modf", "nanargmax", "nanargmin",
+    "numpy_i0", "partition_index", "running_extreme", "sinc", "unique_inverse", "unique_rank",
+    "vecdot", "vecmat",
+}
+
+
+@functools.cache
+def _fresh_process() -> dict:
+    """Both lists from a new process: its registry holds gradtape's primitives only (tests
+    declare primitives of their own)."""
+    script = ("import json; from gradtape.compile import coverage; print(json.dumps("
+              "{'gaps': coverage.native_gaps(), 'fallbacks': coverage.numpy_fallbacks(), "
+              "'report': coverage.report()}))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_primitives_the_numba_backend_runs_through_numpy():
+    gaps = set(_fresh_process()["gaps"])
+    assert gaps - NATIVE_GAPS == set(), "new primitives without a native form or lowering"
+    assert NATIVE_GAPS - gaps == set(), "these are native now: drop them from NATIVE_GAPS"
+
+
+def test_primitives_the_numpy_backend_computes_through_its_fallback():
+    fallbacks = set(_fresh_process()["fallbacks"])
+    assert fallbacks - NUMPY_FALLBACKS == set(), "new primitives on the generic fallback"
+    assert NUMPY_FALLBACKS - fallbacks == set(), "these have emitters now: update the list"
+
+
+def test_the_walk_covers_every_declared_primitive_and_no_user_rule():
+    import gradtape as gt
+
+    @gt.custom_jvp
+    def twice(x):
+        return 2 * x
+
+    names = {p.name for p in coverage.primitives()}
+    assert {"add", "matmul", "scan", "getitem", "stop_gradient"} <= names
+    assert all(not REGISTRY[n].user_rule for n in names)
+    assert not any(n.startswith(("custom_vjp[", "custom_jvp[")) for n in names)
+
+
+def test_the_report_lists_both():
+    text = _fresh_process()["report"]
+    assert f"{len(NATIVE_GAPS)} primitives run through NumPy" in text
+    assert "heaviside" in text and "while_loop" in text
+
+
+@pytest.mark.native
+def test_a_new_ufunc_declared_with_a_native_form_fuses_with_no_other_edit():
+    """np.ldexp, declared afresh here with a native form (gradtape's own declaration has none,
+    and is set aside for the test), is computed in the fused loop with no edit to compile/."""
+    pytest.importorskip("numba")
+    import numpy as np
+
+    import gradtape as gt
+    from gradtape.compile.numba.backend import lowered
+    from gradtape.core.routes import UFUNCS
+    from gradtape.rules.elementwise import elementwise
+
+    own = UFUNCS.pop(np.ldexp, None)
+    ldexp = elementwise("test_ldexp", np.ldexp, (lambda ans, x, n: 2.0 ** n, None),
+                        ufunc=np.ldexp, native="np.ldexp")
+    try:
+        def f(x):
+            return np.sum(np.ldexp(x, 3) * np.sin(x))
+
+        compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+        x = np.linspace(-1.0, 2.0, 9)
+        value, grad = compiled(x)
+        np.testing.assert_allclose(value, np.sum(8.0 * x * np.sin(x)), rtol=1e-14)
+        np.testing.assert_allclose(grad, 8.0 * (np.sin(x) + x * np.cos(x)), rtol=1e-13)
+        low = lowered(compiled, x)
+        assert low.tier == "native"
+        assert all(s.kind != "python" for s in low.generated.plan.stages)
+        assert any(ins.prim is ldexp for s in low.generated.plan.stages if s.kind == "loop"
+                   for ins in s.members)
+    finally:
+        UFUNCS.pop(np.ldexp, None)
+        if own is not None:
+            UFUNCS[np.ldexp] = own
+        REGISTRY.pop("test_ldexp", None)
+
+
+def test_native_forms_that_cannot_be_read_are_refused():
+    from gradtape.compile.numba.scalar import parse
+
+    assert [a.kinds for a in parse(("signed:({0} + {1})", "np.add"))] == ["fi", None]
+    with pytest.raises(ValueError, match="unknown native rule"):
+        parse("@no_such_rule")
+    with pytest.raises(ValueError, match="string or a tuple"):
+        parse(("np.add", 3))
