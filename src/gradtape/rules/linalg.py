@@ -1495,3 +1495,6 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
 implements(np.linalg.matrix_norm)(
     lambda x, /, *, keepdims=False, ord="fro": norm(x, ord, (-2, -1), keepdims))
 
+
+# scipy.linalg's functions are wrapped when SciPy's linalg is imported (see scipy_linalg.py)
+from . import scipy_linalg as _scipy_linalg  # noqa: E402, F401  (installs its import hook)
