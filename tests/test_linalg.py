@@ -1146,11 +1146,22 @@ def test_solve_backward_reuses_the_lu_factors():
     assert "solve" not in names and "inv" not in names
 
 
-def test_cholesky_backward_uses_triangular_solves():
+def test_cholesky_backward_is_one_instruction_and_traced_through_when_differentiated():
+    """Staged, the backward pass of cholesky is one instruction (its LAPACK path: trmm and
+    sygst); differentiated again, it is traced through (triangular solves)."""
     s = spd(np.random.default_rng(9), (), 4)
     tape = _staged_grad(lambda x: np.sum(np.linalg.cholesky(x) ** 2), s)
     names = [ins.prim.name for ins in tape.instructions]
-    assert names.count("triangular_solve") == 2 and "solve" not in names
+    assert names.count("cholesky_backward") == 1 and "solve" not in names
+    f = lambda x: np.sum(np.sin(np.linalg.cholesky(x)))  # noqa: E731
+    tape = gt.trace(lambda x: gt.hvp(f, x, np.ones_like(x)), s)
+    assert "triangular_solve" in [ins.prim.name for ins in tape.instructions]
+    check_hessian_vector(f, s)
+    for lapack_path in (s, s.astype(np.float32)):
+        low, low_bar = np.linalg.cholesky(lapack_path), np.tril(np.ones_like(lapack_path))
+        generic = la._cholesky_backward(low[None], low_bar[None])[0]
+        np.testing.assert_allclose(la._cholesky_backward(low, low_bar), generic,
+                                   rtol=1e-5 if low.dtype == np.float32 else 1e-12, atol=1e-6)
 
 
 # --- second derivatives of the new rules ----------------------------------------------------------

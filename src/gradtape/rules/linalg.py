@@ -881,13 +881,52 @@ def _symmetric_read(t, lower: bool):
     return t * _tri(n, dtype_of(t), lower) + _mT(t * _tri(n, dtype_of(t), lower, k=1))
 
 
-def _cholesky_vjp(g, ans, a, upper):
-    # with L the lower factor: abar = phi(S + S^T), S = L^-T phi(L^T Lbar) L^-1 (Murray, 2016)
-    low, low_bar = (_mT(ans), _mT(g)) if upper else (ans, g)
+@functools.cache
+def _blas_funcs(names: tuple, dtype_char: str):
+    from scipy.linalg import blas
+
+    return blas.get_blas_funcs(names, dtype=np.dtype(dtype_char))
+
+
+def _cholesky_backward_lapack(low, low_bar):
+    """phi(L^-T M L^-1) with M = P + P^T, P = phi(L^T Lbar), for one real matrix, from trmm and
+    sygst (about 2 n^3 flops, against 4 n^3 for a product and two triangular solves)."""
+    trmm, = _blas_funcs(("trmm",), low.dtype.char)
+    sygst, = _lapack(("sygst",), low.dtype)
+    n = low.shape[-1]
+    # the upper triangle of M is that of Q^T = Lbar^T L (diagonal included), the rest is not read
+    qt = trmm(1.0, low, np.tril(low_bar).T, side=1, lower=1, overwrite_b=1)
+    # sygst gives inv(L) A inv(L^T) for a lower L: with rows and columns in reverse order (J),
+    # J L^T J is lower and J inv(L^T) M inv(L) J = inv(J L^T J) (J M J) inv(J L^T J)^T
+    c, info = sygst(qt[::-1, ::-1], low.T[::-1, ::-1], itype=1, lower=1, overwrite_a=1)
+    out = np.tril(c[::-1, ::-1].T)  # C is symmetric: its lower triangle, from the upper one
+    out[np.diag_indices(n)] *= 0.5
+    return out
+
+
+def _cholesky_backward(low, low_bar):
+    """The VJP of the lower Cholesky factor: abar = phi(S + S^T), S = L^-T phi(L^T Lbar) L^-1
+    (Murray, 2016), on the lower triangle. One real matrix on concrete values: trmm and sygst;
+    otherwise (stacks, Tracers) triangular solves, which are primitives themselves."""
+    if (type(low) is np.ndarray and type(low_bar) is np.ndarray and low.ndim == 2
+            and low_bar.ndim == 2 and low.dtype == low_bar.dtype and low.dtype.char in "fd"
+            and low.shape[-1] and _lapack(("sygst",), low.dtype) is not None):
+        return _cholesky_backward_lapack(low, low_bar)
     p = _phi(np.matmul(_mT(low), low_bar), lower=True)
     x = triangular_solve_p.impl(low, p, lower=True, trans=1, unit=False)  # L^-T P
     s = _mT(triangular_solve_p.impl(low, _mT(x), lower=True, trans=1, unit=False))  # . L^-1
-    return _phi(s + _mT(s), lower=not upper)
+    return _phi(s + _mT(s), lower=True)
+
+
+# recorded as one instruction when staging (compile: its LAPACK path runs), differentiated
+# through its implementation (the triangular solves) otherwise
+cholesky_backward_p = Primitive("cholesky_backward", _cholesky_backward, transparent=True)
+
+
+def _cholesky_vjp(g, ans, a, upper):
+    low, low_bar = (_mT(ans), _mT(g)) if upper else (ans, g)
+    abar = bind(cholesky_backward_p, (low, low_bar), {})
+    return _mT(abar) if upper else abar
 
 
 def _cholesky_jvp(ts, ans, a, upper):
