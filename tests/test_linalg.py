@@ -414,6 +414,12 @@ def test_matrix_functions_float32(seed, n):
     check_float32(lambda x: np.linalg.slogdet(x)[1], a)
     check_float32(np.linalg.cholesky, s)
     check_float32(np.linalg.eigvalsh, symmetric_spread(rng, (), n))
+    wide = spread_singular(rng, (2,), n, n + 1)
+    check_float32(lambda x: np.linalg.svd(x, compute_uv=False), wide)
+    check_float32(np.linalg.pinv, wide)
+    check_float32(lambda x: np.linalg.lstsq(x, np.ones(n, np.float32))[0], wide[0])
+    check_float32(lambda x: np.linalg.solve(x, np.ones(n, np.float32)), a[0])
+    check_float32(np.linalg.eigvals, symmetric_spread(rng, (), n) + 0.1 * np.tri(n))
 
 
 def test_results_match_numpy_and_keep_its_types():
@@ -1252,3 +1258,44 @@ def test_complex_gradients_match_jax(jax_modules):
         if name == "eigvalsh":  # JAX's Hermitian gradient, onto the triangle NumPy reads
             theirs = la._hermitian_fold(theirs, True)
         np.testing.assert_allclose(ours, theirs, rtol=1e-7, atol=1e-9, err_msg=name)
+
+
+def test_eigenvector_gradients_match_jax(jax_modules):
+    """eig's vectors with LAPACK's normalization, as JAX differentiates them."""
+    jax, jnp = jax_modules
+    from jax import lax
+
+    rng = np.random.default_rng(12)
+    for a in (general_spread(rng, (), 4), complex_general_spread(rng, (), 3)):
+        c = normal(rng, a.shape)
+        ours = gt.vjp(lambda x: la._abs2(np.linalg.eig(x)[1].astype(complex)), a)[1](c)[0]
+        theirs = jax.vjp(lambda x: jnp.abs(lax.linalg.eig(
+            x, compute_left_eigenvectors=False, enable_eigvec_derivs=True)[1]) ** 2,
+            jnp.asarray(a))[1](jnp.asarray(c))[0]
+        np.testing.assert_allclose(ours, np.asarray(theirs), rtol=1e-7, atol=1e-9)
+
+
+DECOMPOSITION_LOSSES = {
+    "eigh": lambda x: np.sum(np.linalg.eigh(x @ x.T)[1] ** 2 * np.arange(4)),
+    "svd": lambda x: np.sum((lambda u, s, vh: u @ vh)(*np.linalg.svd(x, False)) ** 3)
+    + np.linalg.norm(x, "nuc"),
+    "eig": lambda x: np.sum(la._re(np.linalg.eigvals(x[:3] @ x[1:].T)) ** 2),
+    "pinv": lambda x: np.sum(np.linalg.pinv(x) ** 2),
+    "lstsq": lambda x: np.sum(np.linalg.lstsq(x, np.ones(4))[0] ** 2),
+    "qr complete": lambda x: np.sum(np.linalg.qr(x, "complete")[0][:, 3:] ** 2 * np.arange(
+        4)[:, None]),
+    "det": lambda x: np.linalg.det(x[:3]) + np.linalg.slogdet(x[:3] @ x[:3].T)[1],
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("name", sorted(DECOMPOSITION_LOSSES))
+def test_compiled_decompositions_match_eager(name, backend):
+    f = DECOMPOSITION_LOSSES[name]
+    a = spread_singular(np.random.default_rng(13), (), 4, 3)
+    vg = gt.compile(gt.value_and_grad(f), backend=backend)
+    for x in (a, a + 0.1):
+        v, g = vg(x)
+        v0, g0 = gt.value_and_grad(f)(x)
+        np.testing.assert_allclose(v, v0, rtol=1e-12)
+        np.testing.assert_allclose(g, g0, rtol=1e-8, atol=1e-10)
