@@ -2,10 +2,10 @@
 
 Primitives (each with a VJP per argument and a JVP, written with NumPy calls so that they
 are traced again for higher derivatives): matmul, einsum, inv, det, slogdet, solve, the
-LU-factored solve, the triangular solve, cholesky, eigh, eig, svd and qr. Everything else is a
-composition of them: dot, inner, outer, vdot, tensordot, multi_dot, kron, matrix_power,
-tensorsolve, tensorinv, eigvals, eigvalsh, pinv, lstsq, cond and norm. All accept stacks of
-matrices where NumPy does.
+LU-factored solve, the triangular solve, cholesky (and its backward step), eigh, eig, svd,
+pinv and qr. Everything else is a composition of them: dot, inner, outer, vdot, tensordot,
+multi_dot, kron, matrix_power, tensorsolve, tensorinv, trace, eigvals, eigvalsh, lstsq, cond
+and norm. All accept stacks of matrices where NumPy does.
 
 Routines that read one triangle of their input (cholesky, eigh, eigvalsh: the lower one
 by default) get the exact derivative of what NumPy computes: the gradient lives on that
@@ -86,11 +86,6 @@ def _diag_embed(d):
 
 def _diag_part(x):
     return np.diagonal(x, axis1=-2, axis2=-1)
-
-
-def _is_zero(ct) -> bool:
-    """A concrete all-zero cotangent (what the reverse interpreter passes for unused outputs)."""
-    return isinstance(ct, np.ndarray) and not ct.any()
 
 
 def _add(x, y):
