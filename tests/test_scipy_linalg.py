@@ -405,7 +405,7 @@ def test_gradients_match_jax(jax_modules):
          lambda x: jnp.sum(c * jsl.block_diag(x, x)[:n, :n]), a),
     ]
     for i, (f, jf, x) in enumerate(cases):
-        np.testing.assert_allclose(gt.grad(f)(x), np.asarray(jax.grad(jf)(x)), rtol=1e-8,
+        np.testing.assert_allclose(gt.grad(f)(x), np.asarray(jax.jit(jax.grad(jf))(x)), rtol=1e-8,
                                    atol=1e-10, err_msg=f"case {i}")
 
 
