@@ -485,16 +485,51 @@ def _linalg_cases() -> dict:
         b = _values(draw, (n, 2), np.float64)
         return (lambda a, b: np.linalg.solve(a, b)), (a, b), np.float64
 
+    @st.composite
+    def stacked_solve(draw):
+        n = draw(st.integers(1, 3))
+        a = _values(draw, (2, n, n), np.float64) + 3 * np.eye(n)
+        b = _values(draw, (2, n, 2), np.float64)
+        return (lambda a, b: np.linalg.solve(a, b)), (a, b), np.float64
+
+    @st.composite
+    def triangular(draw):
+        n = draw(st.integers(1, 3))
+        a = _values(draw, (n, n), np.float64) + 3 * np.eye(n)
+        b = _values(draw, (n, 2), np.float64)
+        return (lambda a, b: linalg.triangular_solve(a, b, lower=True)), (a, b), np.float64
+
+    @st.composite
+    def general(draw, func):
+        """A real matrix with well separated eigenvalues, a complex pair among them."""
+        n = draw(st.integers(2, 3))
+        d = np.diag(np.arange(1.0, n + 1) * 1.5)
+        d[:2, :2] = [[1.0, 2.0], [-2.0, 1.0]]
+        return func, (d + 0.2 * _values(draw, (n, n), np.float64),), np.float64
+
+    def eig_parts(a):  # real outputs: the complex helpers are part of the path
+        w, v = np.linalg.eig(a)
+        return linalg._re(w), linalg._im(w), linalg._re(v * linalg._cj(v[..., :1, :]))
+
     def sym(f):
         return lambda a: f(0.5 * (a + a.T))
 
+    from gradtape.rules import linalg
+
     return {
-        "matmul": matmul(), "einsum": einsum(), "solve": solve(),
+        "matmul": matmul(), "einsum": einsum(), "solve": stacked_solve(), "lu_solve": solve(),
+        "triangular_solve": triangular(), "eig": general(eig_parts),
+        "linalg_real": general(lambda a: linalg._re(np.linalg.eigvals(a))),
+        "linalg_imag": general(lambda a: linalg._im(np.linalg.eigvals(a))),
+        "linalg_conj": general(lambda a: linalg._im(linalg._cj(np.linalg.eigvals(a)))),
+        "svd": square(lambda a: (lambda u, s, vh: (u @ vh, s))(*np.linalg.svd(a))),
+        "pinv": square(np.linalg.pinv),
         "inv": square(np.linalg.inv), "det": square(np.linalg.det),
         "slogdet": square(lambda a: np.linalg.slogdet(a)[1]),
         "cholesky": square(sym(np.linalg.cholesky), spd=True),
         "eigh": square(sym(lambda a: tuple(np.linalg.eigh(a))), spd=True),
         "qr": square(lambda a: tuple(np.linalg.qr(a))),
+        "qr complete": square(lambda a: tuple(np.linalg.qr(a[:, :1], "complete"))),
     }
 
 

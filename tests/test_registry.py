@@ -32,6 +32,12 @@ NATIVE_GAPS = {
     "xlog1py", "zeta",
     # shapes
     "pad",
+    # decompositions and matrix functions (LAPACK through NumPy and SciPy)
+    "cho_factors", "cho_solve", "cholesky_backward", "eig", "expm", "linalg_all_real",
+    "linalg_conj", "linalg_imag", "linalg_real", "logm", "lu", "lu_factors", "lu_permutation",
+    "lu_solve", "lu_solve_factors", "pinv", "pos_solve", "scipy_eigh", "scipy_eigh_general",
+    "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov", "solve_sylvester",
+    "sqrtm", "svd", "triangular_solve",
     # scipy.special, scipy.stats and NumPy functions declared without a native form yet
     "_riemann_zeta", "argpartition", "bdtr", "bdtrc", "beta", "betainc", "betaincc",
     "betainccinv", "betaincinv", "bincount", "bincount_shifted", "bitwise_count", "conjugate",
@@ -53,6 +59,12 @@ NUMPY_FALLBACKS = {
     "einsum", "flatnonzero", "inv", "isclose", "nonzero", "qr", "scan", "scan_bwd",
     "searchsorted", "slogdet", "solve", "while_loop",
     "zeta",  # scipy.special.zeta is a Python function around the _zeta ufunc
+    # decompositions and matrix functions: LAPACK through NumPy and SciPy
+    "cho_factors", "cho_solve", "cholesky_backward", "eig", "expm", "linalg_all_real",
+    "linalg_conj", "linalg_imag", "linalg_real", "logm", "lu", "lu_factors", "lu_permutation",
+    "lu_solve", "lu_solve_factors", "pinv", "pos_solve", "scipy_eigh", "scipy_eigh_general",
+    "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov", "solve_sylvester",
+    "sqrtm", "svd", "triangular_solve",
     # computed by a call of their implementation (data-dependent or multi-output results)
     "_riemann_zeta", "argpartition", "bincount", "bincount_shifted", "convolution", "digitize",
     "discrete_ppf", "divmod", "frexp", "gammasgn", "histogram_bin_count", "histogram_bin_index",

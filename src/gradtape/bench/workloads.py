@@ -353,6 +353,150 @@ def rnn_scan_problem(steps: int, rng: np.random.Generator) -> Problem:
     return Problem(W, (xs, targets, U, v, np.zeros(RNN_HIDDEN)))
 
 
+# --- gp_marginal: a Gaussian process's negative log marginal likelihood (Cholesky, solves) ---
+
+GP_DIMS = 3
+"""Input dimensions of the GP's data: x holds GP_DIMS log length scales, then the log signal
+variance and the log noise variance."""
+
+
+def _gp_solve_lower(xp: Any, chol: Any, b: Any) -> Any:
+    """L^-1 b for a lower triangular L, with the triangular solve of each system."""
+    name = getattr(xp, "__name__", "")
+    if name == "torch":
+        return xp.linalg.solve_triangular(chol, b[:, None], upper=False)[:, 0]
+    if name.startswith("jax"):
+        from jax.scipy.linalg import solve_triangular
+    elif name.startswith("autograd"):
+        from autograd.scipy.linalg import solve_triangular
+    else:
+        from scipy.linalg import solve_triangular
+    return solve_triangular(chol, b, lower=True)
+
+
+def _complex_step_cholesky(k: np.ndarray) -> np.ndarray:
+    """L with L L^T = k, without conjugation: the analytic continuation the complex-step
+    reference differentiates (LAPACK's complex Cholesky is the Hermitian one, L L^H)."""
+    n = k.shape[0]
+    low = np.zeros_like(k)
+    for j in range(n):
+        low[j, j] = np.sqrt(k[j, j] - low[j, :j] @ low[j, :j])
+        low[j + 1:, j] = (k[j + 1:, j] - low[j + 1:, :j] @ low[j, :j]) / low[j, j]
+    return low
+
+
+def gp_marginal(xp: Any, x: Any, sqdist: Any, y: Any) -> Any:
+    """Negative log marginal likelihood of a GP with an ARD squared-exponential kernel:
+    K = s exp(-r^2 / 2) + noise I, L = chol(K), 0.5 |L^-1 y|^2 + sum(log diag L) + n/2 log 2pi."""
+    r2 = xp.exp(-2.0 * x[0]) * sqdist[0]
+    for k in range(1, GP_DIMS):
+        r2 = r2 + xp.exp(-2.0 * x[k]) * sqdist[k]
+    n = y.shape[0]
+    kernel = xp.exp(x[GP_DIMS]) * xp.exp(-0.5 * r2) + xp.exp(x[GP_DIMS + 1]) * xp.eye(
+        n, dtype=y.dtype)
+    if xp is np and np.iscomplexobj(kernel):  # only the complex-step reference gets here
+        chol = _complex_step_cholesky(kernel)
+    else:
+        chol = xp.linalg.cholesky(kernel)
+    z = _gp_solve_lower(xp, chol, y)
+    return 0.5 * xp.sum(z * z) + xp.sum(xp.log(xp.diag(chol))) + 0.5 * n * LOG_2PI
+
+
+def gp_marginal_hand(x: np.ndarray, sqdist: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """dL/dK = (K^-1 - a a^T) / 2 with a = K^-1 y; K^-1 from the Cholesky factor (potri)."""
+    from scipy.linalg import cho_solve, lapack
+
+    scales = np.exp(-2.0 * x[:GP_DIMS])
+    signal, noise = math.exp(x[GP_DIMS]), math.exp(x[GP_DIMS + 1])
+    rbf = signal * np.exp(-0.5 * np.tensordot(scales, sqdist, axes=1))
+    kernel = rbf + noise * np.eye(y.size)
+    chol = np.linalg.cholesky(kernel)
+    alpha = cho_solve((chol, True), y)
+    inverse, _ = lapack.dpotri(chol, lower=1)
+    inverse = np.tril(inverse) + np.tril(inverse, -1).T
+    w = inverse - np.outer(alpha, alpha)
+    wr = w * rbf
+    grad = np.empty_like(x)
+    for k in range(GP_DIMS):
+        grad[k] = 0.5 * scales[k] * np.vdot(wr, sqdist[k])
+    grad[GP_DIMS] = 0.5 * np.sum(wr)
+    grad[GP_DIMS + 1] = 0.5 * noise * np.trace(w)
+    value = 0.5 * y @ alpha + np.sum(np.log(np.diag(chol))) + 0.5 * y.size * LOG_2PI
+    return float(value), grad
+
+
+def gp_marginal_loop(x: np.ndarray, sqdist: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    n = y.size
+    scales = np.empty(GP_DIMS)
+    for k in range(GP_DIMS):
+        scales[k] = math.exp(-2.0 * x[k])
+    signal, noise = math.exp(x[GP_DIMS]), math.exp(x[GP_DIMS + 1])
+    rbf = np.empty((n, n))
+    low = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            r2 = 0.0
+            for k in range(GP_DIMS):
+                r2 += scales[k] * sqdist[k, i, j]
+            rbf[i, j] = signal * math.exp(-0.5 * r2)
+    for j in range(n):  # Cholesky, column by column
+        s = rbf[j, j] + noise
+        for p in range(j):
+            s -= low[j, p] * low[j, p]
+        low[j, j] = math.sqrt(s)
+        for i in range(j + 1, n):
+            s = rbf[i, j]
+            for p in range(j):
+                s -= low[i, p] * low[j, p]
+            low[i, j] = s / low[j, j]
+    z = np.empty(n)  # L z = y, then L^T alpha = z
+    for i in range(n):
+        s = y[i]
+        for p in range(i):
+            s -= low[i, p] * z[p]
+        z[i] = s / low[i, i]
+    alpha = np.empty(n)
+    for i in range(n - 1, -1, -1):
+        s = z[i]
+        for p in range(i + 1, n):
+            s -= low[p, i] * alpha[p]
+        alpha[i] = s / low[i, i]
+    value = 0.5 * n * LOG_2PI
+    for i in range(n):
+        value += 0.5 * z[i] * z[i] + math.log(low[i, i])
+    inv_low = np.zeros((n, n))  # L^-1, column by column; K^-1 = L^-T L^-1
+    for j in range(n):
+        inv_low[j, j] = 1.0 / low[j, j]
+        for i in range(j + 1, n):
+            s = 0.0
+            for p in range(j, i):
+                s -= low[i, p] * inv_low[p, j]
+            inv_low[i, j] = s / low[i, i]
+    grad = np.zeros(GP_DIMS + 2)
+    for i in range(n):
+        for j in range(n):
+            kinv = 0.0
+            for p in range(max(i, j), n):
+                kinv += inv_low[p, i] * inv_low[p, j]
+            w = 0.5 * (kinv - alpha[i] * alpha[j])
+            for k in range(GP_DIMS):
+                grad[k] += w * rbf[i, j] * sqdist[k, i, j] * scales[k]
+            grad[GP_DIMS] += w * rbf[i, j]
+            if i == j:
+                grad[GP_DIMS + 1] += w * noise
+    return value, grad
+
+
+def gp_marginal_problem(n: int, rng: np.random.Generator) -> Problem:
+    """n points in [0, 3]^3 with y = sin(sum of the coordinates) + noise; hyperparameters near
+    the data's own (length scales about 1, signal 1, noise 0.1)."""
+    points = rng.uniform(0.0, 3.0, (n, GP_DIMS))
+    sqdist = np.stack([(points[:, k, None] - points[None, :, k]) ** 2 for k in range(GP_DIMS)])
+    y = np.sin(points.sum(axis=1)) + 0.3 * rng.standard_normal(n)
+    x = np.concatenate([np.log(rng.uniform(0.7, 1.4, GP_DIMS)), [0.0, math.log(0.1)]])
+    return Problem(x, (sqdist, y))
+
+
 def standard_normal_problem(n: int, rng: np.random.Generator) -> Problem:
     return Problem(rng.standard_normal(n))
 
@@ -412,6 +556,15 @@ WORKLOADS: dict[str, Workload] = {
             quick_sizes=(10, 100), full_sizes=(10, 100, 1_000),
             size_meaning="T, the sequence length (len(x) = 32*32 at every T)",
             variants={GRADTAPE: rnn_scan_gradtape, JAX: rnn_scan_jax},
+        ),
+        Workload(
+            "gp_marginal",
+            "GP negative log marginal likelihood, ARD squared-exponential kernel in 3-D: "
+            "K = s exp(-r^2/2) + noise I, L = chol(K), 0.5 |L^-1 y|^2 + sum(log diag L); "
+            "grad w.r.t. the 5 log hyperparameters",
+            gp_marginal, gp_marginal_hand, gp_marginal_loop, gp_marginal_problem,
+            quick_sizes=(100, 500), full_sizes=(100, 200, 500, 1_000), max_size=2_000,
+            size_meaning="N, the number of data points (len(x) = 5 at every N)",
         ),
     )
 }

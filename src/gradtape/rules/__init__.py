@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     polynomial,
     reductions,
     scalar_functions,
+    scipy_linalg,
     scipy_misc,
     scipy_special,
     scipy_stats,
