@@ -12,13 +12,13 @@ instruction; differentiating the backward loop again traces through it.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import types
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import config
 from ..compile.numba import backend as numba_backend
 from ..compile.numba import loops as native_loops
 from ..compile.numba.loops import NativeLoop
@@ -462,8 +462,7 @@ _native_usable: list = []
 def _eager_native_enabled() -> bool:
     """Numba installed and not turned off (GRADTAPE_NUMBA=0); checked once."""
     if not _native_usable:
-        off = os.environ.get("GRADTAPE_NUMBA", "1").strip().lower() in ("0", "false", "no", "off")
-        _native_usable.append(numba_backend.available() and not off)
+        _native_usable.append(numba_backend.available() and config.numba_enabled())
     return _native_usable[0]
 
 
