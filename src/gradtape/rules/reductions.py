@@ -244,12 +244,26 @@ def _cumprod_vjp(g, ans, x, axis):
     return np.where(before, quotient, np.where(first_zero, 1, zero_factor) * rest)
 
 
+def _cumprod_jvp(ts, ans, x, axis):
+    """sum_{i<=j} t_i prod_{k<=j, k!=i} x_k, exact where x has zeros (t / x was nan there)."""
+    t = ts[0]
+    ax = axis + len(batch_shape(t, x))
+    is_zero = x == 0
+    if not np.any(is_zero):  # the quotient form is exact (when staging: a guard)
+        return ans * cumsum_p(t / x, axis=ax)
+    # Before a lane's first zero, the quotient form. From it on, every term but the one of the
+    # first zero holds that zero as a factor: t at the first zero times the product of the rest.
+    zeros_so_far = np.cumsum(is_zero, axis=axis)
+    before = zeros_so_far == 0
+    first_zero = (zeros_so_far == 1) & is_zero
+    quotient = ans * cumsum_p(np.where(before, t / np.where(before, x, 1), 0), axis=ax)
+    t_zero = np.sum(np.where(first_zero, t, 0), axis=ax, keepdims=True)
+    return np.where(before, quotient, t_zero * np.cumprod(np.where(first_zero, 1, x), axis=axis))
+
+
 cumprod_p = Primitive(
     "cumprod", lambda x, axis: np.cumprod(x, axis=axis),
-    vjps=(_cumprod_vjp,),
-    jvp=lambda ts, ans, x, axis: ans * cumsum_p(ts[0] / x,
-                                                axis=axis + len(batch_shape(ts[0], x))),
-    jvp_batched=True,
+    vjps=(_cumprod_vjp,), jvp=_cumprod_jvp, jvp_batched=True,
 )
 
 
