@@ -8,6 +8,7 @@ from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import implements, implements_ufunc_method
 from ..core.tracing import bind
+from ._complex import complex_rules
 from ._util import (
     batch_shape,
     dtype_of,
@@ -80,7 +81,11 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, 
     for ax in axes:
         count *= shape[ax]
     d = a - globals()["mean"](a, axis=axes, keepdims=True)
-    return sum_(d * d, axis=axes, keepdims=keepdims) / (count - ddof)
+    if dtype_of(d).kind == "c":  # |d|^2, a real variance, as NumPy computes it
+        sq = np.real(d) * np.real(d) + np.imag(d) * np.imag(d)
+    else:
+        sq = d * d
+    return sum_(sq, axis=axes, keepdims=keepdims) / (count - ddof)
 
 
 @implements(np.std)
@@ -321,3 +326,9 @@ for _ufunc, _function in ((np.add, np.sum), (np.multiply, np.prod), (np.maximum,
     _ufunc_reduction(_ufunc, _function)
 for _ufunc, _function in ((np.add, np.cumsum), (np.multiply, np.cumprod)):
     _ufunc_accumulation(_ufunc, _function)
+
+
+# Sums, products and cumulative sums are holomorphic (polynomial) in each element: their rules
+# hold for complex values as written. max and min order complex numbers lexicographically:
+# refused.
+complex_rules("reduce_sum", "reduce_prod", "cumsum", "cumprod")
