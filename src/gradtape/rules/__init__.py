@@ -7,6 +7,7 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 from . import (  # noqa: F401  (imported for their declarations)
     control,
     elementwise,
+    fft,
     indexing,
     linalg,
     reductions,
