@@ -457,6 +457,14 @@ def test_shapes_indexing_and_writes():
                                                                           axis=-1)[:, :, 0])
 
     check_rule(f, (z,))
+
+    def mixed(x, z):  # real and complex operands: the real one's cotangent is the real part
+        y = np.zeros_like(z)
+        y[:2] = x[:2] * 2.0
+        w = np.concatenate([x, z, np.where(np.real(z) > 1.0, x, z)])
+        return np.stack([w[:4], y + x * z]) @ np.arange(1.0, 5.0)
+
+    check_rule(mixed, (RNG.normal(size=4), random_complex(4)))
     with warnings.catch_warnings():
         # x.astype: the rule in rules/shape.py casts a complex cotangent with astype (right
         # numbers, NumPy's ComplexWarning); so does NumPy's own complex-to-real astype
@@ -631,6 +639,23 @@ def test_while_loop_and_traced_indices_with_complex_values():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_close(gt.compile(gt.grad(g), backend="numpy")(z), fd_grad(g, z))
+
+
+def test_custom_rules_take_complex_values():
+    @gt.custom_vjp
+    def double(z):
+        return 2 * z
+
+    double.defvjp(lambda z: (double(z), None), lambda res, g: (2 * g,))
+
+    @gt.custom_jvp
+    def triple(z):
+        return 3 * z
+
+    triple.defjvp(lambda primals, tangents: (triple(primals[0]), 3 * tangents[0]))
+    z = random_complex(3)
+    assert_close(gt.grad(lambda z: np.sum(np.abs(double(z)) ** 2))(z), 8 * np.conj(z), 1e-12)
+    assert_close(gt.grad(lambda z: np.sum(np.abs(triple(z)) ** 2))(z), 18 * np.conj(z), 1e-12)
 
 
 @pytest.mark.xfail(strict=True, reason="core: np.sign is a primitive with no derivative; for "

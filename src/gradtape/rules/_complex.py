@@ -43,24 +43,25 @@ complex_rules(
 )
 
 
-def _is_complex(x) -> bool:
-    dt = getattr(x, "dtype", None)
-    if dt is None:
-        return isinstance(x, complex)
-    return dt.kind == "c"
-
-
 def check_complex(ins) -> None:
     """Raise when instruction `ins` has complex values and its primitive's rules are not
     declared right for them (call it only for primitives not in COMPLEX_RULES)."""
-    prim = ins.prim
-    if prim.name.startswith(("custom_vjp[", "custom_jvp[")):
+    for v in ins.outvars:
+        if v.dtype.kind == "c":
+            break
+    else:
+        for v, a in zip(ins.invars, ins.args):
+            if v is not None:
+                if v.dtype.kind == "c":
+                    break
+            elif type(a) is complex or getattr(getattr(a, "dtype", None), "kind", "") == "c":
+                break
+        else:
+            return
+    name = ins.prim.name
+    if name.startswith(("custom_vjp[", "custom_jvp[")):
         return  # the user's own rule
-    if not (any(v is not None and v.dtype.kind == "c" for v in ins.outvars)
-            or any(_is_complex(a) if v is None else v.dtype.kind == "c"
-                   for v, a in zip(ins.invars, ins.args))):
-        return
-    raise GradtapeError(complex_refusal(prim.name))
+    raise GradtapeError(complex_refusal(name))
 
 
 def complex_refusal(name: str, why: str = "") -> str:
