@@ -32,6 +32,8 @@ NATIVE_GAPS = {
     "xlog1py", "zeta",
     # shapes
     "pad",
+    # Fourier transforms (pocketfft through NumPy) and complex parts
+    "fft", "imag", "real",
     # decompositions and matrix functions (LAPACK through NumPy and SciPy)
     "cho_factors", "cho_solve", "cholesky_backward", "eig", "expm", "linalg_all_real",
     "linalg_conj", "linalg_imag", "linalg_real", "logm", "lu", "lu_factors", "lu_permutation",
@@ -59,6 +61,8 @@ NUMPY_FALLBACKS = {
     "einsum", "flatnonzero", "inv", "isclose", "nonzero", "qr", "scan", "scan_bwd",
     "searchsorted", "slogdet", "solve", "while_loop",
     "zeta",  # scipy.special.zeta is a Python function around the _zeta ufunc
+    # Fourier transforms and complex parts
+    "fft", "imag", "real",
     # decompositions and matrix functions: LAPACK through NumPy and SciPy
     "cho_factors", "cho_solve", "cholesky_backward", "eig", "expm", "linalg_all_real",
     "linalg_conj", "linalg_imag", "linalg_real", "logm", "lu", "lu_factors", "lu_permutation",

@@ -338,7 +338,11 @@ class Tracer:
 
     @property
     def real(self):
-        return self
+        return np.real(self)
+
+    @property
+    def imag(self):
+        return np.imag(self)
 
     def __len__(self) -> int:
         if not self._var.shape:
@@ -688,7 +692,7 @@ class Tracer:
         return Tracer(self._value, self._var, self._level)
 
     def conj(self):
-        return self
+        return np.conjugate(self)
 
     conjugate = conj
 

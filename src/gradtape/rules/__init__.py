@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     array_api,
     conversion,
     elementwise,
+    fft,
     indexing,
     linalg,
     polynomial,

@@ -7,6 +7,13 @@ are derived from it. A partial is a function `(ans, *args) -> d`, the number 1 o
 if that argument is differentiated). `safe=True` marks rules whose local
 derivative can be infinite (sqrt at 0): their VJP maps a zero cotangent to zero,
 so masked branches such as `np.where(x > 0, np.sqrt(x), 0.0)` stay finite.
+
+Complex values (JAX's convention, see rules/_complex.py): for a holomorphic function the
+partial is the complex derivative f'(z), and `g * f'(z)`, `t * f'(z)` are its VJP and JVP. For
+a real-valued function of a complex argument (absolute) the partial is df/dx - i df/dy: the
+VJP is `g * d` and the JVP the real part of `t * d`. The primitives whose partials are right
+for complex values are declared at the end of this file; the others refuse complex values.
+Conjugation, real and imaginary parts are linear primitives of their own.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ import numpy as np
 
 from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
-from ..core.routes import SCIPY_UFUNCS, UFUNCS
-from ._util import batch_shape, lift_tangent, ndim_of, shape_of, unbroadcast
+from ..core.routes import SCIPY_UFUNCS, UFUNCS, implements
+from ..core.tracing import Tracer, bind
+from ._complex import complex_rules
+from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
@@ -93,7 +102,11 @@ def _make_jvp(partials, safe: bool, name: str):
             else:
                 term = t * p(ans, *args)
             out = term if out is None else out + term
-        if out is not None and shape_of(out) != lead + shape_of(ans):
+        if out is None:
+            return None
+        if dtype_of(out).kind == "c" and dtype_of(ans).kind != "c":
+            out = np.real(out)  # a real function of complex arguments: Re(t * (df/dx - i df/dy))
+        if shape_of(out) != lead + shape_of(ans):
             out = np.broadcast_to(out, lead + shape_of(ans))
         return out
     return jvp
@@ -145,8 +158,26 @@ def _power_dx(ans, x, y):
 
 
 def _power_dy(ans, x, y):
-    # x**y * log(x), with 0 where x == 0 (the limit used by JAX and autograd)
+    # x**y * log(x), with 0 where x == 0 (the limit used by JAX and autograd); a real x with a
+    # complex result (a complex exponent) takes the complex logarithm
+    if dtype_of(ans).kind == "c" and dtype_of(x).kind != "c":
+        x = x + 0j
     return ans * np.log(np.where(x == 0, 1, x))
+
+
+def _abs_partial(ans, x):
+    """sign(x); for complex x, d|z|/dx - i d|z|/dy = conj(z) / |z| (0 at z = 0, as JAX)."""
+    if dtype_of(x).kind == "c":
+        return np.conjugate(x) / np.where(ans == 0, 1, ans)
+    return np.sign(x)
+
+
+def _arccosh_partial(ans, x):
+    """1 / sqrt(x^2 - 1); for complex x the product of the roots, whose branch cuts are
+    arccosh's (sqrt(z^2 - 1) has the wrong sign on half of the plane)."""
+    if dtype_of(x).kind == "c":
+        return 1 / (np.sqrt(x - 1) * np.sqrt(x + 1))
+    return 1 / np.sqrt(x * x - 1)
 
 
 def _max_dx(ans, x, y):
@@ -180,7 +211,7 @@ float_power = _np("float_power", (_power_dx, _power_dy), safe=True, native="({0}
 square = _np("square", (lambda ans, x: 2 * x,), native=("signed:({0} * {0})", "np.square"))
 reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,), safe=True,
                  native=("float:({one} / {0})", "np.reciprocal"))
-absolute = _np("absolute", (lambda ans, x: np.sign(x),), native=("float:abs({0})", "np.absolute"))
+absolute = _np("absolute", (_abs_partial,), native=("float:abs({0})", "np.absolute"))
 UFUNCS[np.fabs] = absolute
 remainder = _np("remainder", (1, lambda ans, x, y: -np.floor_divide(x, y)), native="np.remainder")
 fmod = _np("fmod", (1, lambda ans, x, y: -np.trunc(x / y)), native="np.fmod")
@@ -221,7 +252,7 @@ sinh = _np("sinh", (lambda ans, x: np.cosh(x),), native="np.sinh")
 cosh = _np("cosh", (lambda ans, x: np.sinh(x),), native="np.cosh")
 tanh = _np("tanh", (lambda ans, x: 1 - ans * ans,), native="float:fast_tanh")
 arcsinh = _np("arcsinh", (lambda ans, x: 1 / np.sqrt(x * x + 1),), native="np.arcsinh")
-arccosh = _np("arccosh", (lambda ans, x: 1 / np.sqrt(x * x - 1),), safe=True, native="np.arccosh")
+arccosh = _np("arccosh", (_arccosh_partial,), safe=True, native="np.arccosh")
 arctanh = _np("arctanh", (lambda ans, x: 1 / (1 - x * x),), safe=True, native="np.arctanh")
 deg2rad = _np("deg2rad", (math.pi / 180,), native="np.deg2rad")
 rad2deg = _np("rad2deg", (180 / math.pi,), native="np.rad2deg")
@@ -569,11 +600,6 @@ ldexp = Primitive(
     jvp_batched=True,
 )
 UFUNCS[np.ldexp] = ldexp
-# conjugate: the identity on real values, conj on complex ones (linear)
-conjugate = Primitive("conjugate", np.conjugate, vjps=(lambda g, ans, x: np.conjugate(g),),
-                      jvp=lambda ts, ans, x: np.conjugate(ts[0]), linear=True,
-                      jvp_batched=True)
-UFUNCS[np.conjugate] = conjugate
 for _name in ("bitwise_count", "isnat"):  # integer and datetime predicates
     if hasattr(np, _name):
         nondiff(_name, getattr(np, _name), getattr(np, _name))
@@ -603,3 +629,78 @@ heaviside = Primitive(
     jvp=_heaviside_jvp, jvp_batched=True,
 )
 UFUNCS[np.heaviside] = heaviside
+
+
+# --- complex numbers: conjugate, real and imaginary parts ---------------------------------------
+def _as_complex(g, dtype):
+    """A real cotangent as a complex one of `dtype` (traced: g + 0j, whose transpose is the
+    real part; a traced cast would be differentiated through NumPy's discarding cast)."""
+    if type(g) is Tracer:
+        g = g + 0j
+        return g if g.dtype == dtype else g.astype(dtype)
+    return np.asarray(g).astype(dtype)
+
+
+# Each is linear over the reals. Under the pairing Re(u * v) the transpose of conj is conj, that
+# of Re is "the real cotangent as a complex number", that of Im is -1j times the cotangent.
+conjugate = Primitive(
+    "conjugate", np.conjugate,
+    vjps=(lambda g, ans, x: np.conjugate(g),),
+    jvp=lambda ts, ans, x: np.conjugate(ts[0]),
+    linear=True, jvp_batched=True,
+)
+UFUNCS[np.conjugate] = conjugate  # np.conj is np.conjugate
+
+# np.real(z) and np.imag(z) are views of a complex z: later writes into z are seen through them
+real = Primitive(
+    "real", np.real,
+    vjps=(lambda g, ans, x: _as_complex(g, dtype_of(x)),),
+    jvp=lambda ts, ans, x: np.real(ts[0]),
+    linear=True, jvp_batched=True, aliases_input=True,
+)
+imag = Primitive(
+    "imag", np.imag,
+    vjps=(lambda g, ans, x: _as_complex(g, dtype_of(x)) * -1j,),
+    jvp=lambda ts, ans, x: np.imag(ts[0]),
+    linear=True, jvp_batched=True, aliases_input=True,
+)
+
+
+@implements(np.real)
+def real_of(val):
+    """np.real and x.real: the value itself for a real array (as NumPy: a view of it)."""
+    if dtype_of(val).kind != "c":
+        return val
+    return bind(real, (val,), {})
+
+
+@implements(np.imag)
+def imag_of(val):
+    """np.imag and x.imag: zeros for a real array."""
+    if dtype_of(val).kind != "c":
+        return np.zeros_like(val)
+    return bind(imag, (val,), {})
+
+
+@implements(np.angle)
+def angle(z, deg=False):
+    """np.angle, computed as NumPy does: arctan2 of the imaginary and real parts."""
+    if dtype_of(z).kind == "c":
+        a = np.arctan2(imag_of(z), real_of(z))
+    else:
+        a = np.arctan2(0, z)
+    return a * (180 / math.pi) if deg else a
+
+
+# --- what is right for complex values -------------------------------------------------------
+# holomorphic: the partials above are the complex derivatives (branch cuts as NumPy's); absolute
+# and the parts are real functions of a complex argument (see the module docstring). Everything
+# else here refuses complex values: maximum, minimum, fmax and fmin order complex numbers
+# lexicographically, digamma's derivative (polygamma) has no complex implementation in SciPy.
+complex_rules(
+    "add", "subtract", "multiply", "divide", "negative", "positive", "power", "float_power",
+    "square", "reciprocal", "exp", "expm1", "exp2", "log", "log1p", "log2", "log10", "sqrt",
+    "sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "arcsinh",
+    "arccosh", "arctanh", "gamma", "erf", "erfc", "ndtr", "log_ndtr", "xlogy", "xlog1py",
+    "absolute", "conjugate", "real", "imag",
+)

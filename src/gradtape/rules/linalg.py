@@ -41,6 +41,7 @@ from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import UFUNCS, implements
 from ..core.tracing import bind
+from ._complex import complex_rules
 from ._util import dtype_of, ndim_of, normalize_axis, shape_of, unbroadcast
 from .stop import stop_gradient
 
@@ -1532,3 +1533,10 @@ implements(np.linalg.matrix_norm)(
 
 
 # scipy.linalg's functions are wrapped when SciPy's linalg is imported (see scipy_linalg.py)
+
+
+# complex values: these rules follow JAX's convention (transposes without conjugation under the
+# pairing Re(sum u * v)) and are tested on complex matrices against JAX and finite differences;
+# cholesky and qr are left out (refused on complex input)
+complex_rules("svd", "eig", "eigh", "pinv", "slogdet", "linalg_conj", "linalg_real",
+              "linalg_imag", "linalg_all_real", "cholesky_backward")

@@ -8,6 +8,7 @@ from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import implements, implements_ufunc_method
 from ..core.tracing import bind
+from ._complex import complex_rules
 from ._util import (
     batch_shape,
     dtype_of,
@@ -84,7 +85,11 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, 
     if where is not True or mean is not None or count - ddof <= 0 or dtype is not None:
         return _var_masked(a, axes, dtype, ddof, keepdims, where, mean)
     d = a - globals()["mean"](a, axis=axes, keepdims=True)
-    return sum_(d * d, axis=axes, keepdims=keepdims) / (count - ddof)
+    if dtype_of(d).kind == "c":  # |d|^2, a real variance, as NumPy computes it
+        sq = np.real(d) * np.real(d) + np.imag(d) * np.imag(d)
+    else:
+        sq = d * d
+    return sum_(sq, axis=axes, keepdims=keepdims) / (count - ddof)
 
 
 @implements(np.std)
@@ -236,12 +241,26 @@ def _cumprod_vjp(g, ans, x, axis):
     return np.where(before, quotient, np.where(first_zero, 1, zero_factor) * rest)
 
 
+def _cumprod_jvp(ts, ans, x, axis):
+    """sum_{i<=j} t_i prod_{k<=j, k!=i} x_k, exact where x has zeros (t / x was nan there)."""
+    t = ts[0]
+    ax = axis + len(batch_shape(t, x))
+    is_zero = x == 0
+    if not np.any(is_zero):  # the quotient form is exact (when staging: a guard)
+        return ans * cumsum_p(t / x, axis=ax)
+    # Before a lane's first zero, the quotient form. From it on, every term but the one of the
+    # first zero holds that zero as a factor: t at the first zero times the product of the rest.
+    zeros_so_far = np.cumsum(is_zero, axis=axis)
+    before = zeros_so_far == 0
+    first_zero = (zeros_so_far == 1) & is_zero
+    quotient = ans * cumsum_p(np.where(before, t / np.where(before, x, 1), 0), axis=ax)
+    t_zero = np.sum(np.where(first_zero, t, 0), axis=ax, keepdims=True)
+    return np.where(before, quotient, t_zero * np.cumprod(np.where(first_zero, 1, x), axis=axis))
+
+
 cumprod_p = Primitive(
     "cumprod", lambda x, axis: np.cumprod(x, axis=axis),
-    vjps=(_cumprod_vjp,),
-    jvp=lambda ts, ans, x, axis: ans * cumsum_p(ts[0] / x,
-                                                axis=axis + len(batch_shape(ts[0], x))),
-    jvp_batched=True,
+    vjps=(_cumprod_vjp,), jvp=_cumprod_jvp, jvp_batched=True,
 )
 
 
@@ -607,3 +626,9 @@ def ptp(a, axis=None, out=None, keepdims=False):
 
 for _f in (np.nanargmax, np.nanargmin):
     _nondiff_function(_f, _f.__name__)
+
+
+# Sums, products and cumulative sums are holomorphic (polynomial) in each element: their rules
+# hold for complex values as written. max and min order complex numbers lexicographically:
+# refused.
+complex_rules("reduce_sum", "reduce_prod", "cumsum", "cumprod")

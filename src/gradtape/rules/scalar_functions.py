@@ -17,7 +17,6 @@ from ..core.tracing import bind
 from ._util import dtype_of, ndim_of, shape_of
 from .elementwise import elementwise
 from .elementwise import i1 as scipy_i1_p
-from .stop import stop_gradient
 
 # --- sinc -----------------------------------------------------------------------------------------
 # d sinc/dx = (cos(pi x) - sinc(x)) / x, which cancels near 0: there, its Taylor series (odd,
@@ -115,22 +114,6 @@ def fix(x, out=None):
     if out is not None:
         raise GradtapeError("np.fix(..., out=...) cannot be traced; assign the result.")
     return np.trunc(x)
-
-
-@implements(np.angle)
-def angle(z, deg=False):
-    """np.angle of a real value: 0 or pi (piecewise constant, zero derivative)."""
-    _real_only("angle", z)
-    a = np.arctan2(np.zeros(shape_of(z), dtype_of(z) if dtype_of(z).kind == "f"
-                            else np.float64), stop_gradient(z))
-    return a * (180 / np.pi) if deg else a
-
-
-@implements(np.imag)
-def imag(val):
-    """np.imag of a real value: zeros."""
-    _real_only("imag", val)
-    return np.zeros_like(val)
 
 
 implements(np.isreal)(lambda x: np.ones(shape_of(x), bool) if dtype_of(x).kind != "c"

@@ -28,6 +28,7 @@ import numpy as np
 from ..core import tracing as trace
 from ..core.errors import GradtapeError
 from ..core.routes import implements_module_function
+from ._complex import complex_rules
 from ._util import dtype_of, ndim_of, shape_of, unbroadcast
 from .linalg import (
     _coinciding,
@@ -911,3 +912,11 @@ _RULES = {f.__name__: f for f in (
 
 for _name, _traced in _RULES.items():
     implements_module_function("scipy.linalg", _name)(_traced)
+
+
+# expm follows JAX's convention on complex matrices (tested against JAX); the other rules here
+# refuse complex input themselves, with a message naming the function
+complex_rules("expm", "cho_factors", "cho_solve", "lu", "lu_factors", "lu_permutation",
+              "lu_solve", "lu_solve_factors", "pos_solve", "scipy_eigh", "scipy_eigh_general",
+              "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov",
+              "solve_sylvester", "sqrtm", "logm", "triangular_solve")

@@ -357,7 +357,6 @@ implements(np.shape)(lambda a: shape_of(a))
 implements(np.ndim)(lambda a: ndim_of(a))
 implements(np.size)(lambda a, axis=None: int(np.prod(shape_of(a))) if axis is None
                     else shape_of(a)[axis])
-implements(np.real)(lambda val: val)
 implements(np.iscomplexobj)(lambda x: dtype_of(x).kind == "c")
 implements(np.isrealobj)(lambda x: dtype_of(x).kind != "c")
 implements(np.result_type)(lambda *arrays_and_dtypes: np.result_type(

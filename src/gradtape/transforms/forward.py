@@ -24,8 +24,9 @@ from ..core.errors import GradtapeError
 from ..core.ir import Instruction, Tape, Var
 from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import Level, LevelKind, Tracer, new_level
+from ..rules._complex import COMPLEX_RULES, check_complex
 from ..rules._util import dtype_of, shape_of
-from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call
+from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call, cast_to
 
 # the largest batch of tangents pushed at once, in elements of the largest tape variable
 _MAX_BATCH_ELEMENTS = 1 << 22
@@ -77,6 +78,8 @@ def _dead_after(tape: Tape) -> dict:
 
 def _apply_jvp(ins: Instruction, ts: list, batch: int | None):
     prim = ins.prim
+    if prim.name not in COMPLEX_RULES:
+        check_complex(ins)
     rule = prim.jvp
     if rule is None:
         if not prim.linear:
@@ -128,7 +131,7 @@ def _store(tangents: dict, var: Var, t, batch: int | None, ins: Instruction) -> 
                 + (f" (with the batch axis: {expected})" if batch is not None else "") + "."
             ) from None
     if dtype_of(t) != var.dtype and var.dtype.kind in "fc":
-        t = t.astype(var.dtype)
+        t = cast_to(t, var.dtype)
     tangents[var.id] = t
 
 
@@ -136,7 +139,7 @@ def _store(tangents: dict, var: Var, t, batch: int | None, ins: Instruction) -> 
 def _check_tangent(t, primal, where: str):
     """The tangent leaf as an array of the primal's shape and dtype, or a clear error."""
     pshape, pdtype = shape_of(primal), dtype_of(primal)
-    if type(t) in (int, float):
+    if type(t) in (int, float) or (type(t) is complex and pdtype.kind == "c"):
         t = np.asarray(t, dtype=pdtype)  # a Python number takes the primal's dtype
     elif not (type(t) is Tracer or isinstance(t, (np.ndarray, np.generic))):
         raise GradtapeError(f"{where} is a {type(t).__name__}; a tangent must be an array shaped "
@@ -257,6 +260,8 @@ class Recording:
     outvars: list  # per output leaf: its Var at `level`, or None for a constant
     has_aux: bool
     aux: Any
+    who: str = "jacobian"
+    holomorphic: bool = False
 
     @property
     def invars(self) -> list:
@@ -268,7 +273,7 @@ class Recording:
 
 
 def record(f: Callable, args: tuple, kwargs: dict, argnums, has_aux: bool,
-           who: str) -> Recording:
+           who: str, holomorphic: bool = False) -> Recording:
     """Record f once with the arguments in argnums traced (the tape every Jacobian reads)."""
     nums, single = _normalize_argnums(argnums, len(args))
     with new_level(LevelKind.DIFFERENTIATE) as level:
@@ -279,7 +284,51 @@ def record(f: Callable, args: tuple, kwargs: dict, argnums, has_aux: bool,
     out_leaves, out_td = tree_flatten(out)
     outvars = _output_vars(out_leaves, level, who, need_float=True)
     aux = tree_map(lambda x: _lower(x, level), aux) if has_aux else None
-    return Recording(level, in_trees, single, out_leaves, out_td, outvars, has_aux, aux)
+    return Recording(level, in_trees, single, out_leaves, out_td, outvars, has_aux, aux, who,
+                     holomorphic)
+
+
+def complex_inputs(rec: Recording) -> bool:
+    """Whether any differentiated input of the recording is complex."""
+    return any(v.dtype.kind == "c" for v in rec.invars)
+
+
+def complex_outputs(rec: Recording) -> bool:
+    """Whether any output of the recording is complex."""
+    return any(dtype_of(x).kind == "c" for x in rec.out_leaves)
+
+
+def check_holomorphic(rec: Recording) -> None:
+    """holomorphic=True: complex inputs and outputs (JAX's rule), the derivative is f'(z)."""
+    for v in rec.invars:
+        if v.dtype.kind != "c":
+            raise GradtapeError(f"{rec.who} with holomorphic=True needs inputs with a complex "
+                                f"dtype, but got {v.dtype}: pass x.astype(complex).")
+    for x in rec.out_leaves:
+        if dtype_of(x).kind != "c":
+            raise GradtapeError(f"{rec.who} with holomorphic=True needs outputs with a complex "
+                                f"dtype, but got {dtype_of(x)}.")
+
+
+def _check_forward_dtypes(rec: Recording) -> None:
+    """Forward mode pushes real basis directions: complex inputs need holomorphic=True (else
+    the imaginary directions would be missing from the Jacobian)."""
+    if rec.holomorphic:
+        check_holomorphic(rec)
+        return
+    for v in rec.invars:
+        if v.dtype.kind == "c" and rec.who == "hessian":
+            raise GradtapeError(
+                f"hessian needs real inputs (a float dtype), but got {v.dtype}. For a "
+                "holomorphic function, pass holomorphic=True. For a real function of complex "
+                "z, differentiate with respect to its real and imaginary parts: pass x and y "
+                "and form z = x + 1j * y inside.")
+        if v.dtype.kind == "c":
+            raise GradtapeError(
+                f"{rec.who} by forward mode needs real inputs (a float dtype), but got "
+                f"{v.dtype}. For a holomorphic function, pass holomorphic=True. Otherwise use "
+                "reverse mode (jacrev, or grad for a scalar) when the outputs are real, or "
+                "gradtape.jvp directly.")
 
 
 def num_elements(shape: tuple) -> int:
@@ -346,6 +395,7 @@ def batched_sweep(tape: Tape, seed_vars: list, read: list, zero_like: list) -> l
 
 def jacobian_by_columns(rec: Recording) -> list:
     """blocks[i][j] = d out_i / d in_j, shape out_i.shape + in_j.shape, by forward mode."""
+    _check_forward_dtypes(rec)
     invars = rec.invars
     cols = batched_sweep(rec.level.tape, invars, rec.outvars, rec.out_leaves)
     offs = _offsets([v.shape for v in invars])
@@ -373,22 +423,24 @@ def assemble(rec: Recording, blocks: list):
     return (jac, rec.aux) if rec.has_aux else jac
 
 
-def jacfwd(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+def jacfwd(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+           holomorphic: bool = False) -> Callable:
     """The Jacobian by forward mode: f recorded once, all input directions pushed as a batch.
 
     Shapes and structure follow JAX: out.shape + in.shape per (output leaf, input leaf).
-    Best when the input is smaller than the output.
+    Best when the input is smaller than the output. Inputs are real (outputs may be complex),
+    or, with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
     """
-    return jacobian_transform(f, argnums, has_aux, jacobian_by_columns, "jacfwd")
+    return jacobian_transform(f, argnums, has_aux, jacobian_by_columns, "jacfwd", holomorphic)
 
 
 def jacobian_transform(f: Callable, argnums, has_aux: bool, method: Callable,
-                       who: str) -> Callable:
+                       who: str, holomorphic: bool = False) -> Callable:
     """A Jacobian transform: record f once, compute the blocks with `method(recording)`."""
 
     @functools.wraps(f)
     def jac_f(*args, **kwargs):
-        rec = record(f, args, kwargs, argnums, has_aux, who)
+        rec = record(f, args, kwargs, argnums, has_aux, who, holomorphic)
         return assemble(rec, method(rec))
 
     return jac_f

@@ -21,13 +21,15 @@ from .forward import (
     Recording,
     basis_rows,
     batched_sweep,
-    jacfwd,
+    check_holomorphic,
+    complex_inputs,
+    complex_outputs,
     jacobian_by_columns,
     jacobian_transform,
     jvp,
     num_elements,
 )
-from .reverse import backward, grad
+from .reverse import backward, check_output_dtype, grad
 
 _MODES = ("auto", "forward", "reverse")
 
@@ -55,8 +57,24 @@ def _generic_seed(var: Var) -> np.ndarray:
     return seed.reshape(var.shape).astype(var.dtype)
 
 
+def _check_reverse_dtypes(rec: Recording) -> None:
+    """Reverse mode pushes real cotangent directions: complex outputs need holomorphic=True."""
+    if rec.holomorphic:
+        check_holomorphic(rec)
+        return
+    for x in rec.out_leaves:
+        dt = _output_dtype(x)
+        if dt.kind == "c":
+            raise GradtapeError(
+                f"{rec.who} by reverse mode needs real-valued outputs (a float dtype), but got "
+                f"{dt}. For a holomorphic function, pass holomorphic=True. Otherwise use "
+                "forward mode (jacfwd) when the inputs are real, or gradtape.vjp directly.")
+        check_output_dtype(dt, rec.who, False)
+
+
 def jacobian_by_rows(rec: Recording) -> list:
     """blocks[i][j] = d out_i / d in_j, shape out_i.shape + in_j.shape, by reverse mode."""
+    _check_reverse_dtypes(rec)
     invars = rec.invars
     out_like = [Var(-1, tuple(s), _output_dtype(x)) for s, x in zip(rec.out_shapes,
                                                                       rec.out_leaves)]
@@ -95,28 +113,41 @@ def _rows_one_by_one(rec: Recording, out_like: list) -> list:
 
 
 def _auto(rec: Recording) -> list:
-    """Forward mode when there are no more inputs than outputs, else reverse mode."""
+    """Forward mode when there are no more inputs than outputs, else reverse mode; for a
+    function that is not holomorphic, the mode its complex inputs or outputs allow."""
+    if not rec.holomorphic:
+        if complex_inputs(rec) and not complex_outputs(rec):
+            return jacobian_by_rows(rec)
+        if complex_outputs(rec):
+            return jacobian_by_columns(rec)  # complex inputs too: it explains the error
     n = sum(num_elements(v.shape) for v in rec.invars)
     m = sum(num_elements(s) for s in rec.out_shapes)
     return jacobian_by_columns(rec) if n <= m else jacobian_by_rows(rec)
 
 
-def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+           holomorphic: bool = False) -> Callable:
     """The Jacobian by reverse mode: f and its backward pass recorded once, all output
-    directions pushed as a batch. Best when the output is smaller than the input."""
-    return jacobian_transform(f, argnums, has_aux, jacobian_by_rows, "jacrev")
+    directions pushed as a batch. Best when the output is smaller than the input.
+
+    Outputs are real (a complex input z gets JAX's df/dx - i df/dy per output element), or,
+    with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
+    """
+    return jacobian_transform(f, argnums, has_aux, jacobian_by_rows, "jacrev", holomorphic)
 
 
 def jacobian(f: Callable, argnums: int | Sequence[int] = 0, mode: str = "auto",
-             has_aux: bool = False) -> Callable:
+             has_aux: bool = False, holomorphic: bool = False) -> Callable:
     """The Jacobian of f; mode "forward", "reverse" or "auto" (by input and output sizes).
 
-    Each block has shape out.shape + in.shape, laid out as JAX's jacfwd/jacrev do.
+    Each block has shape out.shape + in.shape, laid out as JAX's jacfwd/jacrev do. Complex
+    values as in jacfwd (real inputs) and jacrev (real outputs); "auto" picks the mode they
+    allow. holomorphic=True: f is holomorphic in complex inputs and the blocks are f'(z).
     """
     if mode not in _MODES:
         raise GradtapeError(f"jacobian: mode={mode!r}; use one of {', '.join(_MODES)}.")
     method = {"auto": _auto, "forward": jacobian_by_columns, "reverse": jacobian_by_rows}[mode]
-    return jacobian_transform(f, argnums, has_aux, method, "jacobian")
+    return jacobian_transform(f, argnums, has_aux, method, "jacobian", holomorphic)
 
 
 def _scalar_checked(f: Callable, who: str, has_aux: bool = False) -> Callable:
@@ -140,11 +171,17 @@ def _scalar_checked(f: Callable, who: str, has_aux: bool = False) -> Callable:
     return checked
 
 
-def hessian(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
+def hessian(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+            holomorphic: bool = False) -> Callable:
     """The Hessian of a scalar function: forward over reverse (grad recorded once, then all
-    input directions pushed through that tape as a batch). Layout as JAX's hessian."""
-    g = grad(_scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux)
-    return jacfwd(g, argnums, has_aux=has_aux)
+    input directions pushed through that tape as a batch). Layout as JAX's hessian.
+
+    Inputs are real (intermediates may be complex), or, with holomorphic=True, f is a
+    holomorphic function of complex inputs with a complex output, and the result is f''(z).
+    """
+    g = grad(_scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux,
+             holomorphic=holomorphic)
+    return jacobian_transform(g, argnums, has_aux, jacobian_by_columns, "hessian", holomorphic)
 
 
 def hvp(f: Callable, x, v):

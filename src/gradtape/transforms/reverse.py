@@ -13,6 +13,8 @@ from ..core.errors import GradtapeError
 from ..core.ir import Tape
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import LevelKind, new_level
+from ..rules._complex import COMPLEX_RULES, check_complex, real_part
+from ..rules._util import dtype_of
 from ..rules.indexing import SparseCotangent, materialize
 
 Tracer = trace.Tracer
@@ -34,7 +36,7 @@ def _accumulate(acc: dict, var, ct) -> None:
     if type(ct) is not SparseCotangent:
         dt = getattr(ct, "dtype", None)
         if dt is not None and dt != var.dtype and var.dtype.kind in "fc":
-            ct = ct.astype(var.dtype)
+            ct = cast_to(ct, var.dtype)
     prev = acc.get(var.id)
     if prev is None:
         acc[var.id] = [ct] if type(ct) is SparseCotangent else ct
@@ -44,6 +46,21 @@ def _accumulate(acc: dict, var, ct) -> None:
         acc[var.id] = [prev, ct]
     else:
         acc[var.id] = prev + ct
+
+
+def cast_to(ct, dtype: np.dtype):
+    """A cotangent (or tangent) as one of a value of `dtype`. For a real value used as a
+    complex one, the real part: the transpose of x -> x + 0j under the pairing Re(u * v)
+    (JAX's convert_element_type)."""
+    if ct.dtype.kind == "c" and dtype.kind != "c":
+        ct = real_part(ct)
+        if ct.dtype == dtype:
+            return ct
+    elif dtype.kind == "c" and ct.dtype.kind != "c" and type(ct) is Tracer:
+        ct = ct + 0j  # not a traced cast: its own derivative would discard imaginary parts
+        if ct.dtype == dtype:
+            return ct
+    return ct.astype(dtype)
 
 
 def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
@@ -81,6 +98,8 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
             if g is None:
                 continue
             g = _resolve(g)
+        if prim.name not in COMPLEX_RULES:
+            check_complex(ins)
         vjp_all = prim.vjp_all
         if vjp_all is not None:
             cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
@@ -168,7 +187,7 @@ def _fresh(g, like):
     """A gradient the caller owns: writable, with the argument's type for Python floats."""
     if isinstance(g, np.ndarray) and not g.flags.writeable:
         g = np.array(g)
-    if isinstance(like, float) and not isinstance(like, np.ndarray) and isinstance(
+    if isinstance(like, (float, complex)) and not isinstance(like, np.ndarray) and isinstance(
             g, (np.ndarray, np.generic)):
         return np.float64(g) if g.dtype == np.float64 else g[()]
     return g
@@ -187,10 +206,11 @@ def _grads_for(in_trees, cts: dict):
     return out
 
 
-def _scalar_output(out, level, fname: str):
+def _scalar_output(out, level, fname: str, holomorphic: bool = False):
     shape = getattr(out, "shape", None)
     if shape is None:
-        if isinstance(out, (int, float)) and not isinstance(out, bool):
+        if isinstance(out, (int, float, complex)) and not isinstance(out, bool):
+            check_output_dtype(np.result_type(out), "grad", holomorphic)
             return None
         raise GradtapeError(
             f"grad of {fname} needs a scalar output, but it returned a {type(out).__name__}. "
@@ -201,15 +221,47 @@ def _scalar_output(out, level, fname: str):
             f"grad of {fname} needs a scalar output, but it returned shape {shape}. Use "
             "gradtape.jacobian or gradtape.vjp for non-scalar outputs, or reduce it (np.sum)."
         )
-    dt = out.dtype
-    if dt.kind not in "f":
-        raise GradtapeError(f"grad of {fname} needs a real float output, got dtype {dt}.")
+    check_output_dtype(out.dtype, "grad", holomorphic)
     return out._var if type(out) is Tracer and out._level is level else None
 
 
+def check_output_dtype(dt: np.dtype, who: str, holomorphic: bool) -> None:
+    """A derivative by reverse mode (grad, jacrev) needs real float outputs, or complex ones
+    with holomorphic=True (JAX's rule: a complex output of a function that is not holomorphic
+    has no gradient, only a vjp)."""
+    if holomorphic:
+        if dt.kind != "c":
+            raise GradtapeError(f"{who} with holomorphic=True needs outputs with a complex "
+                                f"dtype, but got {dt}.")
+    elif dt.kind == "c":
+        raise GradtapeError(
+            f"{who} needs real-valued outputs (a float dtype), but got {dt}. For a holomorphic "
+            f"function, pass holomorphic=True. Otherwise differentiate a real function of the "
+            "output (np.real(y), np.abs(y) ** 2), or use gradtape.vjp directly.")
+    elif dt.kind != "f":
+        raise GradtapeError(f"{who} needs real-valued outputs (a float dtype), got dtype {dt}.")
+
+
+def check_input_dtypes(in_trees, who: str, holomorphic: bool) -> None:
+    """holomorphic=True needs complex inputs (as in JAX: the derivative of a holomorphic
+    function is the complex one, a complex number per input element)."""
+    if not holomorphic:
+        return
+    for _, invars, _ in in_trees:
+        for v in invars:
+            if v.dtype.kind != "c":
+                raise GradtapeError(f"{who} with holomorphic=True needs inputs with a complex "
+                                    f"dtype, but got {v.dtype}: pass x.astype(complex).")
+
+
 def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
-                   has_aux: bool = False) -> Callable:
-    """`f(*args) -> (f(*args), gradient)`; the gradient has the structure of the argument(s)."""
+                   has_aux: bool = False, holomorphic: bool = False) -> Callable:
+    """`f(*args) -> (f(*args), gradient)`; the gradient has the structure of the argument(s).
+
+    f returns a real scalar; the gradient with respect to a complex argument z follows JAX:
+    df/dx - i df/dy (for |z|^2 that is 2 conj(z)). With holomorphic=True, f is a holomorphic
+    function of complex arguments with a complex scalar output, and the gradient is f'(z).
+    """
     fname = getattr(f, "__name__", "the function")
 
     @functools.wraps(f)
@@ -217,14 +269,16 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
         nums, single = _normalize_argnums(argnums, len(args))
         with new_level(LevelKind.DIFFERENTIATE) as level:
             out, in_trees = _trace_call(f, args, kwargs, nums, level)
+            check_input_dtypes(in_trees, "grad", holomorphic)
             aux = None
             if has_aux:
                 if not (isinstance(out, (tuple, list)) and len(out) == 2):
                     raise GradtapeError("has_aux=True needs the function to return a pair "
                                         "(scalar, aux).")
                 out, aux = out
-            outvar = _scalar_output(out, level, fname)
-        seed = np.ones(np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.float64)
+            outvar = _scalar_output(out, level, fname, holomorphic)
+        seed = np.ones(np.shape(out),
+                       dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out))
         cts = backward(level.tape, [outvar], [seed]) if outvar is not None else {}
         grads = _grads_for(in_trees, cts)
         value = _lower(out, level)
@@ -236,9 +290,14 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     return value_and_grad_f
 
 
-def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable:
-    """The gradient of a scalar function, with respect to argument(s) `argnums`."""
-    vg = value_and_grad(f, argnums, has_aux)
+def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+         holomorphic: bool = False) -> Callable:
+    """The gradient of a scalar function, with respect to argument(s) `argnums`.
+
+    For complex arguments of a real function the gradient is JAX's, df/dx - i df/dy;
+    holomorphic=True differentiates a holomorphic function with a complex output (f'(z)).
+    """
+    vg = value_and_grad(f, argnums, has_aux, holomorphic)
 
     @functools.wraps(f)
     def grad_f(*args, **kwargs):
@@ -270,6 +329,9 @@ def vjp(f: Callable, *primals, has_aux: bool = False) -> tuple[Any, Callable]:
             if np.shape(c) != np.shape(o):
                 raise GradtapeError(f"vjp: cotangent leaf {i} has shape {np.shape(c)}, but the "
                                     f"output has shape {np.shape(o)}.")
+            if dtype_of(c).kind == "c" and dtype_of(o).kind != "c":
+                raise GradtapeError(f"vjp: cotangent leaf {i} is complex, but the output is "
+                                    f"real ({dtype_of(o)}): pass a real cotangent.")
         cts = backward(level.tape, outvars, ct_leaves)
         return tuple(_grads_for(in_trees, cts))
 
