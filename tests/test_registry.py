@@ -166,3 +166,26 @@ def test_native_forms_that_cannot_be_read_are_refused():
         parse("@no_such_rule")
     with pytest.raises(ValueError, match="string or a tuple"):
         parse(("np.add", 3))
+
+
+@pytest.mark.native
+def test_a_ufunc_whose_name_is_not_an_identifier_compiles_on_the_numpy_backend():
+    """The numpy backend names the ufuncs it calls after them: `<lambda>` is made one."""
+    numba = pytest.importorskip("numba")
+    import numpy as np
+
+    import gradtape as gt
+    from gradtape.core.routes import UFUNCS
+    from gradtape.rules.elementwise import elementwise
+
+    cube_ufunc = numba.vectorize(["float64(float64)"])(lambda x: x * x * x).ufunc
+    assert cube_ufunc.__name__ == "<lambda>"
+    elementwise("test_lambda_cube", cube_ufunc, (lambda ans, x: 3 * x * x,), ufunc=cube_ufunc)
+    try:
+        compiled = gt.compile(gt.value_and_grad(lambda x: np.sum(cube_ufunc(x))),
+                              backend="numpy")
+        value, grad = compiled(np.arange(4.0))
+        assert value == 36.0 and np.array_equal(grad, 3 * np.arange(4.0) ** 2)
+    finally:
+        UFUNCS.pop(cube_ufunc, None)
+        REGISTRY.pop("test_lambda_cube", None)

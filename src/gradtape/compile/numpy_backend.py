@@ -88,7 +88,7 @@ def _ufunc_emitter(ufunc) -> Emitter:
 
     def emit(gen, ins, out, args):
         args = _scalars_as_arrays(gen, ufunc, ins, args)
-        return [f"{gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)}, "
+        return [f"{gen.const(ufunc, 'u_' + _ident(ufunc.__name__) + '_')}({', '.join(args)}, "
                 f"{out_arg.format(out)})"]
     return Emitter(BUFFER, emit, inplace=ANY if ufunc.signature is None else NONE)
 
@@ -140,7 +140,7 @@ def _scalar_emitter(ins: Instruction, ufunc) -> Emitter | None:
             and all(_is_float64_operand(v, a) for v, a in zip(ins.invars, ins.args))):
         return Emitter(VALUE, lambda gen, ins, out, args: [f"{out} = {pattern.format(*args)}"])
     return Emitter(VALUE, lambda gen, ins, out, args: [
-        f"{out} = {gen.const(ufunc, 'u_' + ufunc.__name__ + '_')}({', '.join(args)})"])
+        f"{out} = {gen.const(ufunc, 'u_' + _ident(ufunc.__name__) + '_')}({', '.join(args)})"])
 
 
 def _scalar_where(ins: Instruction) -> Emitter | None:
@@ -160,7 +160,7 @@ def _scalar_where(ins: Instruction) -> Emitter | None:
 def _reduction(ufunc) -> Emitter:
     def emit(gen, ins, out, args):
         p = ins.params
-        call = f"{gen.const(ufunc.reduce, 'r_' + ufunc.__name__ + '_')}({args[0]}, " \
+        call = f"{gen.const(ufunc.reduce, 'r_' + _ident(ufunc.__name__) + '_')}({args[0]}, " \
                f"{gen.const(tuple(p['axes']), 'axes')}"
         if ins.outvars[0].shape == ():  # a NumPy scalar: cheaper to use than a 0-d buffer
             return [f"{out} = {call})"]
