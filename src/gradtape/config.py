@@ -10,6 +10,8 @@
   recently used entries first).
 * `GRADTAPE_CACHE_MAX_AGE_DAYS` (default 30): cache entries unused for this long are pruned.
 * `GRADTAPE_MALLOC_TUNE` (default on): `0` leaves glibc's allocator thresholds alone.
+* `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
+  import; `np.asarray` on a traced value then raises instead of passing it through).
 
 Each setting is read through one function below, when it is needed (a test or a program may
 change the environment between two reads); `SETTINGS` lists them with their defaults. This
@@ -28,6 +30,7 @@ CACHE_DIR = "GRADTAPE_CACHE_DIR"
 CACHE_MAX_MB = "GRADTAPE_CACHE_MAX_MB"
 CACHE_MAX_AGE_DAYS = "GRADTAPE_CACHE_MAX_AGE_DAYS"
 MALLOC_TUNE = "GRADTAPE_MALLOC_TUNE"
+PATCH_NUMPY = "GRADTAPE_PATCH_NUMPY"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -42,6 +45,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     CACHE_MAX_AGE_DAYS: (str(DEFAULT_CACHE_MAX_AGE_DAYS),
                          "cache entries unused for this many days are pruned"),
     MALLOC_TUNE: ("1", "0: leave glibc's allocator thresholds alone"),
+    PATCH_NUMPY: ("1", "0: leave NumPy's array constructors alone (np.asarray on a traced value "
+                       "raises)"),
 }
 
 _OFF = frozenset({"0", "false", "no", "off"})
@@ -92,6 +97,12 @@ def malloc_tune() -> bool:
     """GRADTAPE_MALLOC_TUNE: whether glibc's allocator is tuned to keep freed memory (default:
     yes); `0` leaves it alone."""
     return os.environ.get(MALLOC_TUNE) != "0"
+
+
+def patch_numpy() -> bool:
+    """GRADTAPE_PATCH_NUMPY: whether NumPy's array constructors (np.asarray & co.) are replaced
+    by dispatchers that pass traced values through (default: yes); `0` leaves NumPy alone."""
+    return os.environ.get(PATCH_NUMPY) != "0"
 
 
 def _number(name: str, default: float) -> float:
