@@ -166,11 +166,6 @@ def test_constants_of_another_type_or_params_of_another_value_are_not_merged():
     assert names(prog).count("reduce_sum") == 2 and names(prog).count("reshape") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: CSE keys a float constant by (type, value), and 0.0 == -0.0, so x * 0.0 and "
-    "x * -0.0 are merged and the replay loses the sign of zero",
-)
 def test_signed_zero_constants_are_not_merged():
     def f(x):
         return np.copysign(1.0, x * 0.0), np.copysign(1.0, x * -0.0)

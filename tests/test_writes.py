@@ -193,3 +193,17 @@ def test_out_into_a_plain_array_is_refused():
 
     with pytest.raises(GradtapeError, match="plain ndarray"):
         gt.grad(f)(X)
+
+
+def test_matrix_transpose_and_builtin_divmod():
+    a = np.arange(1.0, 13.0).reshape(2, 2, 3)
+
+    def f(a):
+        q, r = divmod(a, 2.3)  # no element sits on a jump of the quotient
+        return np.sum(a.mT * a.mT) + np.sum(r * a) + np.sum(q)
+
+    value, grad = gt.value_and_grad(f)(a)
+    assert value == pytest.approx(f(a), rel=1e-12)
+    np.testing.assert_allclose(grad, central_difference_grad(f, [a], 0), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="ndim < 2"):
+        gt.grad(lambda x: np.sum(x.mT))(np.ones(3))

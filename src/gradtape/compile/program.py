@@ -413,6 +413,10 @@ def _const_key(c):
     if isinstance(c, (bool, int, float, complex, np.generic, str)) or c is None:
         if isinstance(c, float) and math.isnan(c):
             return ("nan", id(c))
+        if isinstance(c, (float, np.floating)) and c == 0:
+            return (type(c), c, math.copysign(1.0, c))  # 0.0 == -0.0, but 1/x differs
+        if isinstance(c, (complex, np.complexfloating)):
+            return (type(c), c, math.copysign(1.0, c.real), math.copysign(1.0, c.imag))
         return (type(c), c)
     return ("id", id(c))
 

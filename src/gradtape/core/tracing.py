@@ -337,6 +337,13 @@ class Tracer:
         return np.transpose(self)
 
     @property
+    def mT(self):
+        """The transpose of the last two axes (NumPy 2's ndarray.mT)."""
+        if len(self._var.shape) < 2:
+            raise ValueError("matrix transpose with ndim < 2 is undefined")
+        return np.swapaxes(self, -1, -2)
+
+    @property
     def real(self):
         return np.real(self)
 
@@ -461,6 +468,12 @@ class Tracer:
 
     def __rmod__(self, o):
         return bind(_UFUNCS[np.remainder], (o, self), {})
+
+    def __divmod__(self, o):
+        return np.divmod(self, o)
+
+    def __rdivmod__(self, o):
+        return np.divmod(o, self)
 
     def __pow__(self, o):
         if type(o) is int and o == 2:
