@@ -232,6 +232,14 @@ def _method(method, interpolation):
     return method
 
 
+def _weighted_method(method, interpolation, weights) -> str:
+    """The interpolation method, checked against weights= as NumPy does."""
+    name = _method(method, interpolation)
+    if weights is not None and name != "inverted_cdf":
+        raise ValueError(f"Only method 'inverted_cdf' supports weights. Got: {method}.")
+    return name
+
+
 @implements(np.quantile)
 def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear", keepdims=False,
              *, weights=None, interpolation=None):
@@ -239,10 +247,8 @@ def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear", 
     _no_out(out, "quantile")
     weak = type(q) in (int, float)
     q = q if hasattr(q, "_var") else np.asarray(q)
-    if weights is not None and _method(method, interpolation) != "inverted_cdf":
-        raise ValueError(f"Only method 'inverted_cdf' supports weights. Got: {method}.")
-    return _quantile(a, q, axis, _method(method, interpolation), keepdims, weights, False,
-                     False, weak)
+    return _quantile(a, q, axis, _weighted_method(method, interpolation, weights), keepdims,
+                     weights, False, False, weak)
 
 
 @implements(np.percentile)
@@ -252,10 +258,8 @@ def percentile(a, q, axis=None, out=None, overwrite_input=False, method="linear"
     _no_out(out, "percentile")
     weak = type(q) in (int, float)
     q = np.true_divide(q, 100)
-    if weights is not None and _method(method, interpolation) != "inverted_cdf":
-        raise ValueError(f"Only method 'inverted_cdf' supports weights. Got: {method}.")
-    return _quantile(a, q, axis, _method(method, interpolation), keepdims, weights, False,
-                     True, weak)
+    return _quantile(a, q, axis, _weighted_method(method, interpolation, weights), keepdims,
+                     weights, False, True, weak)
 
 
 @implements(np.nanquantile)
