@@ -30,7 +30,8 @@ def assert_same_value(got, expected, exact: bool = False, rtol: float = 1e-12):
     for g, e in zip(got_leaves, expected_leaves):
         assert np.shape(g) == np.shape(e), f"shape {np.shape(g)}, NumPy's {np.shape(e)}"
         assert np.asarray(g).dtype == np.asarray(e).dtype, (
-            f"dtype {np.asarray(g).dtype}, NumPy's {np.asarray(e).dtype}")
+            f"dtype {np.asarray(g).dtype}, NumPy's {np.asarray(e).dtype}"
+        )
         if exact:
             np.testing.assert_array_equal(g, e)
         else:
@@ -46,8 +47,11 @@ def _flat(tree) -> np.ndarray:
 
 
 def _float_args(args) -> tuple:
-    return tuple(i for i, a in enumerate(args)
-                 if isinstance(a, float) or (isinstance(a, np.ndarray) and a.dtype.kind == "f"))
+    return tuple(
+        i
+        for i, a in enumerate(args)
+        if isinstance(a, float) or (isinstance(a, np.ndarray) and a.dtype.kind == "f")
+    )
 
 
 def _weighted(f, out):
@@ -74,19 +78,26 @@ def check_forward_reverse(f, *args, argnums=None, tol=None):
         return f(*full)
 
     primals = tuple(args[i] for i in nums)
-    tangents = tuple(float(rng.uniform(-1, 1)) if isinstance(p, float)
-                     else rng.uniform(-1, 1, np.shape(p)).astype(np.asarray(p).dtype)
-                     for p in primals)
+    tangents = tuple(
+        float(rng.uniform(-1, 1))
+        if isinstance(p, float)
+        else rng.uniform(-1, 1, np.shape(p)).astype(np.asarray(p).dtype)
+        for p in primals
+    )
     out, t_out = gt.jvp(g, primals, tangents)
     value, vjp_fn = gt.vjp(g, *primals)
-    u_leaves = [rng.uniform(-1, 1, np.shape(o)).astype(np.asarray(o).dtype)
-                for o in tree_flatten(value)[0]]
+    u_leaves = [
+        rng.uniform(-1, 1, np.shape(o)).astype(np.asarray(o).dtype) for o in tree_flatten(value)[0]
+    ]
     u = _unflatten_like(value, u_leaves)
     cts = vjp_fn(u)
     lhs = float(np.dot(_flat(u), _flat(t_out)))
     rhs = float(np.dot(_flat(cts), _flat(tangents)))
-    size = (np.linalg.norm(_flat(u)) * np.linalg.norm(_flat(t_out))
-            + np.linalg.norm(_flat(cts)) * np.linalg.norm(_flat(tangents)) + 1.0)
+    size = (
+        np.linalg.norm(_flat(u)) * np.linalg.norm(_flat(t_out))
+        + np.linalg.norm(_flat(cts)) * np.linalg.norm(_flat(tangents))
+        + 1.0
+    )
     assert abs(lhs - rhs) <= tol * size, f"<u, J t> = {lhs} but <J^T u, t> = {rhs}"
     assert_same_value(out, value)
 
@@ -97,8 +108,9 @@ def _unflatten_like(value, leaves):
     return tree_unflatten(tree_flatten(value)[1], leaves)
 
 
-def check_rule(f, *args, argnums=None, exact=False, complex_step=False, rtol=None,
-               compiled=True, forward=True):
+def check_rule(
+    f, *args, argnums=None, exact=False, complex_step=False, rtol=None, compiled=True, forward=True
+):
     """The value is NumPy's; reverse mode matches central differences; forward mode matches
     reverse mode; gt.compile (numpy backend) gives the same value and gradient."""
     with warnings.catch_warnings():

@@ -34,9 +34,13 @@ _OWN_CACHE_DIR: list[str] = []  # the temporary cache directory this process mad
 
 
 def pytest_addoption(parser):
-    parser.addoption("--all", action="store_true", dest="all_tiers",
-                     help="run both test tiers: the fast one and the `native` tests, which "
-                          "compile Numba kernels (plain `pytest` deselects those)")
+    parser.addoption(
+        "--all",
+        action="store_true",
+        dest="all_tiers",
+        help="run both test tiers: the fast one and the `native` tests, which "
+        "compile Numba kernels (plain `pytest` deselects those)",
+    )
 
 
 def _native_selected(config) -> bool:
@@ -49,8 +53,7 @@ def _native_selected(config) -> bool:
     try:
         from _pytest.mark.expression import Expression
 
-        return bool(Expression.compile(markexpr).evaluate(
-            lambda name, **kwargs: name == "native"))
+        return bool(Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == "native"))
     except Exception:  # another pytest's private API: assume native tests may run
         return True
 
@@ -102,11 +105,18 @@ settings.register_profile(
     deadline=None,
     derandomize=True,
     print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
 )
-settings.register_profile("gradtape-thorough", parent=settings.get_profile("gradtape"),
-                          max_examples=300, derandomize=False)
+settings.register_profile(
+    "gradtape-thorough",
+    parent=settings.get_profile("gradtape"),
+    max_examples=300,
+    derandomize=False,
+)
 settings.load_profile(os.environ.get("GRADTAPE_HYPOTHESIS_PROFILE", "gradtape"))
 
 PYFLOAT = "pyfloat"  # a shape marker: the argument is a Python float, not an array
@@ -121,8 +131,10 @@ def _as_float64(x):
 
 def _perturbed(args: Sequence, argnum: int, flat_index: int, delta):
     """args in float64, with element `flat_index` of argument `argnum` moved by `delta`."""
-    new = [_as_float64(a) if i == argnum or isinstance(a, np.ndarray) else a
-           for i, a in enumerate(args)]
+    new = [
+        _as_float64(a) if i == argnum or isinstance(a, np.ndarray) else a
+        for i, a in enumerate(args)
+    ]
     x = new[argnum]
     if isinstance(x, float):
         new[argnum] = x + delta
@@ -162,8 +174,9 @@ def complex_step_grad(f: Callable, args: Sequence, argnum: int) -> np.ndarray | 
     return out
 
 
-def disagreements_across_threads(compiled: Callable, reference: Callable,
-                                 agree: Callable, threads: int = 4, calls: int = 200) -> list:
+def disagreements_across_threads(
+    compiled: Callable, reference: Callable, agree: Callable, threads: int = 4, calls: int = 200
+) -> list:
     """Call `compiled` and `reference` from several threads at once, on inputs that take both
     paths of a branch at 0.01-scale values; the (seed, detail) of every call they disagree on.
     `agree(got, expected)` returns a failure detail, or None when they agree."""
@@ -191,9 +204,14 @@ def _expected_grad_dtype(arg):
     return np.asarray(arg).dtype
 
 
-def assert_grad_matches(f: Callable, *args, argnums: int | Sequence[int] = 0,
-                        complex_step: bool = True, require_complex_step: bool = False,
-                        rtol: float | None = None):
+def assert_grad_matches(
+    f: Callable,
+    *args,
+    argnums: int | Sequence[int] = 0,
+    complex_step: bool = True,
+    require_complex_step: bool = False,
+    rtol: float | None = None,
+):
     """gradtape's gradient of scalar `f` agrees with central differences and the complex step.
 
     Checks the gradient's shape and dtype (float32 arguments give float32 gradients), then
@@ -204,28 +222,36 @@ def assert_grad_matches(f: Callable, *args, argnums: int | Sequence[int] = 0,
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     grads = gt.grad(f, argnums=argnums)(*args)
     grads = (grads,) if isinstance(argnums, int) else grads
-    low_precision = any(np.asarray(a).dtype == np.float32 for a in args
-                        if not isinstance(a, (float, int)))
+    low_precision = any(
+        np.asarray(a).dtype == np.float32 for a in args if not isinstance(a, (float, int))
+    )
     tol = rtol if rtol is not None else (2e-3 if low_precision else 1e-6)
     for num, g in zip(nums, grads):
         arg = args[num]
         assert np.shape(g) == np.shape(arg), f"gradient of argument {num} has the wrong shape"
         assert np.asarray(g).dtype == _expected_grad_dtype(arg), (
             f"gradient of argument {num} has dtype {np.asarray(g).dtype}, "
-            f"argument has {_expected_grad_dtype(arg)}")
+            f"argument has {_expected_grad_dtype(arg)}"
+        )
         g64 = np.asarray(g, np.float64)
         assert np.all(np.isfinite(g64)), f"non-finite gradient for argument {num}: {g64}"
         fd = central_difference_grad(f, args, num)
         scale = max(1.0, float(np.max(np.abs(fd), initial=0.0)))
-        np.testing.assert_allclose(g64, fd, rtol=max(tol, 1e-5), atol=max(tol, 1e-6) * scale,
-                                   err_msg=f"argument {num} vs central differences")
+        np.testing.assert_allclose(
+            g64,
+            fd,
+            rtol=max(tol, 1e-5),
+            atol=max(tol, 1e-6) * scale,
+            err_msg=f"argument {num} vs central differences",
+        )
         if complex_step:
             cs = complex_step_grad(f, args, num)
             if require_complex_step:
                 assert cs is not None, "the function should accept complex input"
             if cs is not None:
-                np.testing.assert_allclose(g64, cs, rtol=tol, atol=tol * scale,
-                                           err_msg=f"argument {num} vs complex step")
+                np.testing.assert_allclose(
+                    g64, cs, rtol=tol, atol=tol * scale, err_msg=f"argument {num} vs complex step"
+                )
     return grads[0] if isinstance(argnums, int) else tuple(grads)
 
 
@@ -234,8 +260,15 @@ Interval = tuple[float, float]
 
 UNARY_SHAPES = [PYFLOAT, (), (1,), (5,), (2, 3), (2, 1, 3)]
 BINARY_SHAPES = [
-    (PYFLOAT, (3,)), ((2, 2), PYFLOAT), ((), ()), ((4,), (4,)), ((3, 1), (4,)), ((2, 3), (3,)),
-    ((), (2, 3)), ((4,), ()), ((2, 1, 3), (4, 1)),
+    (PYFLOAT, (3,)),
+    ((2, 2), PYFLOAT),
+    ((), ()),
+    ((4,), (4,)),
+    ((3, 1), (4,)),
+    ((2, 3), (3,)),
+    ((), (2, 3)),
+    ((4,), ()),
+    ((2, 1, 3), (4, 1)),
 ]
 
 
@@ -303,40 +336,78 @@ _ORDERS = ((-2.5, -0.01), (0.0, 0.0), (0.01, 2.5))
 
 DOMAINS: dict[str, Domain] = {
     # arithmetic
-    "add": _d(_R, _R), "subtract": _d(_R, _R), "multiply": _d(_R, _R),
-    "divide": _d(_R, _NONZERO), "negative": _d(_R), "positive": _d(_R),
-    "power": _d((0.2, 3.0), (-2.0, 2.5)), "float_power": _d((0.2, 3.0), (-2.0, 2.5)),
-    "square": _d(_R), "reciprocal": _d(_NONZERO),
-    "absolute": _d(_NONZERO, analytic=False), "fabs": _d(_NONZERO, analytic=False),
+    "add": _d(_R, _R),
+    "subtract": _d(_R, _R),
+    "multiply": _d(_R, _R),
+    "divide": _d(_R, _NONZERO),
+    "negative": _d(_R),
+    "positive": _d(_R),
+    "power": _d((0.2, 3.0), (-2.0, 2.5)),
+    "float_power": _d((0.2, 3.0), (-2.0, 2.5)),
+    "square": _d(_R),
+    "reciprocal": _d(_NONZERO),
+    "absolute": _d(_NONZERO, analytic=False),
+    "fabs": _d(_NONZERO, analytic=False),
     # x/y stays inside (2, 3): floor and trunc of it are constant
     "remainder": _d((5.1, 5.9), (2.0, 2.5), analytic=False),
     "fmod": _d((5.1, 5.9), (2.0, 2.5), analytic=False),
     # x and y never within 0.2 of each other (a kink); either can be the larger. Exact ties
     # are tested in test_elementwise.py.
-    "maximum": _d(*_APART, analytic=False), "minimum": _d(*_APART, analytic=False),
-    "fmax": _d(*_APART, analytic=False), "fmin": _d(*_APART, analytic=False),
+    "maximum": _d(*_APART, analytic=False),
+    "minimum": _d(*_APART, analytic=False),
+    "fmax": _d(*_APART, analytic=False),
+    "fmin": _d(*_APART, analytic=False),
     "copysign": _d(_NONZERO, _NONZERO, diff=(0,), analytic=False),
-    "hypot": _d(_R, (0.3, 3.0)), "arctan2": _d(_R, (0.3, 3.0)),
-    "logaddexp": _d(_R, _R), "logaddexp2": _d(_R, _R),
+    "hypot": _d(_R, (0.3, 3.0)),
+    "arctan2": _d(_R, (0.3, 3.0)),
+    "logaddexp": _d(_R, _R),
+    "logaddexp2": _d(_R, _R),
     # exponentials and logarithms
-    "exp": _d(_R), "expm1": _d(_R), "exp2": _d(_R), "exp10": _d((-2.0, 2.0)),
-    "log": _d(_POS), "log2": _d(_POS), "log10": _d(_POS), "log1p": _d((-0.8, 4.0)),
-    "sqrt": _d(_POS), "cbrt": _d(((-5.0, -0.1), (0.1, 5.0))),
+    "exp": _d(_R),
+    "expm1": _d(_R),
+    "exp2": _d(_R),
+    "exp10": _d((-2.0, 2.0)),
+    "log": _d(_POS),
+    "log2": _d(_POS),
+    "log10": _d(_POS),
+    "log1p": _d((-0.8, 4.0)),
+    "sqrt": _d(_POS),
+    "cbrt": _d(((-5.0, -0.1), (0.1, 5.0))),
     # trigonometric and hyperbolic
-    "sin": _d((-4.0, 4.0)), "cos": _d((-4.0, 4.0)), "tan": _d((-1.3, 1.3)),
-    "arcsin": _d(_OPEN_UNIT), "arccos": _d(_OPEN_UNIT), "arctan": _d((-4.0, 4.0)),
-    "sinh": _d(_R), "cosh": _d(_R), "tanh": _d(_R), "arcsinh": _d((-4.0, 4.0)),
-    "arccosh": _d((1.1, 5.0)), "arctanh": _d(_OPEN_UNIT),
-    "deg2rad": _d((-200.0, 200.0)), "radians": _d((-200.0, 200.0)),
-    "rad2deg": _d(_R), "degrees": _d(_R),
+    "sin": _d((-4.0, 4.0)),
+    "cos": _d((-4.0, 4.0)),
+    "tan": _d((-1.3, 1.3)),
+    "arcsin": _d(_OPEN_UNIT),
+    "arccos": _d(_OPEN_UNIT),
+    "arctan": _d((-4.0, 4.0)),
+    "sinh": _d(_R),
+    "cosh": _d(_R),
+    "tanh": _d(_R),
+    "arcsinh": _d((-4.0, 4.0)),
+    "arccosh": _d((1.1, 5.0)),
+    "arctanh": _d(_OPEN_UNIT),
+    "deg2rad": _d((-200.0, 200.0)),
+    "radians": _d((-200.0, 200.0)),
+    "rad2deg": _d(_R),
+    "degrees": _d(_R),
     # scipy.special
-    "gammaln": _d((0.2, 6.0)), "gamma": _d((0.2, 4.0)), "psi": _d((0.3, 6.0)),
+    "gammaln": _d((0.2, 6.0)),
+    "gamma": _d((0.2, 4.0)),
+    "psi": _d((0.3, 6.0)),
     "_zeta": _d((1.5, 4.0), (0.5, 4.0), diff=(1,)),
-    "erf": _d((-2.5, 2.5)), "erfc": _d((-2.5, 2.5)), "erfinv": _d(_OPEN_UNIT),
-    "expit": _d((-5.0, 5.0)), "logit": _d((0.05, 0.95)), "log_expit": _d((-5.0, 5.0)),
-    "xlogy": _d(_R, (0.2, 4.0)), "xlog1py": _d(_R, (-0.8, 4.0)),
-    "ndtr": _d((-4.0, 4.0)), "log_ndtr": _d((-6.0, 4.0)), "ndtri": _d((0.02, 0.98)),
-    "entr": _d((0.05, 4.0)), "betaln": _d((0.3, 5.0), (0.3, 5.0)),
+    "erf": _d((-2.5, 2.5)),
+    "erfc": _d((-2.5, 2.5)),
+    "erfinv": _d(_OPEN_UNIT),
+    "expit": _d((-5.0, 5.0)),
+    "logit": _d((0.05, 0.95)),
+    "log_expit": _d((-5.0, 5.0)),
+    "xlogy": _d(_R, (0.2, 4.0)),
+    "xlog1py": _d(_R, (-0.8, 4.0)),
+    "ndtr": _d((-4.0, 4.0)),
+    "log_ndtr": _d((-6.0, 4.0)),
+    "ndtri": _d((0.02, 0.98)),
+    "entr": _d((0.05, 4.0)),
+    "betaln": _d((0.3, 5.0), (0.3, 5.0)),
     # scipy.special, the long tail: Bessel functions in their argument (orders fixed, never
     # subnormal: SciPy's yv and ive give 0 or NaN there). Their complex versions (AMOS) do not
     # resolve an imaginary step of 1e-30: no complex step.
@@ -346,28 +417,42 @@ DOMAINS: dict[str, Domain] = {
     "kv": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
     "ive": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
     "kve": _d(_ORDERS, (0.2, 4.0), diff=(1,), analytic=False),
-    "yn": _d((2.0, 2.0), (0.5, 5.0), diff=(1,)), "kn": _d((1.0, 1.0), (0.2, 4.0), diff=(1,)),
-    "j0": _d((-5.0, 5.0)), "j1": _d((-5.0, 5.0)), "y0": _d((0.3, 5.0)), "y1": _d((0.3, 5.0)),
-    "i0": _d(_R), "i1": _d(_R), "i0e": _d(_NONZERO, analytic=False),
-    "i1e": _d(_NONZERO, analytic=False), "k0": _d((0.2, 4.0)), "k1": _d((0.2, 4.0)),
-    "k0e": _d((0.2, 4.0)), "k1e": _d((0.2, 4.0)),
+    "yn": _d((2.0, 2.0), (0.5, 5.0), diff=(1,)),
+    "kn": _d((1.0, 1.0), (0.2, 4.0), diff=(1,)),
+    "j0": _d((-5.0, 5.0)),
+    "j1": _d((-5.0, 5.0)),
+    "y0": _d((0.3, 5.0)),
+    "y1": _d((0.3, 5.0)),
+    "i0": _d(_R),
+    "i1": _d(_R),
+    "i0e": _d(_NONZERO, analytic=False),
+    "i1e": _d(_NONZERO, analytic=False),
+    "k0": _d((0.2, 4.0)),
+    "k1": _d((0.2, 4.0)),
+    "k0e": _d((0.2, 4.0)),
+    "k1e": _d((0.2, 4.0)),
     "gammainc": _d((0.5, 4.0), (0.2, 4.0), diff=(1,)),
     "gammaincc": _d((0.5, 4.0), (0.2, 4.0), diff=(1,)),
     "betainc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
     "betaincc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
-    "beta": _d((0.3, 4.0), (0.3, 4.0)), "rgamma": _d((-3.5, 4.0), analytic=False),
+    "beta": _d((0.3, 4.0), (0.3, 4.0)),
+    "rgamma": _d((-3.5, 4.0), analytic=False),
     "erfcinv": _d((0.05, 1.95)),
-    "rel_entr": _d((0.2, 4.0), (0.2, 4.0)), "kl_div": _d((0.2, 4.0), (0.2, 4.0)),
+    "rel_entr": _d((0.2, 4.0), (0.2, 4.0)),
+    "kl_div": _d((0.2, 4.0), (0.2, 4.0)),
     # |r| never within 0.1 of delta (a kink)
     "huber": _d((0.5, 2.0), ((-3.0, -2.2), (-0.4, 0.4), (2.2, 3.0)), analytic=False),
-    "pseudo_huber": _d((0.2, 3.0), _R), "spence": _d((0.1, 4.0)),
+    "pseudo_huber": _d((0.2, 3.0), _R),
+    "spence": _d((0.1, 4.0)),
     # behind scipy.stats: inverses in their probability, cdfs in their continuous argument
     "gammaincinv": _d((0.5, 4.0), (0.05, 0.95), diff=(1,)),
     "gammainccinv": _d((0.5, 4.0), (0.05, 0.95), diff=(1,)),
     "betaincinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
     "betainccinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
-    "stdtr": _d((0.5, 30.0), _R, diff=(1,)), "stdtrit": _d((0.5, 30.0), (0.05, 0.95), diff=(1,)),
-    "pdtr": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)), "pdtrc": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)),
+    "stdtr": _d((0.5, 30.0), _R, diff=(1,)),
+    "stdtrit": _d((0.5, 30.0), (0.05, 0.95), diff=(1,)),
+    "pdtr": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)),
+    "pdtrc": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)),
     "bdtr": _d((3.0, 3.0), (7.0, 7.0), (0.05, 0.95), diff=(2,)),
     "bdtrc": _d((3.0, 3.0), (7.0, 7.0), (0.05, 0.95), diff=(2,)),
 }

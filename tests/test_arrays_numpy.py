@@ -17,11 +17,21 @@ import gradtape as gt
 DTYPES = st.sampled_from([np.float64, np.float32])
 VALUES = ((-3.0, 3.0),)
 PAD_MODES = {
-    "constant": {}, "constant_values": {"constant_values": ((1.5, -2.0), (0.5, 3.0))},
-    "edge": {}, "wrap": {}, "reflect": {}, "reflect_odd": {"reflect_type": "odd"},
-    "symmetric": {}, "symmetric_odd": {"reflect_type": "odd"}, "linear_ramp": {},
-    "linear_ramp_ends": {"end_values": (2.0, -1.0)}, "maximum": {}, "minimum": {},
-    "mean": {}, "median": {}, "mean_length": {"stat_length": 2},
+    "constant": {},
+    "constant_values": {"constant_values": ((1.5, -2.0), (0.5, 3.0))},
+    "edge": {},
+    "wrap": {},
+    "reflect": {},
+    "reflect_odd": {"reflect_type": "odd"},
+    "symmetric": {},
+    "symmetric_odd": {"reflect_type": "odd"},
+    "linear_ramp": {},
+    "linear_ramp_ends": {"end_values": (2.0, -1.0)},
+    "maximum": {},
+    "minimum": {},
+    "mean": {},
+    "median": {},
+    "mean_length": {"stat_length": 2},
     "maximum_length": {"stat_length": ((1, 2), (2, 1))},
 }
 
@@ -29,19 +39,21 @@ PAD_MODES = {
 @pytest.mark.parametrize("name", PAD_MODES)
 @given(data=st.data(), dtype=DTYPES)
 def test_pad(name, data, dtype):
-    mode = name.split("_")[0] if name not in ("linear_ramp", "linear_ramp_ends") else \
-        "linear_ramp"
+    mode = name.split("_")[0] if name not in ("linear_ramp", "linear_ramp_ends") else "linear_ramp"
     kwargs = PAD_MODES[name]
     shape = data.draw(st.sampled_from([(1, 3), (3, 2), (4, 3)]), label="shape")
     order = data.draw(st.permutations(range(int(np.prod(shape)))), label="order")
-    jitter = data.draw(st.lists(st.floats(0.0, 0.3), min_size=len(order),
-                                max_size=len(order)), label="jitter")
+    jitter = data.draw(
+        st.lists(st.floats(0.0, 0.3), min_size=len(order), max_size=len(order)), label="jitter"
+    )
     # distinct, and no coincidences (a median of medians tied with another)
     x = ((np.array(order) - 3) * 0.7 + np.array(jitter)).reshape(shape).astype(dtype)
-    width = data.draw(st.sampled_from([1, 2, (0, 3), ((2, 1), (0, 5)), ((7, 0), (1, 2))]),
-                      label="pad_width")
-    check_rule(lambda x: np.pad(x, width, mode=mode, **kwargs), x, exact=True,
-               compiled=dtype == np.float64)
+    width = data.draw(
+        st.sampled_from([1, 2, (0, 3), ((2, 1), (0, 5)), ((7, 0), (1, 2))]), label="pad_width"
+    )
+    check_rule(
+        lambda x: np.pad(x, width, mode=mode, **kwargs), x, exact=True, compiled=dtype == np.float64
+    )
 
 
 def test_pad_forms_and_refusals():
@@ -49,8 +61,9 @@ def test_pad_forms_and_refusals():
     check_rule(lambda x: np.pad(x, {1: (2, 1)}, mode="edge"), x)
     check_rule(lambda x: np.pad(x, 2, mode="empty") * 0 + np.pad(x, 2), x)
     check_rule(lambda x, c: np.pad(x, 1, constant_values=c), x, 0.75)  # a traced fill value
-    check_rule(lambda x, e: np.pad(x, 2, mode="linear_ramp", end_values=e), x,
-               np.array([1.0, -2.0]))
+    check_rule(
+        lambda x, e: np.pad(x, 2, mode="linear_ramp", end_values=e), x, np.array([1.0, -2.0])
+    )
     with pytest.raises(gt.GradtapeError, match="function as mode"):
         traced_value(lambda x: np.pad(x, 1, mode=lambda *a: None), x)
     with pytest.raises(ValueError, match="not supported"):
@@ -132,8 +145,10 @@ WRITERS = {
     "fill_diagonal_wrap": (lambda y, v: np.fill_diagonal(y, v[0], wrap=True), (5, 2)),
     "put": (lambda y, v: np.put(y, [0, 4, -1, 4], v[:3]), (2, 3)),
     "put_wrap": (lambda y, v: np.put(y, [7, -8], v[:2], mode="wrap"), (2, 3)),
-    "put_along_axis": (lambda y, v: np.put_along_axis(y, np.array([[0], [2]]), v[:2, None],
-                                                      axis=1), (2, 3)),
+    "put_along_axis": (
+        lambda y, v: np.put_along_axis(y, np.array([[0], [2]]), v[:2, None], axis=1),
+        (2, 3),
+    ),
     "place": (lambda y, v: np.place(y, y > 0, v[:2]), (2, 3)),
     "putmask": (lambda y, v: np.putmask(y, y < 0, v[:4]), (2, 3)),
     "copyto": (lambda y, v: np.copyto(y, v[:3], where=np.array([True, False, True])), (2, 3)),
@@ -159,6 +174,7 @@ def test_writing_traced_values_into_a_plain_array_is_refused():
 @given(x=argument_strategy((3, 4), VALUES, np.float64))
 def test_pad_reflect_wider_than_the_array(x):
     check_rule(lambda x: np.pad(x, ((5, 7), (9, 2)), mode="reflect"), x, exact=True)
-    check_rule(lambda x: np.pad(x, ((5, 7), (9, 2)), mode="symmetric", reflect_type="odd"), x,
-               exact=True)
+    check_rule(
+        lambda x: np.pad(x, ((5, 7), (9, 2)), mode="symmetric", reflect_type="odd"), x, exact=True
+    )
     check_rule(lambda x: np.pad(x, ((5, 7), (9, 2)), mode="wrap"), x, exact=True)

@@ -51,13 +51,36 @@ def fake_context() -> RunContext:
 
 def test_cli_writes_json_markdown_and_png(tmp_path: Path) -> None:
     methods = ["numpy", "hand_numpy", "gradtape", "finite_diff", "complex_step"]
-    argv = ["bench", "--quick", "--sizes", "10", "--workload", "sum_exp", "--methods", *methods,
-            "--repeat", "2", "--out", tmp_path]
+    argv = [
+        "bench",
+        "--quick",
+        "--sizes",
+        "10",
+        "--workload",
+        "sum_exp",
+        "--methods",
+        *methods,
+        "--repeat",
+        "2",
+        "--out",
+        tmp_path,
+    ]
     assert main(argv) == 0
 
     document = json.loads((tmp_path / "results.json").read_text())
-    for key in ("date", "command", "flags", "machine", "threads", "versions", "timing",
-                "workloads", "methods", "absent", "results"):
+    for key in (
+        "date",
+        "command",
+        "flags",
+        "machine",
+        "threads",
+        "versions",
+        "timing",
+        "workloads",
+        "methods",
+        "absent",
+        "results",
+    ):
         assert key in document
     assert document["threads"]["env"]["OMP_NUM_THREADS"] == "1"
     assert document["workloads"]["sum_exp"]["sizes"] == [10]
@@ -114,10 +137,16 @@ def test_absent_and_failing_methods_do_not_stop_the_run(monkeypatch: pytest.Monk
         require("gradtape_no_such_module")
         raise AssertionError("unreachable")
 
-    methods = [METHODS["numpy"], METHODS["torch"], make_method("missing", missing, peer=True),
-               make_method("raises", raises), METHODS["hand_numpy"]]
-    run = run_benchmark([WORKLOADS["eam"]], methods, RunConfig(sizes=(10, 20), repeat=1,
-                                                                min_sample_s=1e-4))
+    methods = [
+        METHODS["numpy"],
+        METHODS["torch"],
+        make_method("missing", missing, peer=True),
+        make_method("raises", raises),
+        METHODS["hand_numpy"],
+    ]
+    run = run_benchmark(
+        [WORKLOADS["eam"]], methods, RunConfig(sizes=(10, 20), repeat=1, min_sample_s=1e-4)
+    )
 
     by_method = {(m.method, m.size): m for m in run.measurements}
     for size in (10, 20):
@@ -164,11 +193,23 @@ def test_rnn_scan_runs_each_system_with_its_own_loop() -> None:
     assert " scan" in scan_tape and loop_tape.count(" tanh ") == 6
     assert " scan" not in loop_tape and scan_tape.count(" tanh ") == 0
 
-    names = ["numpy", "hand_numpy", "gradtape", "gradtape_compiled", "gradtape_unrolled",
-             "jax_jit", "torch", "autograd", "finite_diff"]
+    names = [
+        "numpy",
+        "hand_numpy",
+        "gradtape",
+        "gradtape_compiled",
+        "gradtape_unrolled",
+        "jax_jit",
+        "torch",
+        "autograd",
+        "finite_diff",
+    ]
     methods = [METHODS[name] for name in names]
-    run = run_benchmark([workload, WORKLOADS["sum_exp"]], methods,
-                        RunConfig(sizes=(6,), repeat=1, min_sample_s=1e-4, budget_s=0.1))
+    run = run_benchmark(
+        [workload, WORKLOADS["sum_exp"]],
+        methods,
+        RunConfig(sizes=(6,), repeat=1, min_sample_s=1e-4, budget_s=0.1),
+    )
     status = {(m.workload, m.method): m.status for m in run.measurements}
     for name in ("numpy", "hand_numpy", "gradtape", "gradtape_compiled", "gradtape_unrolled"):
         assert status["rnn_scan", name] == OK
@@ -202,6 +243,7 @@ def test_import_does_not_load_bench_or_heavy_systems() -> None:
         "print([m for m in heavy[1:] if m in sys.modules])\n"
     )
     heavy = ["gradtape.bench", "jax", "torch", "autograd", "matplotlib", "rich"]
-    out = subprocess.run([sys.executable, "-c", code, *heavy], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *heavy], capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["[]", "[]"]

@@ -66,8 +66,9 @@ def test_prune_removes_old_entries_then_least_recently_used_beyond_the_cap(fresh
     stale = fresh_cache / ".tmp-dead.py"
     stale.write_text("half written")
     os.utime(stale, (time.time() - 2 * 3600,) * 2)
-    removed = cache.prune(fresh_cache, max_bytes=6100, max_age_seconds=30 * DAY,
-                          keep={"kept_by_caller"})
+    removed = cache.prune(
+        fresh_cache, max_bytes=6100, max_age_seconds=30 * DAY, keep={"kept_by_caller"}
+    )
     assert removed == ["ancient", "old", "middle"]
     assert keys(fresh_cache) == {"kept_by_caller", "new", "loading_now"}
     assert not list((fresh_cache / "__pycache__").glob("k_old.*")) and not stale.exists()
@@ -119,8 +120,9 @@ def test_a_process_that_compiles_a_new_kernel_prunes_once(fresh_cache, monkeypat
     assert keys(fresh_cache) == {own, "recent"}
     assert any((fresh_cache / "__pycache__").glob(f"k_{own}.*.nbc"))
     make_entry(fresh_cache, "later", 10, 90 * DAY)  # once per process: no second pruning
-    cf2 = gt.compile(gt.value_and_grad(lambda x: np.sum(np.exp(x) * (scale + 1.0))),
-                     backend="numba")
+    cf2 = gt.compile(
+        gt.value_and_grad(lambda x: np.sum(np.exp(x) * (scale + 1.0))), backend="numba"
+    )
     cf2(x)
     assert "later" in keys(fresh_cache)
 

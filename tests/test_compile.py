@@ -68,8 +68,9 @@ def assert_same(actual, expected):
 
 CLOSED_FORMS = {
     normal_logpdf: lambda x: -(x - 0.3) / 1.7**2,
-    eam: lambda x: -3 * np.exp(-3 * (x + 1)) * (
-        2 * (r := np.sum(np.exp(-3 * (x + 1)))) + 3 * r**2 + r**3),
+    eam: lambda x: (
+        -3 * np.exp(-3 * (x + 1)) * (2 * (r := np.sum(np.exp(-3 * (x + 1)))) + 3 * r**2 + r**3)
+    ),
     sum_exp: np.exp,
     scalar_loop: lambda x: 2 * np.arange(1, len(x) + 1) * x,
     branching: lambda x: np.full_like(x, 3 * np.sum(x) ** 2 if np.sum(x) > 1 else 2 * np.sum(x)),
@@ -119,16 +120,18 @@ RULES = {
     "elementwise": lambda x: np.sum(np.sin(x) * np.exp(-x * x) + np.tanh(x) / (2 + np.cos(x))),
     "powers_logs": lambda x: np.sum(np.log1p(x * x) + np.sqrt(1 + x**2) - np.abs(x) ** 1.5),
     "broadcast": lambda x: np.sum(np.reshape(x, (2, 3)) * np.array([1.0, 2.0, 3.0]) + x[:3]),
-    "axes_keepdims": lambda x: np.sum(np.reshape(x, (2, 3)) / np.sum(
-        np.reshape(x, (2, 3)) ** 2, axis=1, keepdims=True)),
+    "axes_keepdims": lambda x: np.sum(
+        np.reshape(x, (2, 3)) / np.sum(np.reshape(x, (2, 3)) ** 2, axis=1, keepdims=True)
+    ),
     "mean_var_std": lambda x: np.mean(x) * np.var(x) + np.std(np.reshape(x, (3, 2)), axis=0)[1],
     "max_min_prod": lambda x: np.max(x) - np.min(x) + np.prod(1 + 0.1 * x),
     "cumsum_cumprod": lambda x: np.sum(np.cumsum(x) * np.cumprod(1 + 0.1 * x)),
     "indexing": lambda x: x[0] * x[-1] + np.sum(x[IDX] ** 2) + np.sum(x[::2] * x[1::2]),
     "setitem": _setitem,
     "add_at": _add_at,
-    "concat_stack": lambda x: np.sum(np.concatenate([x, x**2]) * np.stack([x, x]).ravel()[::-1][
-        :12]),
+    "concat_stack": lambda x: np.sum(
+        np.concatenate([x, x**2]) * np.stack([x, x]).ravel()[::-1][:12]
+    ),
     "transpose": lambda x: np.sum(np.reshape(x, (2, 3)).T @ np.ones(2) * np.arange(3.0)),
     "where": lambda x: np.sum(np.where(x > 0, x**2, -x)),
     "clip_maximum": lambda x: np.sum(np.clip(x, -0.5, 0.5) ** 2 + np.maximum(x, 0.1) ** 2),
@@ -137,8 +140,10 @@ RULES = {
     "pad_roll": lambda x: np.sum(np.pad(x, (1, 2)) * np.arange(9.0)) + np.sum(np.roll(x, 2) * x),
     "matmul": lambda x: np.sum(np.tanh(W @ np.reshape(x, (3, 2))) ** 2),
     # matmul is a generalized ufunc: broadcast inputs and uniform constants are not elementwise
-    "matmul_broadcast": lambda x: np.sum(np.tanh(np.broadcast_to(x[:3], (3, 3)) @ np.reshape(
-        x, (3, 2)))) + np.sum(np.full((2, 3), 2.0) @ np.reshape(x, (3, 2)) ** 2),
+    "matmul_broadcast": lambda x: (
+        np.sum(np.tanh(np.broadcast_to(x[:3], (3, 3)) @ np.reshape(x, (3, 2))))
+        + np.sum(np.full((2, 3), 2.0) @ np.reshape(x, (3, 2)) ** 2)
+    ),
     "closure_constant": lambda x: np.sum(x * W[:, :1].ravel()[:1] + np.exp(W).sum()),
 }
 
@@ -171,20 +176,43 @@ def _op_menu(rng):
         y[0] = y[-1] + b[2]
         return y
 
-    unary = [np.sin, np.exp, np.tanh, lambda a: a * a, lambda a: -a, lambda a: np.cumsum(a),
-             lambda a: a[::-1] * 2.0, lambda a: np.sort(a) + a,
-             lambda a: np.reshape(np.reshape(a, (2, 3)).T, (6,)), lambda a: np.abs(a) ** 1.5,
-             lambda a: a - np.max(a), lambda a: a / (1.0 + np.sum(a * a, keepdims=True))]
-    binary = [np.add, np.multiply, np.subtract, lambda a, b: a / (2.0 + np.cos(b)),
-              lambda a, b: np.where(a > b, a, b * 0.5), np.maximum, setitem_full, setitem_chain,
-              lambda a, b: np.concatenate([a[:3], b[3:]]) * a,
-              lambda a, b: a * np.sum(b) + np.mean(a) * b]
+    unary = [
+        np.sin,
+        np.exp,
+        np.tanh,
+        lambda a: a * a,
+        lambda a: -a,
+        lambda a: np.cumsum(a),
+        lambda a: a[::-1] * 2.0,
+        lambda a: np.sort(a) + a,
+        lambda a: np.reshape(np.reshape(a, (2, 3)).T, (6,)),
+        lambda a: np.abs(a) ** 1.5,
+        lambda a: a - np.max(a),
+        lambda a: a / (1.0 + np.sum(a * a, keepdims=True)),
+    ]
+    binary = [
+        np.add,
+        np.multiply,
+        np.subtract,
+        lambda a, b: a / (2.0 + np.cos(b)),
+        lambda a, b: np.where(a > b, a, b * 0.5),
+        np.maximum,
+        setitem_full,
+        setitem_chain,
+        lambda a, b: np.concatenate([a[:3], b[3:]]) * a,
+        lambda a, b: a * np.sum(b) + np.mean(a) * b,
+    ]
     return unary, binary
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(st.lists(st.tuples(st.integers(0, 11), st.integers(0, 9), st.integers(0, 30),
-                          st.booleans()), min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 11), st.integers(0, 9), st.integers(0, 30), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_random_programs_compile_exactly(steps):
     unary, binary = _op_menu(None)
 
@@ -322,12 +350,19 @@ def test_one_array_hot_path_follows_signatures_and_variants():
         np.testing.assert_allclose(cf(x), CLOSED_FORMS[branching](x), rtol=1e-13)
     per = cf.stats["per_signature"]
     assert per["(f64[3])"]["calls"] == 6 and per["(f64[3])"]["recordings"] == 2
-    assert per["(f64[5])"] == {"replays": 1, "recordings": 1, "guard_failures": 0,
-                               "eager_calls": 0, "variants": 1, "calls": 2}
+    assert per["(f64[5])"] == {
+        "replays": 1,
+        "recordings": 1,
+        "guard_failures": 0,
+        "eager_calls": 0,
+        "variants": 1,
+        "calls": 2,
+    }
     # under grad, a plain-array call runs the function itself (not counted as a replay)
     w = np.array([1.0, 2.0, 3.0])
-    np.testing.assert_allclose(gt.grad(lambda w: np.sum(cf(low) * w))(w),
-                               CLOSED_FORMS[branching](low), rtol=1e-13)
+    np.testing.assert_allclose(
+        gt.grad(lambda w: np.sum(cf(low) * w))(w), CLOSED_FORMS[branching](low), rtol=1e-13
+    )
     assert cf.stats["calls"] == 8
 
 
@@ -570,8 +605,9 @@ def test_data_dependent_mask_guards():
         x = RNG.random(4)
         assert_same(cf(x), f(x))
     stats = cf.stats
-    assert stats["recordings"] == len({tuple(v.program.checks[0].answer)
-                                       for v in cf._signatures[((x.shape, x.dtype),)].variants})
+    assert stats["recordings"] == len(
+        {tuple(v.program.checks[0].answer) for v in cf._signatures[((x.shape, x.dtype),)].variants}
+    )
 
 
 def test_item_of_an_element_runs_eagerly_with_a_warning():
@@ -617,6 +653,7 @@ def test_higher_order_transforms():
 
 def test_sort_under_compile_replays_for_every_ordering():
     """The sort order is data (a traced index), not a guard: one recording serves all inputs."""
+
     def f(x):
         return np.sum(np.sort(x) * np.arange(len(x)))
 

@@ -99,8 +99,9 @@ def check_rule(f, args, jf=None, argnums=None, rtol=1e-6):
     """
     argnums = tuple(range(len(args))) if argnums is None else argnums
     out = f(*args)
-    w = RNG.normal(size=np.shape(out)) + (1j * RNG.normal(size=np.shape(out))
-                                          if np.iscomplexobj(out) else 0)
+    w = RNG.normal(size=np.shape(out)) + (
+        1j * RNG.normal(size=np.shape(out)) if np.iscomplexobj(out) else 0
+    )
 
     def loss(*a):
         return np.sum(np.real(w * f(*a)))
@@ -113,8 +114,7 @@ def check_rule(f, args, jf=None, argnums=None, rtol=1e-6):
         assert_close(g, cts[i], 1e-12, what=f"grad vs vjp, argument {i}")
     h = 1e-6
     for _ in range(2):
-        ts = tuple(_direction(a) if i in argnums else np.zeros_like(a)
-                   for i, a in enumerate(args))
+        ts = tuple(_direction(a) if i in argnums else np.zeros_like(a) for i, a in enumerate(args))
 
         def along(s, ts=ts):
             return tuple(a + s * t for a, t in zip(args, ts))
@@ -123,7 +123,8 @@ def check_rule(f, args, jf=None, argnums=None, rtol=1e-6):
         dot = sum(np.sum(np.real(np.asarray(cts[i]) * ts[i])) for i in argnums)
         scale = sum(np.sum(np.abs(np.asarray(cts[i]) * ts[i])) for i in argnums)
         assert abs(dot - slope) <= rtol * max(1.0, scale), (
-            f"vjp . t = {dot}, central differences {slope}")
+            f"vjp . t = {dot}, central differences {slope}"
+        )
         _, t_out = gt.jvp(f, args, ts)
         assert_close(t_out, (f(*along(h)) - f(*along(-h))) / (2 * h), rtol, what="jvp")
         if jf is not None and jax is not None:
@@ -147,7 +148,7 @@ def test_gradient_of_squared_modulus_is_twice_the_conjugate():
     expected = 2 * np.conj(z)
     np.testing.assert_allclose(gt.grad(lambda z: np.sum(np.abs(z) ** 2))(z), expected)
     np.testing.assert_allclose(gt.grad(lambda z: np.sum(np.real(z * z.conj())))(z), expected)
-    np.testing.assert_allclose(gt.grad(lambda z: np.sum(z.real ** 2 + z.imag ** 2))(z), expected)
+    np.testing.assert_allclose(gt.grad(lambda z: np.sum(z.real**2 + z.imag**2))(z), expected)
     if jax is not None:
         np.testing.assert_allclose(jax.grad(lambda z: jnp.sum(jnp.abs(z) ** 2))(z), expected)
     autograd = pytest.importorskip("autograd")
@@ -158,8 +159,11 @@ def test_gradient_of_squared_modulus_is_twice_the_conjugate():
 def test_transposes_of_the_parts_follow_jax():
     z = np.array([1 + 2j, -3 + 0.5j])
     ct = np.array([0.7, -1.3])
-    for f, expected in ((np.real, ct + 0j), (np.imag, -1j * ct),
-                        (np.abs, ct * np.conj(z) / np.abs(z))):
+    for f, expected in (
+        (np.real, ct + 0j),
+        (np.imag, -1j * ct),
+        (np.abs, ct * np.conj(z) / np.abs(z)),
+    ):
         got = gt.vjp(f, z)[1](ct)[0]
         assert got.dtype == np.complex128
         np.testing.assert_allclose(got, expected)
@@ -219,8 +223,12 @@ def test_real_inputs_that_become_complex_get_real_gradients():
     x32 = np.array([0.25, 0.5], np.float32)
     g32 = gt.grad(lambda x: np.sum(np.abs(np.exp(1j * x) + x) ** 2))(x32)
     assert g32.dtype == np.float32
-    assert_close(g32, fd_grad(lambda x: np.sum(np.abs(np.exp(1j * x) + x) ** 2),
-                              x32.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    assert_close(
+        g32,
+        fd_grad(lambda x: np.sum(np.abs(np.exp(1j * x) + x) ** 2), x32.astype(np.float64)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_vjp_of_a_real_output_refuses_a_complex_cotangent():
@@ -232,8 +240,8 @@ def test_vjp_of_a_real_output_refuses_a_complex_cotangent():
 # --- holomorphic ------------------------------------------------------------------------------
 def test_grad_holomorphic():
     z = random_complex(())
-    f = lambda z: np.sin(z) * np.exp(z) + z ** 3  # noqa: E731
-    fprime = np.cos(z) * np.exp(z) + np.sin(z) * np.exp(z) + 3 * z ** 2
+    f = lambda z: np.sin(z) * np.exp(z) + z**3  # noqa: E731
+    fprime = np.cos(z) * np.exp(z) + np.sin(z) * np.exp(z) + 3 * z**2
     np.testing.assert_allclose(gt.grad(f, holomorphic=True)(z), fprime)
     v, g = gt.value_and_grad(f, holomorphic=True)(z)
     assert v == f(z)
@@ -246,9 +254,10 @@ def test_grad_holomorphic():
     with pytest.raises(gt.GradtapeError, match="holomorphic=True needs outputs with a complex"):
         gt.grad(np.abs, holomorphic=True)(z)
     if jax is not None:
-        jf = lambda z: jnp.sin(z) * jnp.exp(z) + z ** 3  # noqa: E731
-        np.testing.assert_allclose(gt.grad(f, holomorphic=True)(z),
-                                   jax.grad(jf, holomorphic=True)(z))
+        jf = lambda z: jnp.sin(z) * jnp.exp(z) + z**3  # noqa: E731
+        np.testing.assert_allclose(
+            gt.grad(f, holomorphic=True)(z), jax.grad(jf, holomorphic=True)(z)
+        )
 
 
 def test_jacobians_holomorphic_and_not():
@@ -262,9 +271,10 @@ def test_jacobians_holomorphic_and_not():
     J = np.stack([(f(z + h * e) - f(z - h * e)) / (2 * h) for e in np.eye(3)], axis=-1)
     for jac in (gt.jacfwd, gt.jacrev, gt.jacobian):
         assert_close(jac(f, holomorphic=True)(z), J)
-    assert_close(gt.hessian(lambda z: np.sum(f(z)), holomorphic=True)(z),
-                 gt.jacfwd(gt.grad(lambda z: np.sum(f(z)), holomorphic=True),
-                           holomorphic=True)(z))
+    assert_close(
+        gt.hessian(lambda z: np.sum(f(z)), holomorphic=True)(z),
+        gt.jacfwd(gt.grad(lambda z: np.sum(f(z)), holomorphic=True), holomorphic=True)(z),
+    )
     # real inputs, complex outputs: forward mode (jacobian picks it)
     g = lambda x: np.exp(1j * (M @ x))  # noqa: E731
     Jg = np.stack([(g(x + h * e) - g(x - h * e)) / (2 * h) for e in np.eye(3)], axis=-1)
@@ -275,18 +285,19 @@ def test_jacobians_holomorphic_and_not():
     rows = np.stack([fd_grad(lambda z, i=i: r(z)[i], z) for i in range(3)])
     assert_close(gt.jacrev(r)(z), rows)
     assert_close(gt.jacobian(r)(z), rows)
-    for bad, match in ((lambda: gt.jacfwd(r)(z), "forward mode needs real inputs"),
-                       (lambda: gt.jacrev(g)(x), "reverse mode needs real-valued outputs"),
-                       (lambda: gt.jacobian(f)(z), "needs real inputs"),
-                       (lambda: gt.jacobian(f, mode="reverse")(z), "real-valued outputs"),
-                       (lambda: gt.jacfwd(g, holomorphic=True)(x), "complex dtype"),
-                       (lambda: gt.hessian(lambda z: np.sum(r(z)))(z), "real and imaginary")):
+    for bad, match in (
+        (lambda: gt.jacfwd(r)(z), "forward mode needs real inputs"),
+        (lambda: gt.jacrev(g)(x), "reverse mode needs real-valued outputs"),
+        (lambda: gt.jacobian(f)(z), "needs real inputs"),
+        (lambda: gt.jacobian(f, mode="reverse")(z), "real-valued outputs"),
+        (lambda: gt.jacfwd(g, holomorphic=True)(x), "complex dtype"),
+        (lambda: gt.hessian(lambda z: np.sum(r(z)))(z), "real and imaginary"),
+    ):
         with pytest.raises(gt.GradtapeError, match=match):
             bad()
     if jax is not None:
         jfn = lambda z: jnp.tanh(jnp.asarray(M) @ z) * z  # noqa: E731
-        assert_close(gt.jacrev(f, holomorphic=True)(z), jax.jacrev(jfn, holomorphic=True)(z),
-                     1e-10)
+        assert_close(gt.jacrev(f, holomorphic=True)(z), jax.jacrev(jfn, holomorphic=True)(z), 1e-10)
         jr = lambda z: jnp.abs(jnp.asarray(M) @ z) ** 2  # noqa: E731
         assert_close(gt.jacrev(r)(z), jax.jacrev(jr)(z), 1e-10)
 
@@ -302,26 +313,47 @@ def _jsp(name):
 
 # name -> (numpy function, JAX function or None, arity)
 ELEMENTWISE = {
-    "add": (np.add, _j("add"), 2), "subtract": (np.subtract, _j("subtract"), 2),
-    "multiply": (np.multiply, _j("multiply"), 2), "divide": (np.divide, _j("divide"), 2),
-    "negative": (np.negative, _j("negative"), 1), "positive": (np.positive, _j("positive"), 1),
-    "power": (np.power, _j("power"), 2), "float_power": (np.float_power, _j("float_power"), 2),
-    "square": (np.square, _j("square"), 1), "reciprocal": (np.reciprocal, _j("reciprocal"), 1),
-    "exp": (np.exp, _j("exp"), 1), "expm1": (np.expm1, _j("expm1"), 1),
-    "exp2": (np.exp2, _j("exp2"), 1), "log": (np.log, _j("log"), 1),
-    "log1p": (np.log1p, _j("log1p"), 1), "log2": (np.log2, _j("log2"), 1),
-    "log10": (np.log10, _j("log10"), 1), "sqrt": (np.sqrt, _j("sqrt"), 1),
-    "sin": (np.sin, _j("sin"), 1), "cos": (np.cos, _j("cos"), 1), "tan": (np.tan, _j("tan"), 1),
-    "arcsin": (np.arcsin, _j("arcsin"), 1), "arccos": (np.arccos, _j("arccos"), 1),
-    "arctan": (np.arctan, _j("arctan"), 1), "sinh": (np.sinh, _j("sinh"), 1),
-    "cosh": (np.cosh, _j("cosh"), 1), "tanh": (np.tanh, _j("tanh"), 1),
-    "arcsinh": (np.arcsinh, _j("arcsinh"), 1), "arccosh": (np.arccosh, _j("arccosh"), 1),
+    "add": (np.add, _j("add"), 2),
+    "subtract": (np.subtract, _j("subtract"), 2),
+    "multiply": (np.multiply, _j("multiply"), 2),
+    "divide": (np.divide, _j("divide"), 2),
+    "negative": (np.negative, _j("negative"), 1),
+    "positive": (np.positive, _j("positive"), 1),
+    "power": (np.power, _j("power"), 2),
+    "float_power": (np.float_power, _j("float_power"), 2),
+    "square": (np.square, _j("square"), 1),
+    "reciprocal": (np.reciprocal, _j("reciprocal"), 1),
+    "exp": (np.exp, _j("exp"), 1),
+    "expm1": (np.expm1, _j("expm1"), 1),
+    "exp2": (np.exp2, _j("exp2"), 1),
+    "log": (np.log, _j("log"), 1),
+    "log1p": (np.log1p, _j("log1p"), 1),
+    "log2": (np.log2, _j("log2"), 1),
+    "log10": (np.log10, _j("log10"), 1),
+    "sqrt": (np.sqrt, _j("sqrt"), 1),
+    "sin": (np.sin, _j("sin"), 1),
+    "cos": (np.cos, _j("cos"), 1),
+    "tan": (np.tan, _j("tan"), 1),
+    "arcsin": (np.arcsin, _j("arcsin"), 1),
+    "arccos": (np.arccos, _j("arccos"), 1),
+    "arctan": (np.arctan, _j("arctan"), 1),
+    "sinh": (np.sinh, _j("sinh"), 1),
+    "cosh": (np.cosh, _j("cosh"), 1),
+    "tanh": (np.tanh, _j("tanh"), 1),
+    "arcsinh": (np.arcsinh, _j("arcsinh"), 1),
+    "arccosh": (np.arccosh, _j("arccosh"), 1),
     "arctanh": (np.arctanh, _j("arctanh"), 1),
-    "absolute": (np.absolute, _j("abs"), 1), "conjugate": (np.conjugate, _j("conjugate"), 1),
-    "real": (np.real, _j("real"), 1), "imag": (np.imag, _j("imag"), 1),
-    "gamma": (sp.gamma, None, 1), "erf": (sp.erf, None, 1), "erfc": (sp.erfc, None, 1),
-    "ndtr": (sp.ndtr, None, 1), "log_ndtr": (sp.log_ndtr, None, 1),
-    "xlogy": (sp.xlogy, _jsp("xlogy"), 2), "xlog1py": (sp.xlog1py, _jsp("xlog1py"), 2),
+    "absolute": (np.absolute, _j("abs"), 1),
+    "conjugate": (np.conjugate, _j("conjugate"), 1),
+    "real": (np.real, _j("real"), 1),
+    "imag": (np.imag, _j("imag"), 1),
+    "gamma": (sp.gamma, None, 1),
+    "erf": (sp.erf, None, 1),
+    "erfc": (sp.erfc, None, 1),
+    "ndtr": (sp.ndtr, None, 1),
+    "log_ndtr": (sp.log_ndtr, None, 1),
+    "xlogy": (sp.xlogy, _jsp("xlogy"), 2),
+    "xlog1py": (sp.xlog1py, _jsp("xlog1py"), 2),
 }
 
 
@@ -333,14 +365,21 @@ def test_elementwise_complex_rules(name, data):
     if arity == 1:
         shapes = (data.draw(hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)),)
     else:
-        shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=2,
-                                                             max_side=3)).input_shapes
+        shapes = data.draw(
+            hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=2, max_side=3)
+        ).input_shapes
     args = tuple(data.draw(complex_arrays(s)) for s in shapes)
     check_rule(f, args)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, (_, jf, _) in ELEMENTWISE.items()
-                                        if jf is not None and n not in ("xlogy", "xlog1py")))
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n, (_, jf, _) in ELEMENTWISE.items()
+        if jf is not None and n not in ("xlogy", "xlog1py")
+    ),
+)
 def test_elementwise_complex_rules_against_jax(name):
     pytest.importorskip("jax")
     f, jf, arity = ELEMENTWISE[name]
@@ -359,7 +398,7 @@ def test_binary_rules_with_one_real_argument(name):
 
 def test_power_of_a_real_base_with_a_complex_exponent():
     x = np.array([-2.0, 0.5, 3.0])
-    check_rule(lambda x, y: x ** y, (x, random_complex(3)), argnums=(1,))
+    check_rule(lambda x, y: x**y, (x, random_complex(3)), argnums=(1,))
     check_rule(lambda x: x ** (1.5 - 0.5j), (np.abs(x),))
 
 
@@ -383,18 +422,23 @@ def test_var_and_std_of_complex_data_are_real():
             got = gt.jvp(lambda z: f(z, **kw), (z,), (z,))[0]
             np.testing.assert_allclose(got, f(z, **kw), rtol=1e-15)
             assert got.dtype == np.float64
-            check_rule(lambda z: f(z, **kw), (z,),
-                       None if jf is None else (lambda z: jf(z, **kw)))
+            check_rule(lambda z: f(z, **kw), (z,), None if jf is None else (lambda z: jf(z, **kw)))
 
 
-@pytest.mark.parametrize("reduction", ["sum", "mean", "prod", "cumsum", "cumprod", "trace",
-                                       "average"])
+@pytest.mark.parametrize(
+    "reduction", ["sum", "mean", "prod", "cumsum", "cumprod", "trace", "average"]
+)
 def test_complex_reductions(reduction):
     z = random_complex((3, 4))
-    f = {"sum": lambda z: np.sum(z, axis=1), "mean": lambda z: np.mean(z, axis=0, keepdims=True),
-         "prod": lambda z: np.prod(z, axis=1), "cumsum": lambda z: np.cumsum(z, axis=1),
-         "cumprod": lambda z: np.cumprod(z), "trace": lambda z: np.trace(z),
-         "average": lambda z: np.average(z, axis=1, weights=np.arange(1.0, 5.0))}[reduction]
+    f = {
+        "sum": lambda z: np.sum(z, axis=1),
+        "mean": lambda z: np.mean(z, axis=0, keepdims=True),
+        "prod": lambda z: np.prod(z, axis=1),
+        "cumsum": lambda z: np.cumsum(z, axis=1),
+        "cumprod": lambda z: np.cumprod(z),
+        "trace": lambda z: np.trace(z),
+        "average": lambda z: np.average(z, axis=1, weights=np.arange(1.0, 5.0)),
+    }[reduction]
     check_rule(f, (z,))
     zeros = z.copy()
     zeros[1, 2] = 0  # products with a zero stay exact
@@ -406,21 +450,27 @@ def test_contractions():
     a, b = random_complex((2, 3)), random_complex((3, 4))
     u, v = random_complex(3), random_complex(3)
     for f, jf, args in (
-            (np.matmul, _j("matmul"), (a, b)), (np.dot, _j("dot"), (a, b)),
-            (np.inner, _j("inner"), (u, v)), (np.outer, _j("outer"), (u, v)),
-            (lambda a, b: np.einsum("ij,jk->ik", a, b), None, (a, b)),
-            (lambda a, b: np.einsum("ij,ij->", a, b.T[:2]), None, (a, b)),
-            (lambda a, b: np.tensordot(a, b, axes=1), None, (a, b)),
-            (lambda u, v: np.real(u.conj() @ v), None, (u, v))):
+        (np.matmul, _j("matmul"), (a, b)),
+        (np.dot, _j("dot"), (a, b)),
+        (np.inner, _j("inner"), (u, v)),
+        (np.outer, _j("outer"), (u, v)),
+        (lambda a, b: np.einsum("ij,jk->ik", a, b), None, (a, b)),
+        (lambda a, b: np.einsum("ij,ij->", a, b.T[:2]), None, (a, b)),
+        (lambda a, b: np.tensordot(a, b, axes=1), None, (a, b)),
+        (lambda u, v: np.real(u.conj() @ v), None, (u, v)),
+    ):
         check_rule(f, args, jf)
     # a real matrix times a complex vector: the matrix's cotangent is real
     m = RNG.normal(size=(3, 3))
     check_rule(np.matmul, (m, u), _j("matmul"))
 
 
-@pytest.mark.xfail(strict=True, reason="rules/linalg.py: np.vdot conjugates its first argument, "
-                   "gradtape's vdot is a matmul of the raveled arrays (its value is wrong for "
-                   "complex a)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="rules/linalg.py: np.vdot conjugates its first argument, "
+    "gradtape's vdot is a matmul of the raveled arrays (its value is wrong for "
+    "complex a)",
+)
 def test_vdot_conjugates_its_first_argument():
     u, v = random_complex(3), random_complex(3)
     np.testing.assert_allclose(gt.jvp(np.vdot, (u, v), (u, v))[0], np.vdot(u, v))
@@ -451,8 +501,10 @@ def test_shapes_indexing_and_writes():
         w = np.pad(w, ((1, 0), (0, 1)))
         acc = np.zeros_like(z)
         np.add.at(acc, ([0, 0, 2], [1, 1, 3]), z[0, :3])
-        return (np.broadcast_to(w[None, :3], (2, 3, 5)) * 1.5 + np.stack([acc[:, :1]] * 5,
-                                                                          axis=-1)[:, :, 0])
+        return (
+            np.broadcast_to(w[None, :3], (2, 3, 5)) * 1.5
+            + np.stack([acc[:, :1]] * 5, axis=-1)[:, :, 0]
+        )
 
     check_rule(f, (z,))
 
@@ -476,20 +528,24 @@ def test_scan_with_a_complex_carry():
 
     def f(z0, w):
         def step(z, p):
-            z = z * np.exp(1j * p * w) + 0.1 * z ** 2
+            z = z * np.exp(1j * p * w) + 0.1 * z**2
             return z, np.abs(z) ** 2
+
         z, ys = gt.scan(step, z0, phases)
         return np.sum(ys) + np.real(np.sum(z))
 
     z0, w = random_complex(2) * 0.5, np.array([0.7, -0.3])
     check_rule(f, (z0, w))
     if jax is not None:
+
         def jf(z0, w):
             def step(z, p):
-                z = z * jnp.exp(1j * p * w) + 0.1 * z ** 2
+                z = z * jnp.exp(1j * p * w) + 0.1 * z**2
                 return z, jnp.abs(z) ** 2
+
             z, ys = jax.lax.scan(step, z0, phases)
             return jnp.sum(ys) + jnp.real(jnp.sum(z))
+
         g = gt.grad(f, argnums=(0, 1))(z0, w)
         jg = jax.grad(jf, argnums=(0, 1))(z0, w)
         assert_close(g[0], jg[0], 1e-10)
@@ -498,15 +554,21 @@ def test_scan_with_a_complex_carry():
 
 # --- nested, compiled ------------------------------------------------------------------------
 def _real_loss_of_complex_intermediates(x):
-    z = np.exp(1j * x) * (1 + x ** 2) + np.sqrt(x + 2j)
-    return np.sum(np.abs(np.fft.fft(z)) ** 2 * np.angle(z + 3)) + np.var(z) + np.real(
-        np.sum(z.conj() * z * np.log(z)))
+    z = np.exp(1j * x) * (1 + x**2) + np.sqrt(x + 2j)
+    return (
+        np.sum(np.abs(np.fft.fft(z)) ** 2 * np.angle(z + 3))
+        + np.var(z)
+        + np.real(np.sum(z.conj() * z * np.log(z)))
+    )
 
 
 def _jax_real_loss(x):
-    z = jnp.exp(1j * x) * (1 + x ** 2) + jnp.sqrt(x + 2j)
-    return jnp.sum(jnp.abs(jnp.fft.fft(z)) ** 2 * jnp.angle(z + 3)) + jnp.var(z) + jnp.real(
-        jnp.sum(z.conj() * z * jnp.log(z)))
+    z = jnp.exp(1j * x) * (1 + x**2) + jnp.sqrt(x + 2j)
+    return (
+        jnp.sum(jnp.abs(jnp.fft.fft(z)) ** 2 * jnp.angle(z + 3))
+        + jnp.var(z)
+        + jnp.real(jnp.sum(z.conj() * z * jnp.log(z)))
+    )
 
 
 def test_second_derivatives_of_real_losses_of_complex_intermediates():
@@ -536,26 +598,34 @@ def test_compiled_and_eager_agree(backend):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the numba backend runs complex values through NumPy
-        for f, args in ((gt.value_and_grad(L), (x,)), (gt.hessian(L), (x,)),
-                        (gt.grad(M, argnums=(0, 1)), (z, x)),
-                        (lambda z, w: gt.jvp(lambda z: np.fft.fft(z) * z, (z,), (w + 0j,)),
-                         (z, x))):
+        for f, args in (
+            (gt.value_and_grad(L), (x,)),
+            (gt.hessian(L), (x,)),
+            (gt.grad(M, argnums=(0, 1)), (z, x)),
+            (lambda z, w: gt.jvp(lambda z: np.fft.fft(z) * z, (z,), (w + 0j,)), (z, x)),
+        ):
             c = gt.compile(f, backend=backend)
             for scale in (1.0, 1.0, 0.5):
                 scaled = tuple(a * scale for a in args)
                 got, want = c(*scaled), f(*scaled)
-                for g, w in zip(np.atleast_1d(np.asarray(got, dtype=object)),
-                                np.atleast_1d(np.asarray(want, dtype=object))):
-                    assert_close(np.asarray(g, dtype=complex), np.asarray(w, dtype=complex),
-                                 1e-12, 1e-12)
+                for g, w in zip(
+                    np.atleast_1d(np.asarray(got, dtype=object)),
+                    np.atleast_1d(np.asarray(want, dtype=object)),
+                ):
+                    assert_close(
+                        np.asarray(g, dtype=complex), np.asarray(w, dtype=complex), 1e-12, 1e-12
+                    )
 
 
 # --- refused ---------------------------------------------------------------------------------
 # primitives whose complex values are refused, with a call that reaches them
 REFUSED = {
-    "reduce_max": lambda z: np.max(z), "reduce_min": lambda z: np.min(z, axis=0),
-    "maximum": lambda z: np.maximum(z, 1.0), "minimum": lambda z: np.minimum(z, 1.0),
-    "fmax": lambda z: np.fmax(z, 1.0), "fmin": lambda z: np.fmin(z, 1.0),
+    "reduce_max": lambda z: np.max(z),
+    "reduce_min": lambda z: np.min(z, axis=0),
+    "maximum": lambda z: np.maximum(z, 1.0),
+    "minimum": lambda z: np.minimum(z, 1.0),
+    "fmax": lambda z: np.fmax(z, 1.0),
+    "fmin": lambda z: np.fmin(z, 1.0),
     "digamma": sp.digamma,
 }
 
@@ -578,20 +648,64 @@ def test_refused_complex_rules_raise(name):
 
 # every primitive with a derivative either has complex rules tested in this file (or in
 # test_fft.py), refuses complex values, or NumPy rejects complex input for it
-TESTED = (set(ELEMENTWISE) | {"reduce_sum", "reduce_prod", "cumsum", "cumprod", "matmul",
-                              "einsum", "inv", "det", "solve", "reshape", "transpose",
-                              "broadcast_to", "concatenate", "pad", "full_like", "getitem",
-                              "setitem", "scatter_add", "where", "astype", "scan", "scan_bwd",
-                              "fft"})
+TESTED = set(ELEMENTWISE) | {
+    "reduce_sum",
+    "reduce_prod",
+    "cumsum",
+    "cumprod",
+    "matmul",
+    "einsum",
+    "inv",
+    "det",
+    "solve",
+    "reshape",
+    "transpose",
+    "broadcast_to",
+    "concatenate",
+    "pad",
+    "full_like",
+    "getitem",
+    "setitem",
+    "scatter_add",
+    "where",
+    "astype",
+    "scan",
+    "scan_bwd",
+    "fft",
+}
 # checked through a loop body, where indices are traced integers, and while_loop's backward;
 # the linear algebra rules' complex cases (or their own refusals of complex input) are tested
 # in test_linalg.py and test_scipy_linalg.py, against JAX and finite differences
 TESTED_ELSEWHERE = {"dyn_getitem", "dyn_setitem", "dyn_scatter_add", "while_loop"} | {
-    "svd", "eig", "eigh", "pinv", "slogdet", "linalg_conj", "linalg_real", "linalg_imag",
-    "linalg_all_real", "cholesky_backward", "expm", "cho_factors", "cho_solve", "lu",
-    "lu_factors", "lu_permutation", "lu_solve", "lu_solve_factors", "pos_solve", "scipy_eigh",
-    "scipy_eigh_general", "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov",
-    "solve_sylvester", "sqrtm", "logm", "triangular_solve"}
+    "svd",
+    "eig",
+    "eigh",
+    "pinv",
+    "slogdet",
+    "linalg_conj",
+    "linalg_real",
+    "linalg_imag",
+    "linalg_all_real",
+    "cholesky_backward",
+    "expm",
+    "cho_factors",
+    "cho_solve",
+    "lu",
+    "lu_factors",
+    "lu_permutation",
+    "lu_solve",
+    "lu_solve_factors",
+    "pos_solve",
+    "scipy_eigh",
+    "scipy_eigh_general",
+    "solve_banded",
+    "solve_continuous_lyapunov",
+    "solve_discrete_lyapunov",
+    "solve_sylvester",
+    "sqrtm",
+    "logm",
+    "triangular_solve",
+}
 
 
 def test_every_primitive_is_tested_or_refuses_complex_values():
@@ -620,6 +734,7 @@ def test_while_loop_and_traced_indices_with_complex_values():
         def body(c):
             i, acc = c
             return i + 1, acc * z[i] + np.conj(z[i])
+
         _, acc = gt.while_loop(lambda c: c[0] < 3, body, (0, 1 + 0j))
         return np.abs(acc) ** 2
 
@@ -632,6 +747,7 @@ def test_while_loop_and_traced_indices_with_complex_values():
             y[i] = acc[i] * z[i] + 1j
             np.add.at(y, (i,), z[i])
             return y
+
         return np.sum(np.abs(gt.fori_loop(0, 3, body, np.ones(3, complex))) ** 2)
 
     assert_close(gt.grad(g)(z), fd_grad(g, z))
@@ -657,9 +773,12 @@ def test_custom_rules_take_complex_values():
     assert_close(gt.grad(lambda z: np.sum(np.abs(triple(z)) ** 2))(z), 18 * np.conj(z), 1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="core: np.sign is a primitive with no derivative; for "
-                   "complex z, sign(z) = z / |z| has one, and bind drops it (the fix is a "
-                   "complex-aware nondiff in core/tracing.py)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="core: np.sign is a primitive with no derivative; for "
+    "complex z, sign(z) = z / |z| has one, and bind drops it (the fix is a "
+    "complex-aware nondiff in core/tracing.py)",
+)
 def test_sign_of_complex_values_is_refused_or_exact():
     z = random_complex(3)
     f = lambda z: np.sum(np.real(np.sign(z) * (1 + 2j)))  # noqa: E731
@@ -684,26 +803,37 @@ def test_impedance_fit_by_least_squares():
 
     def loss(p):
         residual = (impedance(p, omega) - measured) / np.abs(measured)
-        return np.sum(residual.real ** 2 + residual.imag ** 2)
+        return np.sum(residual.real**2 + residual.imag**2)
 
     p = np.array([8.0, 40.0, 2e-4])
     g = gt.grad(loss)(p)
     assert g.dtype == np.float64
-    assert_close(g, np.array([(loss(p + h) - loss(p - h)) / (2 * np.linalg.norm(h))
-                              for h in np.diag(p * 1e-6)]), 1e-5)
+    assert_close(
+        g,
+        np.array(
+            [(loss(p + h) - loss(p - h)) / (2 * np.linalg.norm(h)) for h in np.diag(p * 1e-6)]
+        ),
+        1e-5,
+    )
     # Gauss-Newton from the Jacobian of the stacked real residuals
-    res = lambda p: np.concatenate([np.real(impedance(p, omega) - measured),  # noqa: E731
-                                    np.imag(impedance(p, omega) - measured)])
+    res = lambda p: np.concatenate(
+        [
+            np.real(impedance(p, omega) - measured),  # noqa: E731
+            np.imag(impedance(p, omega) - measured),
+        ]
+    )
     for _ in range(20):
         J = gt.jacobian(res)(p)
         p = p - np.linalg.lstsq(J, res(p), rcond=None)[0]
     np.testing.assert_allclose(p, true, rtol=0.05)
     if jax is not None:
+
         def jloss(p):
             r0, r1, c = p
             z = r0 + r1 / (1 + 1j * omega * r1 * c)
             residual = (z - measured) / jnp.abs(measured)
-            return jnp.sum(residual.real ** 2 + residual.imag ** 2)
+            return jnp.sum(residual.real**2 + residual.imag**2)
+
         q = np.array([8.0, 40.0, 2e-4])
         assert_close(gt.grad(loss)(q), jax.grad(jloss)(q), 1e-10)
 
@@ -725,8 +855,12 @@ def test_quantum_expectation_value():
     assert_close(g_H, fd_grad(lambda H: energy(psi, H), H), 1e-6)
     assert_close(g_psi, fd_grad(lambda p: energy(p, H), psi), 1e-6)
     if jax is not None:
-        jenergy = lambda psi, H: jnp.real(psi.conj() @ H @ psi) / jnp.sum(  # noqa: E731
-            jnp.abs(psi) ** 2)
+        jenergy = lambda psi, H: (
+            jnp.real(psi.conj() @ H @ psi)
+            / jnp.sum(  # noqa: E731
+                jnp.abs(psi) ** 2
+            )
+        )
         jg = jax.grad(jenergy, argnums=(0, 1))(psi, H)
         assert_close(g_psi, jg[0], 1e-10)
         assert_close(g_H, jg[1], 1e-10)

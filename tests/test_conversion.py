@@ -36,9 +36,12 @@ def stacked(x):
     return np.sum(a**2) + np.sum(np.exp(b)) + np.sum(c * c) + np.sum(np.asarray((x[1], x[2])))
 
 
-CASES = {"defensive": defensive, "stacked": stacked,
-         "ndmin": lambda x: np.sum(np.array(x[0], ndmin=2) * np.array(x, copy=True, ndmin=2)),
-         "chkfinite": lambda x: np.sum(np.asarray_chkfinite(x) ** 3)}
+CASES = {
+    "defensive": defensive,
+    "stacked": stacked,
+    "ndmin": lambda x: np.sum(np.array(x[0], ndmin=2) * np.array(x, copy=True, ndmin=2)),
+    "chkfinite": lambda x: np.sum(np.asarray_chkfinite(x) ** 3),
+}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -63,13 +66,17 @@ def test_conversions_compiled_and_nested(name):
     h = gt.hessian(f)(x)
     hh = gt.jacfwd(gt.grad(f))(x)
     np.testing.assert_allclose(h, hh, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(gt.jacobian(gt.grad(f), mode="reverse")(x), h, rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        gt.jacobian(gt.grad(f), mode="reverse")(x), h, rtol=1e-10, atol=1e-12
+    )
 
 
-@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=0, max_dims=3, max_side=3),
-                  elements=st.floats(-3, 3)),
-       st.sampled_from([None, np.float32, np.float64]))
+@given(
+    hnp.arrays(
+        np.float64, hnp.array_shapes(min_dims=0, max_dims=3, max_side=3), elements=st.floats(-3, 3)
+    ),
+    st.sampled_from([None, np.float32, np.float64]),
+)
 def test_asarray_keeps_the_value_and_casts_like_numpy(x, dtype):
     def f(x):
         y = np.asarray(x, dtype=dtype)
@@ -165,8 +172,13 @@ def test_lists_are_stacked_only_on_the_tracing_thread():
 
 def _run(code: str, **env) -> str:
     full_env = dict(os.environ, PYTHONPATH=SRC, **env)
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, env=full_env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -197,14 +209,17 @@ def test_bindings_made_before_import_and_numba_imported_first():
 
 
 def test_numpy_left_alone_on_request():
-    out = _run("""
+    out = _run(
+        """
         import numpy as np, gradtape as gt
         assert not hasattr(np.asarray, "__gradtape_original__")
         try:
             gt.grad(lambda x: np.sum(np.asarray(x)))(np.ones(2))
         except gt.GradtapeError as e:
             print("refused")
-    """, GRADTAPE_PATCH_NUMPY="0")
+    """,
+        GRADTAPE_PATCH_NUMPY="0",
+    )
     assert out.strip() == "refused"
 
 
@@ -212,5 +227,11 @@ def test_overhead_is_measured():
     from gradtape import process
 
     timings = process.constructor_overhead(repeat=1, number=1000)
-    assert set(timings) == {"asarray", "asanyarray", "array", "ascontiguousarray",
-                            "asfortranarray", "asarray_chkfinite"}
+    assert set(timings) == {
+        "asarray",
+        "asanyarray",
+        "array",
+        "ascontiguousarray",
+        "asfortranarray",
+        "asarray_chkfinite",
+    }

@@ -68,10 +68,13 @@ def test_sum_exp(dtype):
     np.testing.assert_allclose(g, np.exp(x), rtol=1e-6)
 
 
-@pytest.mark.parametrize("x, expected", [
-    ([0.1, 0.2, 0.3], 2 * 0.6),  # low branch: d/dx sum^2
-    ([1.1, 1.2, 1.3], 3 * 3.6**2),  # high branch: d/dx sum^3
-])
+@pytest.mark.parametrize(
+    "x, expected",
+    [
+        ([0.1, 0.2, 0.3], 2 * 0.6),  # low branch: d/dx sum^2
+        ([1.1, 1.2, 1.3], 3 * 3.6**2),  # high branch: d/dx sum^3
+    ],
+)
 def test_branching_takes_the_branch_of_the_input(x, expected):
     x = np.array(x)
     np.testing.assert_allclose(assert_grad_matches(branching, x), expected)
@@ -83,9 +86,13 @@ def test_scalar_loop():
 
 
 def test_check_grad_on_the_seeds():
-    for f, x in [(normal_logpdf, np.linspace(-1, 1, 5)), (eam, np.linspace(0, 1, 5)),
-                 (sum_exp, np.linspace(-1, 1, 5)), (branching, np.array([0.5, 0.9])),
-                 (scalar_loop, np.ones(4))]:
+    for f, x in [
+        (normal_logpdf, np.linspace(-1, 1, 5)),
+        (eam, np.linspace(0, 1, 5)),
+        (sum_exp, np.linspace(-1, 1, 5)),
+        (branching, np.array([0.5, 0.9])),
+        (scalar_loop, np.ones(4)),
+    ]:
         result = gt.check_grad(f, x)
         assert result.ok, f"{f.__name__}: {result}"
         assert result.max_error_cs is not None and result.max_error_cs < 1e-12
@@ -161,8 +168,11 @@ def test_has_aux():
 
 
 def test_pytree_arguments_give_gradients_of_the_same_structure():
-    params = {"w": np.array([[1.0, 2.0], [3.0, 4.0]]), "b": [np.array([0.5, -0.5]), 2.0],
-              "nested": ({"s": np.float32(1.5)},)}
+    params = {
+        "w": np.array([[1.0, 2.0], [3.0, 4.0]]),
+        "b": [np.array([0.5, -0.5]), 2.0],
+        "nested": ({"s": np.float32(1.5)},),
+    }
 
     def f(p):
         h = np.sum(p["w"] * np.array([1.0, -1.0]), axis=1)
@@ -189,7 +199,8 @@ def test_scalars_0d_arrays_and_python_floats():
 def test_second_derivative_and_nested_levels():
     assert gt.grad(gt.grad(lambda x: x**3))(2.0) == pytest.approx(12.0)
     assert gt.grad(gt.grad(lambda x: np.sum(np.sin(x))))(np.array(0.5)) == pytest.approx(
-        -np.sin(0.5))
+        -np.sin(0.5)
+    )
     # an outer value used inside an inner grad: no perturbation confusion
     assert gt.grad(lambda x: gt.grad(lambda y: x * y)(2.0))(3.0) == pytest.approx(1.0)
     assert gt.grad(lambda x: x * gt.grad(lambda y: x * y)(2.0))(3.0) == pytest.approx(6.0)
@@ -296,8 +307,9 @@ def test_check_grad_fails_on_a_wrong_custom_rule():
 
 
 def test_check_grad_fails_on_a_wrong_primitive():
-    wrong_sin = Primitive("test_wrong_sin", np.sin,
-                          vjps=(lambda g, ans, x: g * np.sin(x),))  # wrong: sin, not cos
+    wrong_sin = Primitive(
+        "test_wrong_sin", np.sin, vjps=(lambda g, ans, x: g * np.sin(x),)
+    )  # wrong: sin, not cos
     right_sin = Primitive("test_right_sin", np.sin, vjps=(lambda g, ans, x: g * np.cos(x),))
     x = np.array([0.3, 1.1, 2.0])
     assert not gt.check_grad(lambda x: np.sum(wrong_sin(x)), x).ok
@@ -333,8 +345,11 @@ def test_backward_never_computes_a_cotangent_for_a_constant(monkeypatch):
 
     for prim in list(REGISTRY.values()):
         if type(prim.vjps) is tuple:
-            monkeypatch.setattr(prim, "vjps", tuple(
-                None if r is None else spy(prim.name, i, r) for i, r in enumerate(prim.vjps)))
+            monkeypatch.setattr(
+                prim,
+                "vjps",
+                tuple(None if r is None else spy(prim.name, i, r) for i, r in enumerate(prim.vjps)),
+            )
     g = gt.grad(lambda p: np.sum(c * p + np.sin(c) * p**2 + c[3] / p))(2.0)
     monkeypatch.undo()
     assert g == pytest.approx(np.sum(c) + 4 * np.sum(np.sin(c)) - c.size * c[3] / 4)
@@ -426,12 +441,17 @@ def test_guards_are_recorded_under_grad_too():
 
 
 def test_trace_prints_one_instruction_a_line_with_shapes_and_dtypes():
-    tape = gt.trace(lambda x, y: np.sum(np.exp(x) * y, axis=0), np.ones((2, 3)),
-                    np.ones(3, np.float32))
+    tape = gt.trace(
+        lambda x, y: np.sum(np.exp(x) * y, axis=0), np.ones((2, 3)), np.ones(3, np.float32)
+    )
     lines = str(tape).splitlines()
     assert lines[0] == "{ lambda a:f64[2,3] b:f32[3] ."
-    assert lines[1:] == ["    c:f64[2,3] = exp a", "    d:f64[2,3] = multiply c b",
-                         "    e:f64[3] = reduce_sum[axes=(0,), keepdims=False] d", "  in (e) }"]
+    assert lines[1:] == [
+        "    c:f64[2,3] = exp a",
+        "    d:f64[2,3] = multiply c b",
+        "    e:f64[3] = reduce_sum[axes=(0,), keepdims=False] d",
+        "  in (e) }",
+    ]
 
 
 # --- bad input: a clear error that says what to write instead, and nothing left behind ------------
@@ -450,8 +470,11 @@ def _write_slice_into_plain_array(x):
 ERROR_CASES = {
     "float": (lambda x: float(x[0]), np.ones(3), ["float()", "np.exp", "stop_gradient"]),
     "math_exp": (lambda x: math.exp(x[0]), np.ones(3), ["math.exp", "np.exp"]),
-    "plain_array_method": (lambda x: np.sum(np.ones((2, 3)).dot(x)), np.ones(3),
-                           ["X @ w", "np.dot(X, w)", ".dot(x)"]),
+    "plain_array_method": (
+        lambda x: np.sum(np.ones((2, 3)).dot(x)),
+        np.ones(3),
+        ["X @ w", "np.dot(X, w)", ".dot(x)"],
+    ),
     "write_scalar": (_write_scalar_into_plain_array, np.ones(3), ["np.zeros_like(x)"]),
     "write_slice": (_write_slice_into_plain_array, np.ones(3), ["np.zeros_like(x)"]),
     "non_scalar_output": (lambda x: x * 2, np.ones(3), ["scalar", "shape (3,)", "np.sum"]),
@@ -459,10 +482,16 @@ ERROR_CASES = {
     "int_array_argument": (lambda x: np.sum(x * 2.0), np.arange(3), ["int64", "astype(float)"]),
     "bool_argument": (lambda x: x * 2.0, True, ["bool", "float"]),
     "str_argument": (lambda x: x, "abc", ["str", "float"]),
-    "no_rule": (lambda x: np.sum(np.polyfit(x, x, 1)), np.arange(4.0),
-                ["np.polyfit", "custom_vjp", "stop_gradient"]),
-    "no_rule_ufunc_method": (lambda x: np.sum(__import__("scipy.special").special.xlogy.outer(
-        x, x)), np.ones(2), ["xlogy.outer", "custom_vjp"]),
+    "no_rule": (
+        lambda x: np.sum(np.polyfit(x, x, 1)),
+        np.arange(4.0),
+        ["np.polyfit", "custom_vjp", "stop_gradient"],
+    ),
+    "no_rule_ufunc_method": (
+        lambda x: np.sum(__import__("scipy.special").special.xlogy.outer(x, x)),
+        np.ones(2),
+        ["xlogy.outer", "custom_vjp"],
+    ),
     "ufunc_out": (lambda x: np.sum(np.exp(x, out=np.empty(3))), np.ones(3), ["out="]),
 }
 
@@ -485,8 +514,13 @@ def test_exception_inside_traced_function_propagates_and_cleans_up():
         np.sum(x**2)
         raise ValueError("user bug")
 
-    for transform in (gt.grad, gt.value_and_grad, lambda f: (lambda x: gt.vjp(f, x)),
-                      lambda f: gt.grad(gt.grad(f)), lambda f: (lambda x: gt.trace(f, x))):
+    for transform in (
+        gt.grad,
+        gt.value_and_grad,
+        lambda f: lambda x: gt.vjp(f, x),
+        lambda f: gt.grad(gt.grad(f)),
+        lambda f: lambda x: gt.trace(f, x),
+    ):
         with pytest.raises(ValueError, match="user bug"):
             transform(broken)(np.ones(2) if transform is not gt.grad else 1.0)
         assert current_levels() == []

@@ -51,12 +51,20 @@ def _output_shape(args) -> tuple:
 def test_ufunc_gradient(ufunc, data, dtype):
     """sum(w * ufunc(*args)) over generated shapes, broadcasting, Python floats and dtypes."""
     domain = DOMAINS[ufunc.__name__]
-    shapes = data.draw(st.sampled_from(
-        UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES if domain.arity == 2
-        else TERNARY_SHAPES))
+    shapes = data.draw(
+        st.sampled_from(
+            UNARY_SHAPES
+            if domain.arity == 1
+            else BINARY_SHAPES
+            if domain.arity == 2
+            else TERNARY_SHAPES
+        )
+    )
     shapes = (shapes,) if domain.arity == 1 else shapes
-    args = tuple(data.draw(argument_strategy(shape, intervals, dtype), label=f"arg{i}")
-                 for i, (shape, intervals) in enumerate(zip(shapes, domain.args)))
+    args = tuple(
+        data.draw(argument_strategy(shape, intervals, dtype), label=f"arg{i}")
+        for i, (shape, intervals) in enumerate(zip(shapes, domain.args))
+    )
     weights = weights_like(_output_shape(args), dtype)
 
     def objective(*a):
@@ -64,9 +72,13 @@ def test_ufunc_gradient(ufunc, data, dtype):
 
     with np.errstate(all="ignore"):  # the complex step of e.g. power may warn
         has_complex_loop = "D" * ufunc.nin + "->D" in ufunc.types
-        assert_grad_matches(objective, *args, argnums=domain.diff_args,
-                            complex_step=domain.analytic,
-                            require_complex_step=domain.analytic and has_complex_loop)
+        assert_grad_matches(
+            objective,
+            *args,
+            argnums=domain.diff_args,
+            complex_step=domain.analytic,
+            require_complex_step=domain.analytic and has_complex_loop,
+        )
 
 
 def test_float32_stays_float32_through_a_chain():
@@ -110,13 +122,15 @@ def test_floor_divide_and_comparisons_have_zero_derivative():
     np.testing.assert_allclose(gt.grad(f)(x), (x > 2).astype(float))
 
 
-@pytest.mark.parametrize("func", [np.maximum, np.minimum, np.fmax, np.fmin],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "func", [np.maximum, np.minimum, np.fmax, np.fmin], ids=lambda f: f.__name__
+)
 def test_ties_split_the_gradient(func):
     """At x == y each side gets half (the central difference there, too)."""
     x, y = np.array([1.0, 2.0, -1.0]), np.array([1.0, 0.0, 3.0])
-    gx, gy = assert_grad_matches(lambda x, y: np.sum(func(x, y)), x, y, argnums=(0, 1),
-                                 complex_step=False)
+    gx, gy = assert_grad_matches(
+        lambda x, y: np.sum(func(x, y)), x, y, argnums=(0, 1), complex_step=False
+    )
     assert gx[0] == gy[0] == 0.5
 
 
@@ -159,8 +173,11 @@ def test_masked_branch_gives_finite_gradient(name, fill):
     np.testing.assert_allclose(g[inside], fd[inside], rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation: multiply's VJP does not mask a zero "
-                   "cotangent times log(0) (as in JAX); use scipy.special.xlogy(p, p)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limitation: multiply's VJP does not mask a zero "
+    "cotangent times log(0) (as in JAX); use scipy.special.xlogy(p, p)",
+)
 def test_masked_product_with_an_infinite_factor():
     p = np.array([0.0, 0.5, 1.0])
     with np.errstate(all="ignore"):
@@ -208,7 +225,7 @@ def test_zeta_python_function():
 SCIPY_IMPORT_ORDERS = {
     "gradtape_first": "import gradtape as gt\nfrom scipy.special import logsumexp, softmax",
     "scipy_first": "import scipy.special\nimport gradtape as gt\n"
-                   "from scipy.special import logsumexp, softmax",
+    "from scipy.special import logsumexp, softmax",
 }
 
 
@@ -218,9 +235,9 @@ def test_from_scipy_special_import_in_a_fresh_process(order):
     code = SCIPY_IMPORT_ORDERS[order] + (
         "\nimport numpy as np\nx = np.array([0.5, -1.0, 2.0])\n"
         "g = gt.grad(lambda x: logsumexp(x))(x)\n"
-        "assert np.allclose(g, softmax(x)), g\nprint('ok')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+        "assert np.allclose(g, softmax(x)), g\nprint('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 

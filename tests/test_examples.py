@@ -54,8 +54,13 @@ def laplace_approximation(
         value = np.sum(np.logaddexp(0.0, logits) - y * logits) + 0.5 * w @ w / prior_scale**2
         return value, logistic_hand_gradient(w, X, y) + w / prior_scale**2
 
-    mode = scipy.optimize.minimize(negative_log_posterior, np.zeros(X.shape[1]), jac=True,
-                                   method="BFGS", options={"gtol": 1e-10}).x
+    mode = scipy.optimize.minimize(
+        negative_log_posterior,
+        np.zeros(X.shape[1]),
+        jac=True,
+        method="BFGS",
+        options={"gtol": 1e-10},
+    ).x
     p = scipy.special.expit(X @ mode)
     hessian = X.T @ (X * (p * (1 - p))[:, None]) + np.eye(X.shape[1]) / prior_scale**2
     return mode, np.sqrt(np.diag(np.linalg.inv(hessian)))
@@ -63,8 +68,13 @@ def laplace_approximation(
 
 def test_hmc_samples_the_posterior() -> None:
     example = load("hmc_logistic")
-    out = example["main"](n_draws=400, n_warmup=200, n_samples=300, n_features=3,
-                          backends=("gradtape compiled", "gradtape eager"))
+    out = example["main"](
+        n_draws=400,
+        n_warmup=200,
+        n_samples=300,
+        n_features=3,
+        backends=("gradtape compiled", "gradtape eager"),
+    )
     compiled, eager = out["chains"]["gradtape compiled"], out["chains"]["gradtape eager"]
     assert 0.6 < compiled.acceptance_rate < 0.97
     assert compiled.draws_per_second > 0

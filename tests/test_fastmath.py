@@ -26,20 +26,33 @@ special = pytest.importorskip("scipy.special")
 from gradtape.compile.numba import fastmath as fm  # noqa: E402
 
 if np.finfo(np.longdouble).nmant < 63:
-    pytest.skip("needs an extended-precision np.longdouble for the references",
-                allow_module_level=True)
+    pytest.skip(
+        "needs an extended-precision np.longdouble for the references", allow_module_level=True
+    )
 
 # The measured maximum (see fastmath's docstring) rounded up to the next 0.25 ulp (with room).
 MAX_ULPS = {
-    "exp": (1.0, 1.0), "expm1": (1.0, 1.0), "log": (1.0, 1.0), "log1p": (1.0, 1.0),
-    "tanh": (0.75, 0.75), "expit": (1.0, 1.0), "softplus": (1.25, 1.25),
-    "log_expit": (1.25, 1.25), "logaddexp": (1.25, 1.5),
+    "exp": (1.0, 1.0),
+    "expm1": (1.0, 1.0),
+    "log": (1.0, 1.0),
+    "log1p": (1.0, 1.0),
+    "tanh": (0.75, 0.75),
+    "expit": (1.0, 1.0),
+    "softplus": (1.25, 1.25),
+    "log_expit": (1.25, 1.25),
+    "logaddexp": (1.25, 1.5),
 }  # name: (float64, float32)
 
 REFERENCES = {
-    "exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "tanh": np.tanh,
-    "expit": special.expit, "log_expit": special.log_expit,
-    "softplus": lambda x: np.logaddexp(np.zeros_like(x), x), "logaddexp": np.logaddexp,
+    "exp": np.exp,
+    "expm1": np.expm1,
+    "log": np.log,
+    "log1p": np.log1p,
+    "tanh": np.tanh,
+    "expit": special.expit,
+    "log_expit": special.log_expit,
+    "softplus": lambda x: np.logaddexp(np.zeros_like(x), x),
+    "logaddexp": np.logaddexp,
 }
 DTYPES = (np.float64, np.float32)
 SAMPLES = 40_000  # per region
@@ -60,9 +73,22 @@ def around(rng, point: float, width: float, n: int = SAMPLES // 4):
 def special_values(dtype) -> np.ndarray:
     info = np.finfo(dtype)
     one = dtype(1.0)
-    v = [np.nan, np.inf, 0.0, info.smallest_subnormal, info.smallest_normal,
-         info.smallest_normal - info.smallest_subnormal, info.max, 1.0, 2.0, 0.5,
-         np.nextafter(one, dtype(2)), np.nextafter(one, dtype(0)), info.eps, info.epsneg]
+    v = [
+        np.nan,
+        np.inf,
+        0.0,
+        info.smallest_subnormal,
+        info.smallest_normal,
+        info.smallest_normal - info.smallest_subnormal,
+        info.max,
+        1.0,
+        2.0,
+        0.5,
+        np.nextafter(one, dtype(2)),
+        np.nextafter(one, dtype(0)),
+        info.eps,
+        info.epsneg,
+    ]
     return np.array(v + [-x for x in v], dtype)
 
 
@@ -75,25 +101,41 @@ def unary_inputs(name: str, dtype) -> np.ndarray:
     log_normal = np.log(float(info.smallest_normal))  # exp's subnormal threshold
     parts = [log_uniform(rng, tiny, big, signed=True), special_values(dtype)]
     if name in ("exp", "expm1", "expit", "softplus", "log_expit"):
-        parts += [rng.uniform(log_min - 5, log_max + 5, SAMPLES),
-                  log_uniform(rng, tiny, 2.0, signed=True),
-                  around(rng, log_max, 1e-3), around(rng, log_min, 1e-3),
-                  around(rng, log_normal, 1.0), around(rng, -log_max, 1e-3),
-                  rng.uniform(-1.2, 1.2, SAMPLES)]
+        parts += [
+            rng.uniform(log_min - 5, log_max + 5, SAMPLES),
+            log_uniform(rng, tiny, 2.0, signed=True),
+            around(rng, log_max, 1e-3),
+            around(rng, log_min, 1e-3),
+            around(rng, log_normal, 1.0),
+            around(rng, -log_max, 1e-3),
+            rng.uniform(-1.2, 1.2, SAMPLES),
+        ]
     if name in ("log", "log1p"):
-        parts += [log_uniform(rng, tiny, big), 1 + log_uniform(rng, info.epsneg, 0.5, signed=True),
-                  rng.uniform(0.0, 4.0, SAMPLES), log_uniform(rng, 2.0, 1e6),
-                  -log_uniform(rng, tiny, big, n=1000)]
+        parts += [
+            log_uniform(rng, tiny, big),
+            1 + log_uniform(rng, info.epsneg, 0.5, signed=True),
+            rng.uniform(0.0, 4.0, SAMPLES),
+            log_uniform(rng, 2.0, 1e6),
+            -log_uniform(rng, tiny, big, n=1000),
+        ]
     if name == "log1p":
-        parts += [log_uniform(rng, tiny, 1.0, signed=True), -1 + log_uniform(rng, info.epsneg, 1.0),
-                  rng.uniform(-1.0, 1.0, SAMPLES), np.array([-1.0, -1.5])]
+        parts += [
+            log_uniform(rng, tiny, 1.0, signed=True),
+            -1 + log_uniform(rng, info.epsneg, 1.0),
+            rng.uniform(-1.0, 1.0, SAMPLES),
+            np.array([-1.0, -1.5]),
+        ]
     if name == "expm1":
         parts += [rng.uniform(-0.4, 0.4, SAMPLES), rng.uniform(-45.0, -30.0, 1000)]
     if name == "tanh":
         switch = fm.TANH_POLYNOMIAL_BELOW  # polynomial below, 1 - 2/(e**2x + 1) above
-        parts += [log_uniform(rng, tiny, 1.0, signed=True), rng.uniform(-1.0, 1.0, SAMPLES),
-                  rng.uniform(-25.0, 25.0, SAMPLES), around(rng, switch, 1e-3),
-                  around(rng, -switch, 1e-3)]
+        parts += [
+            log_uniform(rng, tiny, 1.0, signed=True),
+            rng.uniform(-1.0, 1.0, SAMPLES),
+            rng.uniform(-25.0, 25.0, SAMPLES),
+            around(rng, switch, 1e-3),
+            around(rng, -switch, 1e-3),
+        ]
     with np.errstate(over="ignore"):
         return np.concatenate(parts).astype(dtype)
 
@@ -105,11 +147,14 @@ def binary_inputs(dtype) -> tuple[np.ndarray, np.ndarray]:
     anywhere = log_uniform(rng, float(info.smallest_subnormal), float(info.max), signed=True)
     moderate = rng.uniform(-50.0, 50.0, SAMPLES)
     x = np.concatenate([anywhere, moderate, moderate, anywhere])
-    y = np.concatenate([log_uniform(rng, float(info.smallest_subnormal), float(info.max),
-                                    signed=True),
-                        rng.uniform(-50.0, 50.0, SAMPLES),
-                        moderate + log_uniform(rng, 1e-8, 40.0, signed=True),
-                        anywhere * (1 + log_uniform(rng, 1e-8, 1.0, signed=True))])
+    y = np.concatenate(
+        [
+            log_uniform(rng, float(info.smallest_subnormal), float(info.max), signed=True),
+            rng.uniform(-50.0, 50.0, SAMPLES),
+            moderate + log_uniform(rng, 1e-8, 40.0, signed=True),
+            anywhere * (1 + log_uniform(rng, 1e-8, 1.0, signed=True)),
+        ]
+    )
     sx, sy = np.meshgrid(special_values(dtype), special_values(dtype))
     with np.errstate(over="ignore"):
         x = np.concatenate([x, sx.ravel()]).astype(dtype)
@@ -188,18 +233,60 @@ def test_special_values_exactly():
     """The documented special cases, in both formats, including signed zeros."""
     nan, inf = np.nan, np.inf
     cases = {  # name: [(argument, expected)]
-        "exp": [(nan, nan), (inf, inf), (-inf, 0.0), (800.0, inf), (-800.0, 0.0), (0.0, 1.0),
-                (-0.0, 1.0)],
-        "expm1": [(nan, nan), (inf, inf), (-inf, -1.0), (-0.0, -0.0), (0.0, 0.0),
-                  (800.0, inf), (-800.0, -1.0)],
-        "log": [(nan, nan), (inf, inf), (-inf, nan), (0.0, -inf), (-0.0, -inf), (-1.0, nan),
-                (1.0, 0.0)],
-        "log1p": [(nan, nan), (inf, inf), (-inf, nan), (-1.0, -inf), (-2.0, nan),
-                  (-0.0, -0.0), (0.0, 0.0)],
-        "tanh": [(nan, nan), (inf, 1.0), (-inf, -1.0), (-0.0, -0.0), (0.0, 0.0),
-                 (1e30, 1.0), (-1e30, -1.0)],
-        "expit": [(nan, nan), (inf, 1.0), (-inf, 0.0), (0.0, 0.5), (-0.0, 0.5), (800.0, 1.0),
-                  (-800.0, 0.0)],
+        "exp": [
+            (nan, nan),
+            (inf, inf),
+            (-inf, 0.0),
+            (800.0, inf),
+            (-800.0, 0.0),
+            (0.0, 1.0),
+            (-0.0, 1.0),
+        ],
+        "expm1": [
+            (nan, nan),
+            (inf, inf),
+            (-inf, -1.0),
+            (-0.0, -0.0),
+            (0.0, 0.0),
+            (800.0, inf),
+            (-800.0, -1.0),
+        ],
+        "log": [
+            (nan, nan),
+            (inf, inf),
+            (-inf, nan),
+            (0.0, -inf),
+            (-0.0, -inf),
+            (-1.0, nan),
+            (1.0, 0.0),
+        ],
+        "log1p": [
+            (nan, nan),
+            (inf, inf),
+            (-inf, nan),
+            (-1.0, -inf),
+            (-2.0, nan),
+            (-0.0, -0.0),
+            (0.0, 0.0),
+        ],
+        "tanh": [
+            (nan, nan),
+            (inf, 1.0),
+            (-inf, -1.0),
+            (-0.0, -0.0),
+            (0.0, 0.0),
+            (1e30, 1.0),
+            (-1e30, -1.0),
+        ],
+        "expit": [
+            (nan, nan),
+            (inf, 1.0),
+            (-inf, 0.0),
+            (0.0, 0.5),
+            (-0.0, 0.5),
+            (800.0, 1.0),
+            (-800.0, 0.0),
+        ],
         "softplus": [(nan, nan), (inf, inf), (-inf, 0.0), (1e30, 1e30), (-800.0, 0.0)],
         "log_expit": [(nan, nan), (inf, -0.0), (-inf, -inf), (-1e30, -1e30), (800.0, -0.0)],
     }
@@ -226,16 +313,32 @@ def test_result_types_follow_numpy():
 
     @njit
     def unary(x):
-        return (fm.fast_exp(x), fm.fast_expm1(x), fm.fast_log(x), fm.fast_log1p(x),
-                fm.fast_tanh(x), fm.fast_expit(x), fm.fast_softplus(x), fm.fast_log_expit(x),
-                fm.fast_logaddexp(x, np.float32(1.0)))
+        return (
+            fm.fast_exp(x),
+            fm.fast_expm1(x),
+            fm.fast_log(x),
+            fm.fast_log1p(x),
+            fm.fast_tanh(x),
+            fm.fast_expit(x),
+            fm.fast_softplus(x),
+            fm.fast_log_expit(x),
+            fm.fast_logaddexp(x, np.float32(1.0)),
+        )
 
     values = unary(3)
     assert unary.nopython_signatures[0].args == (types.int64,)
     assert set(unary.nopython_signatures[0].return_type) == {types.float64}
-    expected = [np.exp(3.0), np.expm1(3.0), np.log(3.0), np.log1p(3.0), np.tanh(3.0),
-                special.expit(3.0), np.logaddexp(0.0, 3.0), special.log_expit(3.0),
-                np.logaddexp(3.0, 1.0)]
+    expected = [
+        np.exp(3.0),
+        np.expm1(3.0),
+        np.log(3.0),
+        np.log1p(3.0),
+        np.tanh(3.0),
+        special.expit(3.0),
+        np.logaddexp(0.0, 3.0),
+        special.log_expit(3.0),
+        np.logaddexp(3.0, 1.0),
+    ]
     np.testing.assert_allclose(values, expected, rtol=4e-16)
     assert fm.fast_exp(1.0) == pytest.approx(np.e, rel=1e-15)  # callable from Python too
     assert fm.fast_logaddexp(0.0, 0.0) == pytest.approx(np.log(2.0), rel=1e-15)
@@ -256,8 +359,9 @@ def _has_avx2() -> bool:
     return bool(binding.get_host_cpu_features().get("avx2", False))
 
 
-VECTOR_ARITHMETIC = {t: re.compile(rf"= f(add|sub|mul|div)[a-z ]* <\d+ x {t}>")
-                     for t in ("double", "float")}
+VECTOR_ARITHMETIC = {
+    t: re.compile(rf"= f(add|sub|mul|div)[a-z ]* <\d+ x {t}>") for t in ("double", "float")
+}
 
 
 def loop_ir(name: str, dtype) -> str:
@@ -322,6 +426,7 @@ def test_import_gradtape_does_not_import_numba():
 
 
 if __name__ == "__main__":
+
     def numpy_result(name: str, *args: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             return np.asarray(REFERENCES[name](*args))

@@ -72,7 +72,7 @@ def test_n_axis_transforms(name, data):
         axes = data.draw(st.sampled_from([(-2, -1), (0, 1), (1, 0)]))
     else:
         perm = data.draw(st.permutations(range(len(shape))))
-        axes = tuple(perm[:data.draw(st.integers(1, len(shape)))])
+        axes = tuple(perm[: data.draw(st.integers(1, len(shape)))])
     s = data.draw(st.one_of(st.none(), st.tuples(*(st.integers(1, 5) for _ in axes))))
     norm = data.draw(st.sampled_from(NORMS))
     real = name in REAL_INPUT or data.draw(st.booleans())
@@ -89,17 +89,28 @@ def test_n_axis_transforms(name, data):
 
 
 # JAX's transpose rules (jax/_src/lax/fft.py) as the reference, one case per function and norm
-JAX_CASES = [(name, kw, real) for name in ONE_AXIS for kw, real in (
-    ({"n": None, "axis": -1, "norm": None}, False), ({"n": 5, "axis": 0, "norm": "ortho"}, True),
-    ({"n": 8, "axis": 1, "norm": "forward"}, False))] + [
-    (name, kw, real) for name in N_AXES for kw, real in (
+JAX_CASES = [
+    (name, kw, real)
+    for name in ONE_AXIS
+    for kw, real in (
+        ({"n": None, "axis": -1, "norm": None}, False),
+        ({"n": 5, "axis": 0, "norm": "ortho"}, True),
+        ({"n": 8, "axis": 1, "norm": "forward"}, False),
+    )
+] + [
+    (name, kw, real)
+    for name in N_AXES
+    for kw, real in (
         ({"s": None, "axes": (0, 1), "norm": "backward"}, False),
         ({"s": (3, 5), "axes": (1, 0), "norm": "ortho"}, True),
-        ({"s": (4, 3), "axes": (-2, -1), "norm": "forward"}, False))]
+        ({"s": (4, 3), "axes": (-2, -1), "norm": "forward"}, False),
+    )
+]
 
 
-@pytest.mark.parametrize("name,kw,real", JAX_CASES,
-                         ids=[f"{n}-{k['norm']}-{r}" for n, k, r in JAX_CASES])
+@pytest.mark.parametrize(
+    "name,kw,real", JAX_CASES, ids=[f"{n}-{k['norm']}-{r}" for n, k, r in JAX_CASES]
+)
 def test_against_jax(name, kw, real):
     pytest.importorskip("jax")
     x = RNG.normal(size=(4, 6)) if real or name in REAL_INPUT else random_complex((4, 6))
@@ -132,8 +143,9 @@ def test_defaults_and_float32():
 def test_frequencies():
     f = lambda d: np.sum(np.fft.fftfreq(8, d) ** 2) + np.sum(np.fft.rfftfreq(9, d))  # noqa: E731
     assert_close(gt.grad(f)(0.25), fd_grad(f, np.float64(0.25)), 1e-7)
-    np.testing.assert_array_equal(np.fft.fftshift(np.fft.fftfreq(6)), np.fft.fftfreq(6)[[3, 4, 5, 0,
-                                                                                       1, 2]])
+    np.testing.assert_array_equal(
+        np.fft.fftshift(np.fft.fftfreq(6)), np.fft.fftfreq(6)[[3, 4, 5, 0, 1, 2]]
+    )
 
 
 def test_errors():
@@ -152,14 +164,24 @@ def test_errors():
 def test_scipy_fft_is_numpys():
     x = RNG.normal(size=(4, 6))
     z = random_complex((4, 6))
-    for name, arg, kw in (("fft", z, {"n": 7, "workers": 2}), ("ifft", z, {"axis": 0}),
-                          ("rfft", x, {"norm": "ortho"}), ("irfft", z, {"n": 9}),
-                          ("hfft", z, {}), ("ihfft", x, {"overwrite_x": True}),
-                          ("fft2", z, {}), ("ifft2", z, {"s": (3, 5)}), ("rfft2", x, {}),
-                          ("irfft2", z, {}), ("fftn", z, {"s": (5, 5)}),
-                          ("ifftn", z, {"axes": (0,)}), ("rfftn", x, {"axes": (1, 0)}),
-                          ("irfftn", z, {"s": (4, 8)}), ("fftshift", z, {}),
-                          ("ifftshift", z, {"axes": 1})):
+    for name, arg, kw in (
+        ("fft", z, {"n": 7, "workers": 2}),
+        ("ifft", z, {"axis": 0}),
+        ("rfft", x, {"norm": "ortho"}),
+        ("irfft", z, {"n": 9}),
+        ("hfft", z, {}),
+        ("ihfft", x, {"overwrite_x": True}),
+        ("fft2", z, {}),
+        ("ifft2", z, {"s": (3, 5)}),
+        ("rfft2", x, {}),
+        ("irfft2", z, {}),
+        ("fftn", z, {"s": (5, 5)}),
+        ("ifftn", z, {"axes": (0,)}),
+        ("rfftn", x, {"axes": (1, 0)}),
+        ("irfftn", z, {"s": (4, 8)}),
+        ("fftshift", z, {}),
+        ("ifftshift", z, {"axes": 1}),
+    ):
         f = lambda a: getattr(sfft, name)(a, **kw)  # noqa: E731
         expected = f(arg)
         got = _primal(f, arg)
@@ -188,7 +210,7 @@ def _propagate(field, k, z):
     ny, nx = field.shape
     fy = np.fft.fftfreq(ny)[:, None]
     fx = np.fft.fftfreq(nx)[None, :]
-    kz = np.sqrt(k ** 2 - (2 * np.pi) ** 2 * (fx ** 2 + fy ** 2) + 0j)
+    kz = np.sqrt(k**2 - (2 * np.pi) ** 2 * (fx**2 + fy**2) + 0j)
     return np.fft.ifft2(np.fft.fft2(field) * np.exp(1j * kz * z))
 
 
@@ -217,8 +239,9 @@ def test_field_propagation_with_ffts():
     assert g.dtype == np.float64
     assert_close(g, fd_grad(lambda p: _intensity_loss(p, k, z, target), phase), 1e-5, 1e-6)
     gz = gt.grad(_intensity_loss, argnums=2)(phase, k, z, target)
-    assert_close(gz, fd_grad(lambda z: _intensity_loss(phase, k, z, target), np.float64(z)),
-                 1e-5, 1e-6)
+    assert_close(
+        gz, fd_grad(lambda z: _intensity_loss(phase, k, z, target), np.float64(z)), 1e-5, 1e-6
+    )
     t = RNG.normal(size=(8, 8))
     fwd = gt.jvp(lambda p: _intensity_loss(p, k, z, target), (phase,), (t,))[1]
     assert_close(fwd, np.sum(g * t), 1e-10)
@@ -229,7 +252,7 @@ def test_field_propagation_with_ffts():
             ny, nx = phase.shape
             fy = jnp.fft.fftfreq(ny)[:, None]
             fx = jnp.fft.fftfreq(nx)[None, :]
-            kz = jnp.sqrt(k ** 2 - (2 * jnp.pi) ** 2 * (fx ** 2 + fy ** 2) + 0j)
+            kz = jnp.sqrt(k**2 - (2 * jnp.pi) ** 2 * (fx**2 + fy**2) + 0j)
             out = jnp.fft.ifft2(jnp.fft.fft2(jnp.exp(1j * phase)) * jnp.exp(1j * kz * z))
             return jnp.sum((jnp.abs(out) ** 2 - target) ** 2)
 
@@ -241,12 +264,18 @@ def test_compiled_transforms_agree_with_eager(backend):
     phase = RNG.uniform(0, 2 * np.pi, (6, 8))
     target = RNG.uniform(0, 1, (6, 8))
     x = RNG.normal(size=12)
-    cases = ((gt.value_and_grad(_intensity_loss), (phase, 3.0, 2.0, target)),
-             (gt.grad(_spectral_loss, argnums=(0, 1)), (x, 0.3)),
-             (gt.hessian(_spectral_loss), (x, 0.3)),
-             (lambda x: gt.jvp(lambda x: np.fft.rfftn(x, axes=(1, 0), norm="forward"), (x,),
-                               (x * 0.5,)), (phase,)),
-             (lambda z: gt.vjp(lambda z: np.fft.hfft(z, n=9), z)[1](x[:9]), (phase[0] + 1j,)))
+    cases = (
+        (gt.value_and_grad(_intensity_loss), (phase, 3.0, 2.0, target)),
+        (gt.grad(_spectral_loss, argnums=(0, 1)), (x, 0.3)),
+        (gt.hessian(_spectral_loss), (x, 0.3)),
+        (
+            lambda x: gt.jvp(
+                lambda x: np.fft.rfftn(x, axes=(1, 0), norm="forward"), (x,), (x * 0.5,)
+            ),
+            (phase,),
+        ),
+        (lambda z: gt.vjp(lambda z: np.fft.hfft(z, n=9), z)[1](x[:9]), (phase[0] + 1j,)),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the numba backend runs complex values through NumPy
         for f, args in cases:

@@ -73,8 +73,7 @@ def fd_jacobian(f, primals, step=6e-6) -> np.ndarray:
     cols = []
     for a, p in enumerate(primals):
         for k in range(sizes[a]):
-            tangents = [np.zeros(np.shape(q)) if type(q) is not float else 0.0
-                        for q in primals]
+            tangents = [np.zeros(np.shape(q)) if type(q) is not float else 0.0 for q in primals]
             if type(p) is float:
                 tangents[a] = 1.0
             else:
@@ -116,15 +115,17 @@ def check_forward(f, primals, tol, step=6e-6, f_ref=None, jacobians=True):
     for o, t in zip(tree_flatten(out)[0], tree_flatten(t_out)[0]):
         assert np.shape(t) == np.shape(o)
     jv = _flat(t_out)
-    _close(jv, directional_fd(f_ref, primals, tangents, step), tol,
-           "jvp vs central differences")
+    _close(jv, directional_fd(f_ref, primals, tangents, step), tol, "jvp vs central differences")
 
     u = tree_map(lambda o: _random_like(o, rng), out)
     value, vjp_fn = gt.vjp(f, *primals)
     cts = vjp_fn(u)
     lhs, rhs = float(np.dot(_flat(u), jv)), float(np.dot(_flat(cts), _flat(tangents)))
-    size = (np.linalg.norm(_flat(u)) * np.linalg.norm(jv)
-            + np.linalg.norm(_flat(cts)) * np.linalg.norm(_flat(tangents)) + 1.0)
+    size = (
+        np.linalg.norm(_flat(u)) * np.linalg.norm(jv)
+        + np.linalg.norm(_flat(cts)) * np.linalg.norm(_flat(tangents))
+        + 1.0
+    )
     assert abs(lhs - rhs) <= tol * size, f"<u, Jv> = {lhs} but <J^T u, v> = {rhs}"
 
     if jacobians:
@@ -138,8 +139,10 @@ def check_forward(f, primals, tol, step=6e-6, f_ref=None, jacobians=True):
 def check_second_order(f, primals, tol, step=6e-6, f_ref=None, jacobians=True):
     """The checks of check_forward applied to grad(sum(w * f))."""
     out = f(*primals)
-    weights = [np.linspace(0.5, 1.5, max(int(np.size(o)), 1))[:int(np.size(o))]
-               .reshape(np.shape(o)) for o in tree_flatten(out)[0]]
+    weights = [
+        np.linspace(0.5, 1.5, max(int(np.size(o)), 1))[: int(np.size(o))].reshape(np.shape(o))
+        for o in tree_flatten(out)[0]
+    ]
 
     def gradient_of(func):
         def scalar(*p):
@@ -158,12 +161,20 @@ UFUNCS = differentiable_ufuncs()
 
 def _draw_ufunc_args(data, ufunc, dtype):
     domain = DOMAINS[ufunc.__name__]
-    shapes = data.draw(st.sampled_from(
-        UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES if domain.arity == 2
-        else TERNARY_SHAPES))
+    shapes = data.draw(
+        st.sampled_from(
+            UNARY_SHAPES
+            if domain.arity == 1
+            else BINARY_SHAPES
+            if domain.arity == 2
+            else TERNARY_SHAPES
+        )
+    )
     shapes = (shapes,) if domain.arity == 1 else shapes
-    args = [data.draw(argument_strategy(s, iv, dtype), label=f"arg{i}")
-            for i, (s, iv) in enumerate(zip(shapes, domain.args))]
+    args = [
+        data.draw(argument_strategy(s, iv, dtype), label=f"arg{i}")
+        for i, (s, iv) in enumerate(zip(shapes, domain.args))
+    ]
     diff = domain.diff_args
 
     def with_args(constants):
@@ -172,6 +183,7 @@ def _draw_ufunc_args(data, ufunc, dtype):
             for i, x in zip(diff, d):
                 a[i] = x
             return ufunc(*a)
+
         return f
 
     f_ref = with_args([a if type(a) is float else np.asarray(a, np.float64) for a in args])
@@ -205,8 +217,9 @@ def _distinct(draw, shape, dtype):
     n = int(np.prod(shape))
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     rng = np.random.default_rng(seed)
-    return (rng.permutation(n) * 0.3 - 0.15 * n + rng.uniform(0, 0.05, n)).reshape(shape) \
-        .astype(dtype)
+    return (
+        (rng.permutation(n) * 0.3 - 0.15 * n + rng.uniform(0, 0.05, n)).reshape(shape).astype(dtype)
+    )
 
 
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
@@ -260,7 +273,7 @@ def broadcast_case(draw):
     dtype = draw(DTYPES)
     target = draw(hnp.array_shapes(min_dims=1, max_dims=3, max_side=3))
     nd = draw(st.integers(0, len(target)))
-    small = tuple(d if draw(st.booleans()) else 1 for d in target[len(target) - nd:])
+    small = tuple(d if draw(st.booleans()) else 1 for d in target[len(target) - nd :])
     x = _values(draw, small, dtype)
     return (lambda x: np.broadcast_to(x, target)), (x,), dtype
 
@@ -270,7 +283,7 @@ def concatenate_case(draw):
     dtype = draw(DTYPES)
     s = draw(hnp.array_shapes(min_dims=1, max_dims=3, max_side=3))
     axis = draw(st.integers(0, len(s) - 1))
-    s2 = s[:axis] + (draw(st.integers(1, 3)),) + s[axis + 1:]
+    s2 = s[:axis] + (draw(st.integers(1, 3)),) + s[axis + 1 :]
     x, y = _values(draw, s, dtype), _values(draw, s2, dtype)
     const = _values(draw, s, dtype)
     return (lambda x, y: np.concatenate([x, const, y], axis=axis)), (x, y), dtype
@@ -295,18 +308,31 @@ def pad_case(draw):
     return (lambda x: np.pad(x, pw, constant_values=0.5)), (x,), dtype
 
 
-BASIC_INDICES = [(0,), (slice(1, 3),), (Ellipsis, 1), (None, slice(None), 2),
-                 (slice(None, None, -1), 0, slice(1, None)), (-1, Ellipsis, None)]
-ADVANCED_INDICES = [(np.array([0, 2, 2]),), (slice(None), np.array([1, 0, 1])),
-                    (np.array([0, 1]), slice(None), np.array([2, 0])),
-                    (0, slice(None), np.array([1, 2])),
-                    (np.array([[0], [3]]), np.array([1, 4])),
-                    (Ellipsis, np.array([2, 0])),
-                    (np.array([True, False, True, True]),)]
+BASIC_INDICES = [
+    (0,),
+    (slice(1, 3),),
+    (Ellipsis, 1),
+    (None, slice(None), 2),
+    (slice(None, None, -1), 0, slice(1, None)),
+    (-1, Ellipsis, None),
+]
+ADVANCED_INDICES = [
+    (np.array([0, 2, 2]),),
+    (slice(None), np.array([1, 0, 1])),
+    (np.array([0, 1]), slice(None), np.array([2, 0])),
+    (0, slice(None), np.array([1, 2])),
+    (np.array([[0], [3]]), np.array([1, 4])),
+    (Ellipsis, np.array([2, 0])),
+    (np.array([True, False, True, True]),),
+]
 # setitem with a repeated position keeps one write: those indices are for scatter_add only
-SET_INDICES = [i for i in ADVANCED_INDICES
-               if not any(isinstance(e, np.ndarray) and e.dtype != bool and
-                          len(np.unique(e)) < e.size for e in i)]
+SET_INDICES = [
+    i
+    for i in ADVANCED_INDICES
+    if not any(
+        isinstance(e, np.ndarray) and e.dtype != bool and len(np.unique(e)) < e.size for e in i
+    )
+]
 X_SHAPE = (4, 5, 3)
 
 
@@ -324,7 +350,7 @@ def write_case(draw, indices, add_at):
     idx = draw(st.sampled_from(indices))
     x = _values(draw, X_SHAPE, dtype)
     target = np.zeros(X_SHAPE)[idx].shape
-    vshape = target[draw(st.integers(0, len(target))):]
+    vshape = target[draw(st.integers(0, len(target))) :]
     v = _values(draw, vshape, dtype)
 
     def f(x, v):
@@ -348,13 +374,30 @@ def dynamic_index_case(draw, write, scatter=False):
     i = np.int64(draw(st.integers(0, X_SHAPE[0] - 1)))
     template = indexing.normalize_index((indexing._SLOT, slice(1, None)))
     if scatter:
-        return (lambda x, v: indexing.dyn_scatter_add_p(x, v[1:] ** 2, i, template=template,
-                                                        positions=(0,))), (x, v), dtype
+        return (
+            (
+                lambda x, v: indexing.dyn_scatter_add_p(
+                    x, v[1:] ** 2, i, template=template, positions=(0,)
+                )
+            ),
+            (x, v),
+            dtype,
+        )
     if write:
-        return (lambda x, v: indexing.dyn_setitem_p(x, v[1:] ** 2, i, template=template,
-                                                    positions=(0,))), (x, v), dtype
-    return (lambda x: indexing.dyn_getitem_p(x, i, template=template, positions=(0,)) * 1.0,
-            (x,), dtype)
+        return (
+            (
+                lambda x, v: indexing.dyn_setitem_p(
+                    x, v[1:] ** 2, i, template=template, positions=(0,)
+                )
+            ),
+            (x, v),
+            dtype,
+        )
+    return (
+        lambda x: indexing.dyn_getitem_p(x, i, template=template, positions=(0,)) * 1.0,
+        (x,),
+        dtype,
+    )
 
 
 @st.composite
@@ -443,7 +486,7 @@ def cube(x):
 
 
 cube.defvjp(lambda x: (x**3, x), lambda x, g: (3 * x * x * g,))
-cube.defjvp(lambda primals, tangents: (primals[0]**3, 3 * primals[0]**2 * tangents[0]))
+cube.defjvp(lambda primals, tangents: (primals[0] ** 3, 3 * primals[0] ** 2 * tangents[0]))
 
 
 @st.composite
@@ -459,8 +502,17 @@ def _linalg_cases() -> dict:
     @st.composite
     def matmul(draw):
         dtype = draw(DTYPES)
-        a_shape, b_shape = draw(st.sampled_from([((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 2)),
-                                                  ((2, 3), (3, 4)), ((2, 2, 3), (3, 2))]))
+        a_shape, b_shape = draw(
+            st.sampled_from(
+                [
+                    ((3,), (3,)),
+                    ((2, 3), (3,)),
+                    ((3,), (3, 2)),
+                    ((2, 3), (3, 4)),
+                    ((2, 2, 3), (3, 2)),
+                ]
+            )
+        )
         a, b = _values(draw, a_shape, dtype), _values(draw, b_shape, dtype)
         return (lambda a, b: a @ b), (a, b), dtype
 
@@ -517,14 +569,19 @@ def _linalg_cases() -> dict:
     from gradtape.rules import linalg
 
     return {
-        "matmul": matmul(), "einsum": einsum(), "solve": stacked_solve(), "lu_solve": solve(),
-        "triangular_solve": triangular(), "eig": general(eig_parts),
+        "matmul": matmul(),
+        "einsum": einsum(),
+        "solve": stacked_solve(),
+        "lu_solve": solve(),
+        "triangular_solve": triangular(),
+        "eig": general(eig_parts),
         "linalg_real": general(lambda a: linalg._re(np.linalg.eigvals(a))),
         "linalg_imag": general(lambda a: linalg._im(np.linalg.eigvals(a))),
         "linalg_conj": general(lambda a: linalg._im(linalg._cj(np.linalg.eigvals(a)))),
         "svd": square(lambda a: (lambda u, s, vh: (u @ vh, s))(*np.linalg.svd(a))),
         "pinv": square(np.linalg.pinv),
-        "inv": square(np.linalg.inv), "det": square(np.linalg.det),
+        "inv": square(np.linalg.inv),
+        "det": square(np.linalg.det),
         "slogdet": square(lambda a: np.linalg.slogdet(a)[1]),
         "cholesky": square(sym(np.linalg.cholesky), spd=True),
         "eigh": square(sym(lambda a: tuple(np.linalg.eigh(a))), spd=True),
@@ -571,10 +628,12 @@ def test_every_primitive_has_a_case():
     from gradtape.control import loops
     from gradtape.rules import linalg
 
-    names = {p.name for mod in (reductions, shape, indexing, linalg, loops)
-             for p in vars(mod).values()
-             if isinstance(p, Primitive) and not p.nondiff and p.partials is None
-             and not p.transparent}
+    names = {
+        p.name
+        for mod in (reductions, shape, indexing, linalg, loops)
+        for p in vars(mod).values()
+        if isinstance(p, Primitive) and not p.nondiff and p.partials is None and not p.transparent
+    }
     covered = {k.split()[0] for k in CASES}
     assert names - covered == set(), "add a case to CASES for these primitives"
 
@@ -607,21 +666,26 @@ def test_jacobian_layout_follows_jax():
         def f(p, x):
             h = m.tanh(m.sum(p["w"] * x, axis=1) + p["b"])
             return {"h": h, "s": m.sum(h * h)}, m.exp(x[0]) * p["b"]
+
         return f
 
     x64 = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
-        for ours, theirs in ((gt.jacfwd, jax.jacfwd), (gt.jacrev, jax.jacrev),
-                             (lambda f, argnums: gt.jacobian(f, argnums), jax.jacfwd)):
+        for ours, theirs in (
+            (gt.jacfwd, jax.jacfwd),
+            (gt.jacrev, jax.jacrev),
+            (lambda f, argnums: gt.jacobian(f, argnums), jax.jacfwd),
+        ):
             for argnums in (0, 1, (0, 1)):
                 got = ours(make(np), argnums=argnums)(params, x)
                 want = theirs(make(jnp), argnums=argnums)(params, x)
                 got_leaves, got_td = tree_flatten(got)
                 want_leaves = jax.tree_util.tree_leaves(want)
                 assert len(got_leaves) == len(want_leaves)
-                assert str(got_td) == str(tree_flatten(tree_map(
-                    np.asarray, jax.tree_util.tree_map(np.asarray, want)))[1])
+                assert str(got_td) == str(
+                    tree_flatten(tree_map(np.asarray, jax.tree_util.tree_map(np.asarray, want)))[1]
+                )
                 for g, w in zip(got_leaves, want_leaves):
                     assert g.shape == w.shape
                     np.testing.assert_allclose(g, np.asarray(w), rtol=1e-12, atol=1e-12)
@@ -731,8 +795,7 @@ def rosenbrock(x):
 
 HESSIAN_CASES = [
     ("normal log-likelihood", normal_loglik, normal_loglik_hessian, np.array([0.2, 0.4])),
-    ("logistic regression", logistic_loglik, logistic_loglik_hessian,
-     np.array([0.3, -0.5, 0.8])),
+    ("logistic regression", logistic_loglik, logistic_loglik_hessian, np.array([0.3, -0.5, 0.8])),
     ("rosenbrock", rosenbrock, scipy.optimize.rosen_hess, np.array([-1.2, 1.0, 0.7, 1.3, 0.2])),
 ]
 
@@ -745,8 +808,9 @@ def _fd_hessian(f, x):
     return np.stack(cols, axis=1)
 
 
-@pytest.mark.parametrize("name, f, closed_form, x", HESSIAN_CASES, ids=[c[0] for c in
-                                                                        HESSIAN_CASES])
+@pytest.mark.parametrize(
+    "name, f, closed_form, x", HESSIAN_CASES, ids=[c[0] for c in HESSIAN_CASES]
+)
 def test_hessian(name, f, closed_form, x):
     hess = gt.hessian(f)(x)
     expected = closed_form(x)
@@ -757,8 +821,9 @@ def test_hessian(name, f, closed_form, x):
     np.testing.assert_allclose(gt.jacrev(gt.jacfwd(f))(x), expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("name, f, closed_form, x", HESSIAN_CASES, ids=[c[0] for c in
-                                                                        HESSIAN_CASES])
+@pytest.mark.parametrize(
+    "name, f, closed_form, x", HESSIAN_CASES, ids=[c[0] for c in HESSIAN_CASES]
+)
 def test_hvp(name, f, closed_form, x):
     v = np.linspace(-1, 1, x.size)
     np.testing.assert_allclose(gt.hvp(f, x, v), closed_form(x) @ v, rtol=1e-10, atol=1e-10)
@@ -767,8 +832,9 @@ def test_hvp(name, f, closed_form, x):
 def test_hvp_rosenbrock_large_matches_scipy():
     x = np.random.default_rng(4).uniform(-1, 1.5, 1000)
     v = np.random.default_rng(5).normal(size=1000)
-    np.testing.assert_allclose(gt.hvp(rosenbrock, x, v), scipy.optimize.rosen_hess_prod(x, v),
-                               rtol=1e-11, atol=1e-9)
+    np.testing.assert_allclose(
+        gt.hvp(rosenbrock, x, v), scipy.optimize.rosen_hess_prod(x, v), rtol=1e-11, atol=1e-9
+    )
 
 
 def test_hessian_of_pytree_argument_and_float32():
@@ -843,14 +909,16 @@ def test_grad_of_jacobian():
     h = 1e-6
     fd = np.array([(frob(x + h * e) - frob(x - h * e)) / (2 * h) for e in np.eye(2)])
     np.testing.assert_allclose(gt.grad(frob)(x), fd, rtol=1e-6)
-    np.testing.assert_allclose(gt.grad(lambda x: np.sum(gt.jacrev(
-        lambda x: np.tanh(np.sum(w * x, axis=1)))(x) ** 2))(x), fd, rtol=1e-6)
+    np.testing.assert_allclose(
+        gt.grad(lambda x: np.sum(gt.jacrev(lambda x: np.tanh(np.sum(w * x, axis=1)))(x) ** 2))(x),
+        fd,
+        rtol=1e-6,
+    )
 
 
 def test_no_perturbation_confusion():
     assert gt.grad(lambda x: x * gt.grad(lambda y: x + y)(1.0))(1.0) == 1.0
-    jvp_inner = gt.jvp(lambda x: x * gt.jvp(lambda y: x + y, (1.0,), (1.0,))[1],
-                       (1.0,), (1.0,))
+    jvp_inner = gt.jvp(lambda x: x * gt.jvp(lambda y: x + y, (1.0,), (1.0,))[1], (1.0,), (1.0,))
     assert jvp_inner == (1.0, 1.0)
     # mixed: d/dx [x * d/dy (x y)] = d/dx x^2 = 2x
     assert gt.jvp(lambda x: x * gt.grad(lambda y: x * y)(1.0), (3.0,), (1.0,))[1] == 6.0
@@ -990,10 +1058,14 @@ def test_raising_function_leaves_no_state():
         raise ValueError("inside")
         return y
 
-    for call in (lambda: gt.jvp(bad, (np.ones(2),), (np.ones(2),)),
-                 lambda: gt.jacfwd(bad)(np.ones(2)), lambda: gt.jacrev(bad)(np.ones(2)),
-                 lambda: gt.hessian(bad)(np.ones(2)), lambda: gt.hvp(bad, 1.0, 1.0),
-                 lambda: gt.jvp(lambda x: gt.jvp(bad, (x,), (x,))[1], (1.0,), (1.0,))):
+    for call in (
+        lambda: gt.jvp(bad, (np.ones(2),), (np.ones(2),)),
+        lambda: gt.jacfwd(bad)(np.ones(2)),
+        lambda: gt.jacrev(bad)(np.ones(2)),
+        lambda: gt.hessian(bad)(np.ones(2)),
+        lambda: gt.hvp(bad, 1.0, 1.0),
+        lambda: gt.jvp(lambda x: gt.jvp(bad, (x,), (x,))[1], (1.0,), (1.0,)),
+    ):
         with pytest.raises(ValueError, match="inside"):
             call()
         assert current_levels() == []
@@ -1021,11 +1093,12 @@ def test_forward_mode_under_compile():
     jac = gt.compile(gt.jacfwd(f))
     hvp = gt.compile(lambda x, v: gt.hvp(lambda x: np.sum(f(x) ** 2), x, v))
     for scale in (1.0, 2.0):
-        np.testing.assert_allclose(jac(x * scale), fd_jacobian(f, (x * scale,)), rtol=1e-7,
-                                   atol=1e-9)
+        np.testing.assert_allclose(
+            jac(x * scale), fd_jacobian(f, (x * scale,)), rtol=1e-7, atol=1e-9
+        )
         v = np.array([1.0, 0.5, -0.25])
         g = gt.grad(lambda x: np.sum(f(x) ** 2))
         h = 1e-5
-        np.testing.assert_allclose(hvp(x * scale, v),
-                                   (g(x * scale + h * v) - g(x * scale - h * v)) / (2 * h),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            hvp(x * scale, v), (g(x * scale + h * v) - g(x * scale - h * v)) / (2 * h), rtol=1e-6
+        )

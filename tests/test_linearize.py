@@ -37,8 +37,9 @@ def record_body(fn, inputs, caps):
             traced = [level.new_input(np.asarray(x)) for x in inputs]
             outs = fn(*traced, *outer_caps)
         tape = level.tape
-        tape.outputs = [o._var if type(o) is Tracer and o._level is level
-                        else level.capture(o)[0] for o in outs]
+        tape.outputs = [
+            o._var if type(o) is Tracer and o._level is level else level.capture(o)[0] for o in outs
+        ]
     assert len(tape.captured) == len(caps)  # each outer value captured once, in order of use
     assert all(c[1] is o for c, o in zip(tape.captured, outer_caps))
     return tape
@@ -69,9 +70,11 @@ def test_values_are_the_step_outputs():
 
 def _loss(gy, gs, k):
     """The scalar whose gradient is the VJP with cotangents (gy, gs) of the float outputs."""
+
     def loss(x, w):
         y, s, _ = step(x, k, w)
         return np.sum(gy * y) + gs * s
+
     return loss
 
 
@@ -162,8 +165,7 @@ def test_linearize_on_traced_inputs_is_differentiable_again():
         return np.sum(g_x * np.cos(x))
 
     x = RNG.random(4) + 0.1
-    np.testing.assert_allclose(gt.grad(g_dot)(x), central_difference_grad(g_dot, [x], 0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(gt.grad(g_dot)(x), central_difference_grad(g_dot, [x], 0), rtol=1e-6)
 
 
 def test_a_call_that_writes_into_its_input_is_differentiated_at_that_input():

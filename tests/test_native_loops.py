@@ -65,6 +65,7 @@ def pytree_oscillator(a, xs):
     def body(c, x):
         new = {"pos": c["pos"] + c["vel"] * 0.1, "vel": c["vel"] - a * c["pos"] * 0.1 + x}
         return new, (new["pos"], [new["vel"] * 2])
+
     c, (ps, [vs]) = gt.scan(body, {"pos": np.array([1.0, 0.0]), "vel": np.zeros(2)}, xs)
     return np.sum(c["pos"] ** 2) + np.sum(ps) + np.sum(vs**2)
 
@@ -84,11 +85,15 @@ def test_rnn_runs_both_loops_natively():
         close(g, e, 1e-10)
 
 
-@pytest.mark.parametrize("f, args, argnums", [
-    (scalar_reverse, (RNG.random(9),), 0),
-    (pytree_oscillator, (0.8, RNG.normal(size=(7, 2)) * 0.1), (0, 1)),
-    (no_xs, (0.9,), 0),
-], ids=["scalar-carry-reverse", "pytree-carry-captured-scalar", "xs-none"])
+@pytest.mark.parametrize(
+    "f, args, argnums",
+    [
+        (scalar_reverse, (RNG.random(9),), 0),
+        (pytree_oscillator, (0.8, RNG.normal(size=(7, 2)) * 0.1), (0, 1)),
+        (no_xs, (0.9,), 0),
+    ],
+    ids=["scalar-carry-reverse", "pytree-carry-captured-scalar", "xs-none"],
+)
 def test_loops_run_natively(f, args, argnums):
     compiled = compiled_agrees(f, *args, argnums=argnums)
     assert native_states(compiled, *args) == {"scan": True, "scan_bwd": True}
@@ -124,6 +129,7 @@ def test_while_loop_runs_natively_both_ways():
 
 def decaying_oscillator(k):
     """Array carries, a trip count found at run time (>16: the stored carries grow)."""
+
     def cond(c):
         return np.sum(c[1] ** 2) > 1e-6
 
@@ -157,8 +163,10 @@ def test_checkpointed_scans_run_natively(checkpoint, reverse):
             h, s = c
             h = np.tanh(W @ h + x)
             return (h, s * 0.9 + np.sum(h)), np.sum(h * h)
-        (h, s), ys = gt.scan(body, (np.ones(3) * 0.1, 0.5), xs, checkpoint=checkpoint,
-                             reverse=reverse)
+
+        (h, s), ys = gt.scan(
+            body, (np.ones(3) * 0.1, 0.5), xs, checkpoint=checkpoint, reverse=reverse
+        )
         return np.sum(h) + s + np.sum(ys * np.arange(len(xs)))
 
     xs, W = RNG.normal(size=(10, 3)), RNG.normal(size=(3, 3)) * 0.5
@@ -200,6 +208,7 @@ def test_a_body_without_native_translation_warns_once_and_stays_exact():
 def counter_indexed(x, M):
     def body(i, c):
         return c + x[i] * i * c + np.sum(M[i, :] * M[:, -i - 1]) * x[-i - 1]
+
     return gt.fori_loop(0, len(x), body, 1.0)
 
 
@@ -243,8 +252,12 @@ def test_eager_scans_go_native_after_a_few_calls():
         for k in params:
             close(got[k], expected[k], 1e-10)
     programs = [entry[0] for entry in loops._PROGRAMS.values() if entry[0].native]
-    states = {key[0]: loop.native for p in programs for key, loop in p.native.items()
-              if p.variants[0][0].inputs[0].shape == (5,)}
+    states = {
+        key[0]: loop.native
+        for p in programs
+        for key, loop in p.native.items()
+        if p.variants[0][0].inputs[0].shape == (5,)
+    }
     assert states == {"scan": True, "scan_bwd": True}, states
 
 
@@ -261,8 +274,10 @@ def test_hessian_vector_products_run_natively():
         got = compiled(params, v)
         for k in params:
             close(got[k], expected[k], 1e-9)
-    states = [(loop.prim.name, loop.native) for loop in
-              lowered(compiled, params, v).generated.loops.values()]
+    states = [
+        (loop.prim.name, loop.native)
+        for loop in lowered(compiled, params, v).generated.loops.values()
+    ]
     # the primal scan, the tangent scan, and one backward loop computing the gradient and its
     # tangent together (the plain backward loop's result is unused by an hvp: dropped)
     assert sorted(states) == [("scan", True), ("scan", True), ("scan_bwd", True)], states

@@ -73,8 +73,9 @@ def _expit(z):
 
 CLOSED_FORMS = {
     normal_logpdf: lambda x: -(x - MU[: x.size]) / 1.5**2,
-    eam: lambda x: -3 * np.exp(-3 * (x + 1)) * (
-        2 * (r := np.sum(np.exp(-3 * (x + 1)))) + 3 * r**2 + r**3),
+    eam: lambda x: (
+        -3 * np.exp(-3 * (x + 1)) * (2 * (r := np.sum(np.exp(-3 * (x + 1)))) + 3 * r**2 + r**3)
+    ),
     sum_exp: np.exp,
     logistic_regression: lambda w: DESIGN.T @ (_expit(DESIGN @ w) - LABELS),
     branching: lambda x: np.full_like(x, 3 * np.sum(x) ** 2 if np.sum(x) > 1 else 2 * np.sum(x)),
@@ -140,21 +141,39 @@ SHAPES = [(6,), (3, 4), (2, 3, 2)]
 
 
 def _unary():
-    return [np.sin, np.tanh, lambda a: np.exp(-a * a), lambda a: np.log1p(a * a),
-            lambda a: a / (1.0 + np.abs(a)), lambda a: np.sqrt(1.0 + a * a), np.square,
-            lambda a: -a, lambda a: np.logaddexp(a, 0.3 * a), lambda a: np.exp(np.tanh(a)),
-            lambda a: a * np.sum(a) * 0.1, lambda a: a - np.max(a),
-            lambda a: a / (1.0 + np.sum(a * a, axis=-1, keepdims=True)),
-            lambda a: a * np.mean(np.cos(a)), lambda a: np.where(a > 0.1, a, 0.5 * a),
-            lambda a: np.maximum(a, -0.2) + np.minimum(a, 0.3)]
+    return [
+        np.sin,
+        np.tanh,
+        lambda a: np.exp(-a * a),
+        lambda a: np.log1p(a * a),
+        lambda a: a / (1.0 + np.abs(a)),
+        lambda a: np.sqrt(1.0 + a * a),
+        np.square,
+        lambda a: -a,
+        lambda a: np.logaddexp(a, 0.3 * a),
+        lambda a: np.exp(np.tanh(a)),
+        lambda a: a * np.sum(a) * 0.1,
+        lambda a: a - np.max(a),
+        lambda a: a / (1.0 + np.sum(a * a, axis=-1, keepdims=True)),
+        lambda a: a * np.mean(np.cos(a)),
+        lambda a: np.where(a > 0.1, a, 0.5 * a),
+        lambda a: np.maximum(a, -0.2) + np.minimum(a, 0.3),
+    ]
 
 
 def _binary(weights):
-    return [np.add, np.subtract, np.multiply, lambda a, b: a / (2.0 + np.cos(b)),
-            lambda a, b: np.where(a > b, a, b * 0.5), lambda a, b: a * weights,
-            lambda a, b: a + b[..., :1], lambda a, b: a * np.sum(b) + np.mean(a) * b,
-            lambda a, b: np.reshape(np.reshape(a, (-1,))[::-1], a.shape) * b,
-            lambda a, b: a + (b ** 3 if np.sum(b) > 0 else -b)]
+    return [
+        np.add,
+        np.subtract,
+        np.multiply,
+        lambda a, b: a / (2.0 + np.cos(b)),
+        lambda a, b: np.where(a > b, a, b * 0.5),
+        lambda a, b: a * weights,
+        lambda a, b: a + b[..., :1],
+        lambda a, b: a * np.sum(b) + np.mean(a) * b,
+        lambda a, b: np.reshape(np.reshape(a, (-1,))[::-1], a.shape) * b,
+        lambda a, b: a + (b**3 if np.sum(b) > 0 else -b),
+    ]
 
 
 def _random_program(steps, shape):
@@ -166,17 +185,21 @@ def _random_program(steps, shape):
         for u, b, pick, use_binary in steps:
             a = values[pick % len(values)]
             c = values[(pick // 2) % len(values)]
-            values.append(binary[b % len(binary)](a, c) if use_binary
-                          else unary[u % len(unary)](a))
+            values.append(binary[b % len(binary)](a, c) if use_binary else unary[u % len(unary)](a))
         return np.sum(values[-1] * values[-2]) + np.sum(values[len(values) // 2] ** 2)
 
     return f
 
 
 @settings(max_examples=18, deadline=None, derandomize=True)
-@given(st.lists(st.tuples(st.integers(0, 15), st.integers(0, 9), st.integers(0, 30),
-                          st.booleans()), min_size=1, max_size=7),
-       st.sampled_from(SHAPES))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 15), st.integers(0, 9), st.integers(0, 30), st.booleans()),
+        min_size=1,
+        max_size=7,
+    ),
+    st.sampled_from(SHAPES),
+)
 def test_random_programs_agree(steps, shape):
     f = _random_program(steps, shape)
     eager = gt.value_and_grad(f)
@@ -197,8 +220,7 @@ def test_random_program_against_finite_differences():
     f = _random_program(steps, (3, 4))
     cf = gt.compile(gt.grad(f), backend="numba")
     x = RNG.normal(size=(3, 4)) * 0.7
-    np.testing.assert_allclose(cf(x), central_difference_grad(f, (x,), 0), rtol=1e-6,
-                               atol=1e-7)
+    np.testing.assert_allclose(cf(x), central_difference_grad(f, (x,), 0), rtol=1e-6, atol=1e-7)
     assert lowered(cf, x).tier == "native"
 
 
@@ -219,8 +241,9 @@ def test_indexing_reductions_and_linear_algebra():
     for _ in range(3):
         x = RNG.normal(size=12)
         close(native(x), gt.value_and_grad(f)(x), rtol=1e-11)
-        np.testing.assert_allclose(native(x)[1], central_difference_grad(f, (x,), 0),
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            native(x)[1], central_difference_grad(f, (x,), 0), rtol=1e-6, atol=1e-7
+        )
     plan = lowered(native, x).generated.plan
     assert all(s.kind != fusion.PYTHON for s in plan.stages)  # every op is native
 
@@ -237,8 +260,12 @@ def regression_parts(w, design, labels):
     z = design @ w
     r = np.tanh(z) - labels
     cols = design[:, ::2]  # a strided view read by a row product
-    return (np.sum(r * r) + np.sum(design.T @ r) + np.sum(np.cos(cols @ w[::2]))
-            + np.sum((labels @ design) * w))
+    return (
+        np.sum(r * r)
+        + np.sum(design.T @ r)
+        + np.sum(np.cos(cols @ w[::2]))
+        + np.sum((labels @ design) * w)
+    )
 
 
 @pytest.mark.parametrize("n, k", [(40, 3), (257, 8), (1000, 1), (2, 5), (1, 4)])
@@ -259,8 +286,9 @@ def test_matrix_products_agree_with_the_numpy_backend(n, k, dtype):
         source = lowered(native, w, design, labels).generated.module
         assert "np.dot(" not in source  # no BLAS: explicit loops
     if n > 1:  # one loop computes X @ w, the loss and accumulates X.T @ r
-        source = lowered(gt.compile(gt.value_and_grad(regression), backend="numba"), w, design,
-                         labels).generated.module
+        source = lowered(
+            gt.compile(gt.value_and_grad(regression), backend="numba"), w, design, labels
+        ).generated.module
         assert source.count("for i in range(u0, u1):") == 1, source
 
 
@@ -297,9 +325,14 @@ def test_a_product_of_a_loop_value_reads_the_matrix_by_rows_unless_it_has_few():
         x = RNG.normal(size=40)
         close(native(x), gt.compile(gt.value_and_grad(f), backend="numpy")(x), rtol=1e-11)
         plan = lowered(native, x).generated.plan
-        forward = next(ins for s in plan.stages for ins in s.members
-                       if ins.prim.name == "matmul" and ins.invars[0] is None
-                       and ins.args[0].shape == (rows, 40))
+        forward = next(
+            ins
+            for s in plan.stages
+            for ins in s.members
+            if ins.prim.name == "matmul"
+            and ins.invars[0] is None
+            and ins.args[0].shape == (rows, 40)
+        )
         assert (forward.outvars[0].id in plan.reductions) == accumulated
 
 
@@ -388,8 +421,12 @@ def test_float32_scalars_and_0d_arguments():
     x32 = RNG.normal(size=9).astype(np.float32)
     value, grads = cf(x32, np.float32(2.0), np.array(0.3, np.float32))
     assert value.dtype == np.float32 and all(gr.dtype == np.float32 for gr in grads)
-    close((value, grads), g(x32, np.float32(2.0), np.array(0.3, np.float32)), rtol=2e-6,
-          atol_scale=2e-6)
+    close(
+        (value, grads),
+        g(x32, np.float32(2.0), np.array(0.3, np.float32)),
+        rtol=2e-6,
+        atol_scale=2e-6,
+    )
     x64 = x32.astype(np.float64)
     close(cf(x64, 2.0, np.array(0.3)), g(x64, 2.0, np.array(0.3)))
     assert lowered(cf, x64, 2.0, np.array(0.3)).tier == "native"
@@ -564,8 +601,9 @@ _CACHE_SCRIPT = textwrap.dedent("""
 
 
 def _run_cache_script(env: dict) -> dict:
-    result = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -623,6 +661,7 @@ def test_generated_source_is_shape_generic_and_typed():
 def test_empty_arrays_run_natively():
     """Numba gives an empty array strides of 0: still contiguous (it looped on the layout
     retry before)."""
+
     def f(w, X, y):
         z = X @ w
         return np.sum(np.logaddexp(0.0, z) - y * z)

@@ -25,7 +25,7 @@ def test_sinc_at_and_near_zero_to_every_order():
     """d/dx sinc = 0 at 0, d2/dx2 = -pi^2/3, d4/dx4 = pi^4/5; smooth across |x| = 0.1."""
     d = gt.grad(np.sinc)
     assert d(0.0) == 0.0
-    np.testing.assert_allclose(gt.grad(d)(0.0), -np.pi**2 / 3, rtol=1e-12)
+    np.testing.assert_allclose(gt.grad(d)(0.0), -(np.pi**2) / 3, rtol=1e-12)
     np.testing.assert_allclose(gt.grad(gt.grad(gt.grad(d)))(0.0), np.pi**4 / 5, rtol=1e-9)
     for x in (1e-8, 0.05, 0.0999999, 0.1, 0.1000001, 0.7):
         fd = (np.sinc(x + 1e-7) - np.sinc(x - 1e-7)) / 2e-7
@@ -42,13 +42,23 @@ def test_i0(x):
 def test_nan_to_num_fix_angle_imag():
     x = np.array([1.5, np.nan, np.inf, -np.inf, -0.5])
     for kwargs in ({}, {"nan": 2.0, "posinf": 9.0, "neginf": -9.0}):
-        assert_same_value(traced_value(lambda x: np.nan_to_num(x, **kwargs), x),
-                          np.nan_to_num(x, **kwargs))
+        assert_same_value(
+            traced_value(lambda x: np.nan_to_num(x, **kwargs), x), np.nan_to_num(x, **kwargs)
+        )
         g = gt.grad(lambda x: np.sum(np.nan_to_num(x, **kwargs) * 2.0))(x)
         np.testing.assert_array_equal(g, [2.0, 0.0, 0.0, 0.0, 2.0])
     y = np.array([-1.5, -0.0, 0.0, 2.5])
-    for f in (np.fix, np.angle, lambda y: np.angle(y, deg=True), np.imag, np.isreal,
-              np.iscomplex, np.real_if_close, np.isposinf, np.isneginf):
+    for f in (
+        np.fix,
+        np.angle,
+        lambda y: np.angle(y, deg=True),
+        np.imag,
+        np.isreal,
+        np.iscomplex,
+        np.real_if_close,
+        np.isposinf,
+        np.isneginf,
+    ):
         assert_same_value(traced_value(f, y), f(y))
     # complex values: np.angle is arctan2(imag, real), as NumPy's
     assert_same_value(traced_value(lambda y: np.angle(y + 1j), y), np.angle(y + 1j))
@@ -81,8 +91,12 @@ XS = np.array([-1.5, -0.2, 0.4, 1.3])
 
 @given(dtype=DTYPES)
 def test_polyval(dtype):
-    check_rule(lambda p, x: np.polyval(p, x), P.astype(dtype), XS.astype(dtype),
-               compiled=dtype == np.float64)
+    check_rule(
+        lambda p, x: np.polyval(p, x),
+        P.astype(dtype),
+        XS.astype(dtype),
+        compiled=dtype == np.float64,
+    )
     check_rule(lambda p: np.polyval(p, 0.7), P.astype(dtype), compiled=False)
 
 
@@ -105,9 +119,17 @@ def test_poly_functions(name):
     check_rule(POLY_FUNCS[name], P)
 
 
-@pytest.mark.parametrize("module, name", [
-    ("polynomial", "polyval"), ("chebyshev", "chebval"), ("legendre", "legval"),
-    ("hermite", "hermval"), ("hermite_e", "hermeval"), ("laguerre", "lagval")])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("polynomial", "polyval"),
+        ("chebyshev", "chebval"),
+        ("legendre", "legval"),
+        ("hermite", "hermval"),
+        ("hermite_e", "hermeval"),
+        ("laguerre", "lagval"),
+    ],
+)
 @pytest.mark.parametrize("ncoef", [1, 2, 5])
 def test_np_polynomial_evaluation(module, name, ncoef):
     f = getattr(getattr(np.polynomial, module), name)
@@ -120,8 +142,15 @@ def test_np_polynomial_evaluation(module, name, ncoef):
     check_rule(lambda x, m: f(x[:2], m, tensor=False), XS, m)
 
 
-@pytest.mark.parametrize("cls", [np.polynomial.Polynomial, np.polynomial.Chebyshev,
-                                 np.polynomial.Legendre, np.polynomial.Hermite])
+@pytest.mark.parametrize(
+    "cls",
+    [
+        np.polynomial.Polynomial,
+        np.polynomial.Chebyshev,
+        np.polynomial.Legendre,
+        np.polynomial.Hermite,
+    ],
+)
 def test_polynomial_objects_called_on_traced_points(cls):
     p = cls([0.5, -1.0, 2.0], domain=[-2.0, 3.0])
     check_rule(lambda x: p(x), XS)
@@ -140,12 +169,14 @@ def test_np_polynomial_functions_are_routed_as_soon_as_imported():
     import subprocess
     import sys
 
-    code = ("import gradtape, numpy as np\n"
-            "mods = [np.polynomial.polynomial.polyval, np.polynomial.chebyshev.chebval,\n"
-            "        np.polynomial.legendre.legval, np.polynomial.hermite.hermval,\n"
-            "        np.polynomial.hermite_e.hermeval, np.polynomial.laguerre.lagval,\n"
-            "        np.polynomial.polyutils.mapdomain]\n"
-            "assert all(hasattr(f, '__gradtape_original__') for f in mods), mods\n")
+    code = (
+        "import gradtape, numpy as np\n"
+        "mods = [np.polynomial.polynomial.polyval, np.polynomial.chebyshev.chebval,\n"
+        "        np.polynomial.legendre.legval, np.polynomial.hermite.hermval,\n"
+        "        np.polynomial.hermite_e.hermeval, np.polynomial.laguerre.lagval,\n"
+        "        np.polynomial.polyutils.mapdomain]\n"
+        "assert all(hasattr(f, '__gradtape_original__') for f in mods), mods\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

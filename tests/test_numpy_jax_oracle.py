@@ -23,8 +23,10 @@ CASES = {
     "gradient": (lambda m, x: m.gradient(x, 0.5), X),
     "gradient_coords": (lambda m, x: m.gradient(x, m.cumsum(m.abs(x) + 0.5)), X),
     "trapezoid": (lambda m, x: m.trapezoid(x, dx=0.3), M),
-    "interp": (lambda m, x: m.interp(x, m.array([-2.0, -0.5, 0.3, 2.0]),
-                                     m.array([1.0, -1.0, 0.5, 2.0])), X),
+    "interp": (
+        lambda m, x: m.interp(x, m.array([-2.0, -0.5, 0.3, 2.0]), m.array([1.0, -1.0, 0.5, 2.0])),
+        X,
+    ),
     "convolve": (lambda m, x: m.convolve(x, m.array([1.0, -0.5, 0.25])), X),
     "correlate_same": (lambda m, x: m.correlate(x, m.array([1.0, -0.5, 0.25, 2.0]), "same"), X),
     "cov": (lambda m, x: m.cov(x), M),
@@ -66,7 +68,7 @@ CASES = {
 def _windows(m, x):
     if m is np:
         return np.lib.stride_tricks.sliding_window_view(x, 3)
-    return jnp.stack([x[i:i + 3] for i in range(x.shape[0] - 2)])
+    return jnp.stack([x[i : i + 3] for i in range(x.shape[0] - 2)])
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -75,9 +77,10 @@ def test_gradient_agrees_with_jax(name):
     x64 = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
+
         def loss_jax(x):
             out = f(jnp, x)
-            return jnp.sum(jnp.asarray(W[:out.size]).reshape(out.shape) * out)
+            return jnp.sum(jnp.asarray(W[: out.size]).reshape(out.shape) * out)
 
         expected = np.asarray(jax.grad(loss_jax)(jnp.asarray(x)))
     finally:
@@ -85,6 +88,6 @@ def test_gradient_agrees_with_jax(name):
 
     def loss(x):
         out = f(np, x)
-        return np.sum(W[:np.size(out)].reshape(np.shape(out)) * out)
+        return np.sum(W[: np.size(out)].reshape(np.shape(out)) * out)
 
     np.testing.assert_allclose(gt.grad(loss)(x), expected, rtol=1e-9, atol=1e-12)

@@ -48,45 +48,101 @@ def _sum(x, axis, keepdims):
 # name -> (f(x, axis, keepdims), element intervals, distinct values needed (no ties))
 REDUCTIONS = {
     "sum": (_sum, ((-3.0, 3.0),), False),
-    "mean": (lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
-             ((-3.0, 3.0),), False),
-    "prod": (lambda x, axis, keepdims: np.prod(x, axis=axis, keepdims=keepdims),
-             ((-2.0, -0.5), (0.5, 2.0)), False),
-    "max": (lambda x, axis, keepdims: np.max(x, axis=axis, keepdims=keepdims),
-            ((-3.0, 3.0),), True),
-    "min": (lambda x, axis, keepdims: np.min(x, axis=axis, keepdims=keepdims),
-            ((-3.0, 3.0),), True),
-    "amax": (lambda x, axis, keepdims: np.amax(x, axis=axis, keepdims=keepdims),
-             ((-3.0, 3.0),), True),
-    "amin": (lambda x, axis, keepdims: np.amin(x, axis=axis, keepdims=keepdims),
-             ((-3.0, 3.0),), True),
-    "var": (lambda x, axis, keepdims: np.var(x, axis=axis, keepdims=keepdims),
-            ((-3.0, 3.0),), False),
-    "var_ddof1": (lambda x, axis, keepdims: np.var(x, axis=axis, ddof=1, keepdims=keepdims),
-                  ((-3.0, 3.0),), False),
-    "std": (lambda x, axis, keepdims: np.std(x, axis=axis, keepdims=keepdims),
-            ((-3.0, 3.0),), True),
-    "std_ddof1": (lambda x, axis, keepdims: np.std(x, axis=axis, ddof=1, keepdims=keepdims),
-                  ((-3.0, 3.0),), True),
-    "method_sum": (lambda x, axis, keepdims: x.sum(axis=axis, keepdims=keepdims),
-                   ((-3.0, 3.0),), False),
-    "method_mean": (lambda x, axis, keepdims: x.mean(axis=axis, keepdims=keepdims),
-                    ((-3.0, 3.0),), False),
-    "method_prod": (lambda x, axis, keepdims: x.prod(axis=axis, keepdims=keepdims),
-                    ((0.5, 2.0),), False),
-    "method_max": (lambda x, axis, keepdims: x.max(axis=axis, keepdims=keepdims),
-                   ((-3.0, 3.0),), True),
-    "method_min": (lambda x, axis, keepdims: x.min(axis=axis, keepdims=keepdims),
-                   ((-3.0, 3.0),), True),
-    "method_var": (lambda x, axis, keepdims: x.var(axis=axis, ddof=1, keepdims=keepdims),
-                   ((-3.0, 3.0),), False),
-    "method_std": (lambda x, axis, keepdims: x.std(axis=axis, keepdims=keepdims),
-                   ((-3.0, 3.0),), True),
-    "add_reduce": (lambda x, axis, keepdims: np.add.reduce(x, axis=axis, keepdims=keepdims),
-                   ((-3.0, 3.0),), False),
-    "maximum_reduce": (lambda x, axis, keepdims: np.maximum.reduce(x, axis=axis,
-                                                                     keepdims=keepdims),
-                       ((-3.0, 3.0),), True),
+    "mean": (
+        lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "prod": (
+        lambda x, axis, keepdims: np.prod(x, axis=axis, keepdims=keepdims),
+        ((-2.0, -0.5), (0.5, 2.0)),
+        False,
+    ),
+    "max": (
+        lambda x, axis, keepdims: np.max(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "min": (
+        lambda x, axis, keepdims: np.min(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "amax": (
+        lambda x, axis, keepdims: np.amax(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "amin": (
+        lambda x, axis, keepdims: np.amin(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "var": (
+        lambda x, axis, keepdims: np.var(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "var_ddof1": (
+        lambda x, axis, keepdims: np.var(x, axis=axis, ddof=1, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "std": (
+        lambda x, axis, keepdims: np.std(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "std_ddof1": (
+        lambda x, axis, keepdims: np.std(x, axis=axis, ddof=1, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "method_sum": (
+        lambda x, axis, keepdims: x.sum(axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "method_mean": (
+        lambda x, axis, keepdims: x.mean(axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "method_prod": (
+        lambda x, axis, keepdims: x.prod(axis=axis, keepdims=keepdims),
+        ((0.5, 2.0),),
+        False,
+    ),
+    "method_max": (
+        lambda x, axis, keepdims: x.max(axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "method_min": (
+        lambda x, axis, keepdims: x.min(axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "method_var": (
+        lambda x, axis, keepdims: x.var(axis=axis, ddof=1, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "method_std": (
+        lambda x, axis, keepdims: x.std(axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
+    "add_reduce": (
+        lambda x, axis, keepdims: np.add.reduce(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        False,
+    ),
+    "maximum_reduce": (
+        lambda x, axis, keepdims: np.maximum.reduce(x, axis=axis, keepdims=keepdims),
+        ((-3.0, 3.0),),
+        True,
+    ),
 }
 
 
@@ -103,8 +159,10 @@ def _needs_more_than(func_name: str, x, axis) -> bool:
 def test_reduction_gradient(name, data, dtype, keepdims):
     func, intervals, distinct = REDUCTIONS[name]
     shape = data.draw(st.sampled_from(SHAPES), label="shape")
-    x = data.draw(separated_arrays(shape, dtype) if distinct else
-                  argument_strategy(shape, intervals, dtype), label="x")
+    x = data.draw(
+        separated_arrays(shape, dtype) if distinct else argument_strategy(shape, intervals, dtype),
+        label="x",
+    )
     axis = data.draw(axes(len(shape)), label="axis")
     if name.startswith("maximum_reduce") and isinstance(axis, tuple) and len(axis) > 1:
         axis = axis[0]
@@ -113,8 +171,9 @@ def test_reduction_gradient(name, data, dtype, keepdims):
     out = func(x, axis, keepdims)
     assert np.shape(gt.grad(lambda x: np.sum(func(x, axis, keepdims)))(x)) == x.shape
     weights = weights_like(np.shape(out), dtype)
-    assert_grad_matches(lambda x: np.sum(weights * func(x, axis, keepdims)), x,
-                        complex_step=not distinct)
+    assert_grad_matches(
+        lambda x: np.sum(weights * func(x, axis, keepdims)), x, complex_step=not distinct
+    )
 
 
 @pytest.mark.parametrize("method", [False, True], ids=["function", "method"])
@@ -123,9 +182,13 @@ def test_traced_reduction_values_match_numpy(method):
     x = np.arange(24.0).reshape(2, 3, 4) / 7
     for axis in (None, 0, -1, (0, 2), (-1, -3)):
         for keepdims in (False, True):
+
             def f(x, axis=axis, keepdims=keepdims):
-                s = x.sum(axis=axis, keepdims=keepdims) if method else np.sum(
-                    x, axis=axis, keepdims=keepdims)
+                s = (
+                    x.sum(axis=axis, keepdims=keepdims)
+                    if method
+                    else np.sum(x, axis=axis, keepdims=keepdims)
+                )
                 return np.sum(s * s), s
 
             (_, s), _ = gt.value_and_grad(f, has_aux=True)(x)
@@ -133,12 +196,15 @@ def test_traced_reduction_values_match_numpy(method):
 
 
 # --- prod with zeros: the derivative is the product of the other elements ---------------------
-@pytest.mark.parametrize("x, expected", [
-    ([2.0, 0.0, 3.0, -1.5], [0.0, -9.0, 0.0, 0.0]),  # one zero: only it has a gradient
-    ([2.0, 0.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]),  # two zeros: all zero
-    ([0.0], [1.0]),
-    ([0.0, 0.0], [0.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "x, expected",
+    [
+        ([2.0, 0.0, 3.0, -1.5], [0.0, -9.0, 0.0, 0.0]),  # one zero: only it has a gradient
+        ([2.0, 0.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]),  # two zeros: all zero
+        ([0.0], [1.0]),
+        ([0.0, 0.0], [0.0, 0.0]),
+    ],
+)
 def test_prod_with_zeros(x, expected):
     x = np.array(x)
     g = assert_grad_matches(lambda x: np.prod(x), x)
@@ -153,11 +219,14 @@ def test_prod_with_zeros_along_an_axis():
 
 
 # --- max / min with ties: the k tied elements share the cotangent -----------------------------
-@pytest.mark.parametrize("func, x, expected", [
-    (np.max, [1.0, 3.0, 3.0, 2.0], [0.0, 0.5, 0.5, 0.0]),
-    (np.min, [1.0, 1.0, 1.0, 2.0], [1 / 3, 1 / 3, 1 / 3, 0.0]),
-    (np.amax, [[2.0, 2.0], [1.0, 2.0]], [[1 / 3, 1 / 3], [0.0, 1 / 3]]),
-])
+@pytest.mark.parametrize(
+    "func, x, expected",
+    [
+        (np.max, [1.0, 3.0, 3.0, 2.0], [0.0, 0.5, 0.5, 0.0]),
+        (np.min, [1.0, 1.0, 1.0, 2.0], [1 / 3, 1 / 3, 1 / 3, 0.0]),
+        (np.amax, [[2.0, 2.0], [1.0, 2.0]], [[1 / 3, 1 / 3], [0.0, 1 / 3]]),
+    ],
+)
 def test_max_min_ties_share(func, x, expected):
     g = gt.grad(lambda x: func(x))(np.array(x))
     np.testing.assert_allclose(g, expected)
@@ -170,12 +239,25 @@ def test_max_ties_along_an_axis():
 
 
 # --- cumulative ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("func", [np.cumsum, np.cumprod, lambda x, axis: x.cumsum(axis=axis),
-                                  lambda x, axis: x.cumprod(axis=axis),
-                                  lambda x, axis: np.add.accumulate(x, axis=axis or 0),
-                                  lambda x, axis: np.multiply.accumulate(x, axis=axis or 0)],
-                         ids=["cumsum", "cumprod", "method_cumsum", "method_cumprod",
-                              "add_accumulate", "multiply_accumulate"])
+@pytest.mark.parametrize(
+    "func",
+    [
+        np.cumsum,
+        np.cumprod,
+        lambda x, axis: x.cumsum(axis=axis),
+        lambda x, axis: x.cumprod(axis=axis),
+        lambda x, axis: np.add.accumulate(x, axis=axis or 0),
+        lambda x, axis: np.multiply.accumulate(x, axis=axis or 0),
+    ],
+    ids=[
+        "cumsum",
+        "cumprod",
+        "method_cumsum",
+        "method_cumprod",
+        "add_accumulate",
+        "multiply_accumulate",
+    ],
+)
 @given(data=st.data(), dtype=DTYPES)
 def test_cumulative_gradient(func, data, dtype):
     shape = data.draw(st.sampled_from(SHAPES), label="shape")
@@ -185,8 +267,9 @@ def test_cumulative_gradient(func, data, dtype):
     assert_grad_matches(lambda x: np.sum(weights * func(x, axis)), x)
 
 
-@pytest.mark.parametrize("x", [[2.0, 0.0, 3.0, -1.0], [0.0, 2.0, 3.0], [1.5, 0.0, 0.0, 2.0],
-                               [2.0, 3.0, 0.0]])
+@pytest.mark.parametrize(
+    "x", [[2.0, 0.0, 3.0, -1.0], [0.0, 2.0, 3.0], [1.5, 0.0, 0.0, 2.0], [2.0, 3.0, 0.0]]
+)
 def test_cumprod_with_zeros(x):
     x = np.array(x)
     w = np.array([1.0, -2.0, 0.5, 3.0])[: x.size]
@@ -196,23 +279,29 @@ def test_cumprod_with_zeros(x):
 
 def _cumprod_gradient_closed_form(x, w):
     """d/dx_i sum_j w_j prod_{k<=j} x_k = sum_{j>=i} w_j prod_{k<=j, k!=i} x_k (no division)."""
-    return np.array([sum(w[j] * np.prod(np.delete(x[: j + 1], i)) for j in range(i, x.size))
-                     for i in range(x.size)])
+    return np.array(
+        [
+            sum(w[j] * np.prod(np.delete(x[: j + 1], i)) for j in range(i, x.size))
+            for i in range(x.size)
+        ]
+    )
 
 
-@pytest.mark.parametrize("x", [[2.0, 0.0, 3.0, -1.0], [0.0, 0.0, 3.0, -1.0],
-                               [2.0, 0.0, 0.0, -1.0], [1.5, 0.7, 2.0, -1.0]])
+@pytest.mark.parametrize(
+    "x",
+    [[2.0, 0.0, 3.0, -1.0], [0.0, 0.0, 3.0, -1.0], [2.0, 0.0, 0.0, -1.0], [1.5, 0.7, 2.0, -1.0]],
+)
 def test_second_derivative_of_cumprod_and_prod_with_zeros(x):
     """grad of <grad f, v> against central differences of the closed-form gradient."""
     x, w, v = np.array(x), np.array([1.0, -2.0, 0.5, 3.0]), np.array([0.3, 1.0, -1.0, 2.0])
     hvp = gt.grad(lambda x: np.sum(gt.grad(lambda y: np.sum(w * np.cumprod(y)))(x) * v))(x)
-    fd = central_difference_grad(lambda x: np.sum(_cumprod_gradient_closed_form(x, w) * v),
-                                 [x], 0)
+    fd = central_difference_grad(lambda x: np.sum(_cumprod_gradient_closed_form(x, w) * v), [x], 0)
     np.testing.assert_allclose(hvp, fd, atol=1e-7)
     # prod: d2/dx_i dx_j prod(x) = prod of the elements other than i and j
     hvp = gt.grad(lambda x: np.sum(gt.grad(lambda y: np.prod(y))(x) * v))(x)
-    hessian = [[0.0 if i == j else np.prod(np.delete(x, [i, j])) for j in range(4)]
-               for i in range(4)]
+    hessian = [
+        [0.0 if i == j else np.prod(np.delete(x, [i, j])) for j in range(4)] for i in range(4)
+    ]
     np.testing.assert_allclose(hvp, np.array(hessian) @ v, atol=1e-12)
 
 
@@ -227,11 +316,18 @@ def test_cumprod_with_zeros_2d():
 A = np.array([[0.3, -1.2, 2.0], [1.5, 0.1, -0.7]])
 
 
-@pytest.mark.parametrize("axis, weights", [
-    (None, None), (0, None), (1, None),
-    (None, np.array([[1.0, 2.0, 0.5], [0.2, 1.0, 3.0]])),
-    (1, np.array([1.0, 2.0, 0.5])), (0, np.array([0.3, 0.7])), (-1, np.array([1.0, 2.0, 0.5])),
-])
+@pytest.mark.parametrize(
+    "axis, weights",
+    [
+        (None, None),
+        (0, None),
+        (1, None),
+        (None, np.array([[1.0, 2.0, 0.5], [0.2, 1.0, 3.0]])),
+        (1, np.array([1.0, 2.0, 0.5])),
+        (0, np.array([0.3, 0.7])),
+        (-1, np.array([1.0, 2.0, 0.5])),
+    ],
+)
 def test_average(axis, weights):
     out_shape = np.average(A, axis=axis, weights=weights).shape
     w = weights_like(out_shape, np.float64)

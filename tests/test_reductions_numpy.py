@@ -52,8 +52,9 @@ MASKED = {
     "nanmax": lambda x, axis, k, w: np.nanmax(x, axis=axis, keepdims=k, where=w, initial=-10.0),
     "nanmin": lambda x, axis, k, w: np.nanmin(x, axis=axis, keepdims=k, where=w, initial=10.0),
     "add_reduce": lambda x, axis, k, w: np.add.reduce(x, axis=axis, keepdims=k, where=w),
-    "maximum_reduce": lambda x, axis, k, w: np.maximum.reduce(x, axis=axis, keepdims=k, where=w,
-                                                               initial=-10.0),
+    "maximum_reduce": lambda x, axis, k, w: np.maximum.reduce(
+        x, axis=axis, keepdims=k, where=w, initial=-10.0
+    ),
 }
 NEEDS_DISTINCT = {"max", "min", "nanmax", "nanmin", "maximum_reduce", "std"}
 
@@ -63,8 +64,12 @@ NEEDS_DISTINCT = {"max", "min", "nanmax", "nanmin", "maximum_reduce", "std"}
 def test_where_and_initial(name, data, dtype, keepdims):
     func = MASKED[name]
     shape = data.draw(st.sampled_from(SHAPES), label="shape")
-    x = data.draw(distinct(shape, dtype) if name in NEEDS_DISTINCT else
-                  argument_strategy(shape, ((-2.0, -0.5), (0.5, 2.0)), dtype), label="x")
+    x = data.draw(
+        distinct(shape, dtype)
+        if name in NEEDS_DISTINCT
+        else argument_strategy(shape, ((-2.0, -0.5), (0.5, 2.0)), dtype),
+        label="x",
+    )
     axis = data.draw(axes(len(shape)), label="axis")
     mask = np.arange(x.size).reshape(shape) % 3 != 1
     if np.min(np.sum(mask, axis=axis), initial=2) < 2:  # every slice keeps two entries
@@ -75,8 +80,10 @@ def test_where_and_initial(name, data, dtype, keepdims):
     if name.startswith("nan"):
         x = x.copy()
         x.reshape(-1)[::4] = np.nan
-        assert_same_value(traced_value(lambda x: func(x, axis, keepdims, mask), x),
-                          _quiet(func, x, axis, keepdims, mask))
+        assert_same_value(
+            traced_value(lambda x: func(x, axis, keepdims, mask), x),
+            _quiet(func, x, axis, keepdims, mask),
+        )
         return
     check_rule(lambda x: func(x, axis, keepdims, mask), x, compiled=dtype == np.float64)
 
@@ -88,10 +95,16 @@ def _quiet(func, *args):
 
 
 NAN_FUNCS = {
-    "nansum": np.nansum, "nanprod": np.nanprod, "nanmean": np.nanmean, "nanvar": np.nanvar,
-    "nanstd": np.nanstd, "nanmax": np.nanmax, "nanmin": np.nanmin,
+    "nansum": np.nansum,
+    "nanprod": np.nanprod,
+    "nanmean": np.nanmean,
+    "nanvar": np.nanvar,
+    "nanstd": np.nanstd,
+    "nanmax": np.nanmax,
+    "nanmin": np.nanmin,
     "nanvar_ddof": lambda x, axis: np.nanvar(x, axis=axis, ddof=1),
-    "nancumsum": np.nancumsum, "nancumprod": np.nancumprod,
+    "nancumsum": np.nancumsum,
+    "nancumprod": np.nancumprod,
 }
 
 
@@ -99,8 +112,14 @@ NAN_FUNCS = {
 @pytest.mark.parametrize("axis", [None, 0, 1])
 def test_nan_reductions_match_numpy_with_nans(name, axis):
     func = NAN_FUNCS[name]
-    x = np.array([[1.5, np.nan, -0.7, 2.0], [np.nan, np.nan, np.nan, np.nan],
-                  [0.3, 1.1, np.nan, -1.6], [0.9, -0.4, 0.8, np.nan]])
+    x = np.array(
+        [
+            [1.5, np.nan, -0.7, 2.0],
+            [np.nan, np.nan, np.nan, np.nan],
+            [0.3, 1.1, np.nan, -1.6],
+            [0.9, -0.4, 0.8, np.nan],
+        ]
+    )
     expected = _quiet(func, x, axis)
     got = _quiet(traced_value, lambda x: func(x, axis), x)
     assert_same_value(got, expected)
@@ -123,9 +142,15 @@ def test_nan_reductions_match_numpy_with_nans(name, axis):
         np.testing.assert_allclose(g[i], fd, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("name, warning", [("nanmax", "All-NaN"), ("nanmin", "All-NaN"),
-                                           ("nanmean", "Mean of empty"),
-                                           ("nanvar", "Degrees of freedom")])
+@pytest.mark.parametrize(
+    "name, warning",
+    [
+        ("nanmax", "All-NaN"),
+        ("nanmin", "All-NaN"),
+        ("nanmean", "Mean of empty"),
+        ("nanvar", "Degrees of freedom"),
+    ],
+)
 def test_all_nan_slices_warn_like_numpy(name, warning):
     x = np.full((2, 3), np.nan)
     x[0, 1] = 2.0
@@ -135,16 +160,35 @@ def test_all_nan_slices_warn_like_numpy(name, warning):
     assert_same_value(got, _quiet(func, x, 1))
 
 
-@pytest.mark.parametrize("func", [
-    np.sum, np.prod, np.mean, np.var, np.std, np.nansum, np.nanmean, np.ptp, np.max, np.cumsum,
-    np.nanvar, np.nanstd, np.nanmax, np.nanprod, np.nancumsum, np.median, np.nanmedian,
-    lambda x, axis: np.quantile(x, 0.5, axis=axis),
-    lambda x, axis: np.nanquantile(x, [0.2, 0.5], axis=axis),
-    lambda x, axis: np.max(x, axis=axis, initial=1.0),
-    lambda x, axis: np.std(x, axis=axis, ddof=1),
-    lambda x, axis: np.logaddexp.reduce(x, axis=axis),
-    lambda x, axis: np.subtract.reduce(x, axis=axis)],
-    ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "func",
+    [
+        np.sum,
+        np.prod,
+        np.mean,
+        np.var,
+        np.std,
+        np.nansum,
+        np.nanmean,
+        np.ptp,
+        np.max,
+        np.cumsum,
+        np.nanvar,
+        np.nanstd,
+        np.nanmax,
+        np.nanprod,
+        np.nancumsum,
+        np.median,
+        np.nanmedian,
+        lambda x, axis: np.quantile(x, 0.5, axis=axis),
+        lambda x, axis: np.nanquantile(x, [0.2, 0.5], axis=axis),
+        lambda x, axis: np.max(x, axis=axis, initial=1.0),
+        lambda x, axis: np.std(x, axis=axis, ddof=1),
+        lambda x, axis: np.logaddexp.reduce(x, axis=axis),
+        lambda x, axis: np.subtract.reduce(x, axis=axis),
+    ],
+    ids=lambda f: f.__name__,
+)
 def test_empty_arrays(func):
     """Empty reductions give NumPy's value (0, 1, NaN with its warning) or NumPy's error; the
     gradient is an empty array, never a ZeroDivisionError from a rule."""
@@ -194,9 +238,17 @@ def test_var_with_mean_argument():
     check_rule(lambda x: np.std(x, axis=0, ddof=1, mean=np.mean(x, axis=0, keepdims=True)), x)
 
 
-@pytest.mark.parametrize("func, dtype", [(np.sum, np.int64), (np.sum, np.float32),
-                                         (np.mean, np.float32), (np.cumsum, np.int64),
-                                         (np.prod, np.float32), (np.nansum, np.float32)])
+@pytest.mark.parametrize(
+    "func, dtype",
+    [
+        (np.sum, np.int64),
+        (np.sum, np.float32),
+        (np.mean, np.float32),
+        (np.cumsum, np.int64),
+        (np.prod, np.float32),
+        (np.nansum, np.float32),
+    ],
+)
 def test_dtype_casts_before_reducing(func, dtype):
     """NumPy reduces in `dtype`: sum([0.5, 0.5], dtype=int) is 0, not int(1.0)."""
     x = np.array([0.5, 0.5, 1.75, 2.25])
@@ -204,12 +256,17 @@ def test_dtype_casts_before_reducing(func, dtype):
     assert_same_value(got, func(x, dtype=dtype))
 
 
-@pytest.mark.parametrize("reduce, kwargs", [
-    (np.add.reduce, {"initial": 2.0}), (np.add.reduce, {"dtype": np.float64}),
-    (np.multiply.reduce, {"where": np.array([True, False, True])}),
-    (np.maximum.reduce, {"initial": 0.5}), (np.minimum.reduce, {"axis": None}),
-    (np.add.accumulate, {"dtype": np.float64}),
-])
+@pytest.mark.parametrize(
+    "reduce, kwargs",
+    [
+        (np.add.reduce, {"initial": 2.0}),
+        (np.add.reduce, {"dtype": np.float64}),
+        (np.multiply.reduce, {"where": np.array([True, False, True])}),
+        (np.maximum.reduce, {"initial": 0.5}),
+        (np.minimum.reduce, {"axis": None}),
+        (np.add.accumulate, {"dtype": np.float64}),
+    ],
+)
 def test_ufunc_reduce_keywords(reduce, kwargs):
     x = np.array([0.3, -1.2, 2.0], np.float32 if "dtype" in kwargs else np.float64)
     check_rule(lambda x: reduce(x, **kwargs), x, compiled=False)
@@ -223,10 +280,15 @@ def test_ptp():
 
 
 # --- outputs of size one: grad works as in HIPS autograd ----------------------------------------
-@pytest.mark.parametrize("f", [lambda x: np.sum(x**2, keepdims=True),
-                               lambda x: np.reshape(np.sum(x * x), (1, 1)),
-                               lambda x: x[:1] * x[1:2]],
-                         ids=["(1,)", "(1, 1)", "slice"])
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: np.sum(x**2, keepdims=True),
+        lambda x: np.reshape(np.sum(x * x), (1, 1)),
+        lambda x: x[:1] * x[1:2],
+    ],
+    ids=["(1,)", "(1, 1)", "slice"],
+)
 def test_grad_of_an_output_of_size_one(f):
     x = np.array([1.0, 2.0, 3.0])
     ref = gt.grad(lambda x: np.sum(f(x)))(x)

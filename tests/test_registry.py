@@ -23,58 +23,238 @@ pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
 # no fused reduction, no loop driver)
 NATIVE_GAPS = {
     # index and search functions, predicates on whole arrays
-    "allclose", "argmax", "argmin", "argsort", "argwhere", "array_equal", "count_nonzero",
-    "flatnonzero", "isclose", "nonzero", "searchsorted",
+    "allclose",
+    "argmax",
+    "argmin",
+    "argsort",
+    "argwhere",
+    "array_equal",
+    "count_nonzero",
+    "flatnonzero",
+    "isclose",
+    "nonzero",
+    "searchsorted",
     # linear algebra beyond matmul (LAPACK through NumPy)
-    "cholesky", "det", "eigh", "einsum", "inv", "qr", "slogdet", "solve",
+    "cholesky",
+    "det",
+    "eigh",
+    "einsum",
+    "inv",
+    "qr",
+    "slogdet",
+    "solve",
     # elementwise functions without a scalar expression Numba implements
-    "betaln", "digamma", "entr", "erfinv", "exp10", "heaviside", "log_ndtr", "logit", "ndtri",
-    "xlog1py", "zeta",
+    "betaln",
+    "digamma",
+    "entr",
+    "erfinv",
+    "exp10",
+    "heaviside",
+    "log_ndtr",
+    "logit",
+    "ndtri",
+    "xlog1py",
+    "zeta",
     # shapes
     "pad",
     # Fourier transforms (pocketfft through NumPy) and complex parts
-    "fft", "imag", "real",
+    "fft",
+    "imag",
+    "real",
     # decompositions and matrix functions (LAPACK through NumPy and SciPy)
-    "cho_factors", "cho_solve", "cholesky_backward", "eig", "expm", "linalg_all_real",
-    "linalg_conj", "linalg_imag", "linalg_real", "logm", "lu", "lu_factors", "lu_permutation",
-    "lu_solve", "lu_solve_factors", "pinv", "pos_solve", "scipy_eigh", "scipy_eigh_general",
-    "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov", "solve_sylvester",
-    "sqrtm", "svd", "triangular_solve",
+    "cho_factors",
+    "cho_solve",
+    "cholesky_backward",
+    "eig",
+    "expm",
+    "linalg_all_real",
+    "linalg_conj",
+    "linalg_imag",
+    "linalg_real",
+    "logm",
+    "lu",
+    "lu_factors",
+    "lu_permutation",
+    "lu_solve",
+    "lu_solve_factors",
+    "pinv",
+    "pos_solve",
+    "scipy_eigh",
+    "scipy_eigh_general",
+    "solve_banded",
+    "solve_continuous_lyapunov",
+    "solve_discrete_lyapunov",
+    "solve_sylvester",
+    "sqrtm",
+    "svd",
+    "triangular_solve",
     # scipy.special, scipy.stats and NumPy functions declared without a native form yet
-    "_riemann_zeta", "argpartition", "bdtr", "bdtrc", "beta", "betainc", "betaincc",
-    "betainccinv", "betaincinv", "bincount", "bincount_shifted", "bitwise_count", "conjugate",
-    "convolution", "digitize", "discrete_ppf", "divmod", "erfcinv", "frexp", "gammainc",
-    "gammaincc", "gammainccinv", "gammaincinv", "gammasgn", "histogram_bin_count",
-    "histogram_bin_index", "huber", "i0", "i0e", "i1", "i1e", "isnat", "iv", "ive", "j0", "j1",
-    "jv", "k0", "k0e", "k1", "k1e", "kl_div", "kn", "kv", "kve", "lambertw", "ldexp", "lexsort",
-    "logaddexp_reduce", "matvec", "modf", "nanargmax", "nanargmin", "nextafter", "numpy_i0",
-    "partition_index", "pdtr", "pdtrc", "pseudo_huber", "rel_entr", "rgamma", "running_extreme",
-    "sinc", "spence", "stdtr", "stdtrit", "unique_inverse", "unique_rank", "vecdot", "vecmat",
-    "y0", "y1", "yn", "yv",
+    "_riemann_zeta",
+    "argpartition",
+    "bdtr",
+    "bdtrc",
+    "beta",
+    "betainc",
+    "betaincc",
+    "betainccinv",
+    "betaincinv",
+    "bincount",
+    "bincount_shifted",
+    "bitwise_count",
+    "conjugate",
+    "convolution",
+    "digitize",
+    "discrete_ppf",
+    "divmod",
+    "erfcinv",
+    "frexp",
+    "gammainc",
+    "gammaincc",
+    "gammainccinv",
+    "gammaincinv",
+    "gammasgn",
+    "histogram_bin_count",
+    "histogram_bin_index",
+    "huber",
+    "i0",
+    "i0e",
+    "i1",
+    "i1e",
+    "isnat",
+    "iv",
+    "ive",
+    "j0",
+    "j1",
+    "jv",
+    "k0",
+    "k0e",
+    "k1",
+    "k1e",
+    "kl_div",
+    "kn",
+    "kv",
+    "kve",
+    "lambertw",
+    "ldexp",
+    "lexsort",
+    "logaddexp_reduce",
+    "matvec",
+    "modf",
+    "nanargmax",
+    "nanargmin",
+    "nextafter",
+    "numpy_i0",
+    "partition_index",
+    "pdtr",
+    "pdtrc",
+    "pseudo_huber",
+    "rel_entr",
+    "rgamma",
+    "running_extreme",
+    "sinc",
+    "spence",
+    "stdtr",
+    "stdtrit",
+    "unique_inverse",
+    "unique_rank",
+    "vecdot",
+    "vecmat",
+    "y0",
+    "y1",
+    "yn",
+    "yv",
 }
 
 # computed by the numpy backend through its generic fallback (a call of the primitive's
 # implementation) rather than code writing into a reused buffer
 NUMPY_FALLBACKS = {
-    "all", "allclose", "any", "argmax", "argmin", "argsort", "argwhere", "array_equal",
-    "cholesky", "count_nonzero", "det", "dyn_getitem", "dyn_scatter_add", "dyn_setitem", "eigh",
-    "einsum", "flatnonzero", "inv", "isclose", "nonzero", "qr", "scan", "scan_bwd",
-    "searchsorted", "slogdet", "solve", "while_loop",
+    "all",
+    "allclose",
+    "any",
+    "argmax",
+    "argmin",
+    "argsort",
+    "argwhere",
+    "array_equal",
+    "cholesky",
+    "count_nonzero",
+    "det",
+    "dyn_getitem",
+    "dyn_scatter_add",
+    "dyn_setitem",
+    "eigh",
+    "einsum",
+    "flatnonzero",
+    "inv",
+    "isclose",
+    "nonzero",
+    "qr",
+    "scan",
+    "scan_bwd",
+    "searchsorted",
+    "slogdet",
+    "solve",
+    "while_loop",
     "zeta",  # scipy.special.zeta is a Python function around the _zeta ufunc
     # Fourier transforms and complex parts
-    "fft", "imag", "real",
+    "fft",
+    "imag",
+    "real",
     # decompositions and matrix functions: LAPACK through NumPy and SciPy
-    "cho_factors", "cho_solve", "cholesky_backward", "eig", "expm", "linalg_all_real",
-    "linalg_conj", "linalg_imag", "linalg_real", "logm", "lu", "lu_factors", "lu_permutation",
-    "lu_solve", "lu_solve_factors", "pinv", "pos_solve", "scipy_eigh", "scipy_eigh_general",
-    "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov", "solve_sylvester",
-    "sqrtm", "svd", "triangular_solve",
+    "cho_factors",
+    "cho_solve",
+    "cholesky_backward",
+    "eig",
+    "expm",
+    "linalg_all_real",
+    "linalg_conj",
+    "linalg_imag",
+    "linalg_real",
+    "logm",
+    "lu",
+    "lu_factors",
+    "lu_permutation",
+    "lu_solve",
+    "lu_solve_factors",
+    "pinv",
+    "pos_solve",
+    "scipy_eigh",
+    "scipy_eigh_general",
+    "solve_banded",
+    "solve_continuous_lyapunov",
+    "solve_discrete_lyapunov",
+    "solve_sylvester",
+    "sqrtm",
+    "svd",
+    "triangular_solve",
     # computed by a call of their implementation (data-dependent or multi-output results)
-    "_riemann_zeta", "argpartition", "bincount", "bincount_shifted", "convolution", "digitize",
-    "discrete_ppf", "divmod", "frexp", "gammasgn", "histogram_bin_count", "histogram_bin_index",
-    "lambertw", "lexsort", "logaddexp_reduce", "matvec", "modf", "nanargmax", "nanargmin",
-    "numpy_i0", "partition_index", "running_extreme", "sinc", "unique_inverse", "unique_rank",
-    "vecdot", "vecmat",
+    "_riemann_zeta",
+    "argpartition",
+    "bincount",
+    "bincount_shifted",
+    "convolution",
+    "digitize",
+    "discrete_ppf",
+    "divmod",
+    "frexp",
+    "gammasgn",
+    "histogram_bin_count",
+    "histogram_bin_index",
+    "lambertw",
+    "lexsort",
+    "logaddexp_reduce",
+    "matvec",
+    "modf",
+    "nanargmax",
+    "nanargmin",
+    "numpy_i0",
+    "partition_index",
+    "running_extreme",
+    "sinc",
+    "unique_inverse",
+    "unique_rank",
+    "vecdot",
+    "vecmat",
 }
 
 
@@ -82,11 +262,14 @@ NUMPY_FALLBACKS = {
 def _fresh_process() -> dict:
     """Both lists from a new process: its registry holds gradtape's primitives only (tests
     declare primitives of their own)."""
-    script = ("import json; from gradtape.compile import coverage; print(json.dumps("
-              "{'gaps': coverage.native_gaps(), 'fallbacks': coverage.numpy_fallbacks(), "
-              "'report': coverage.report()}))")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300)
+    script = (
+        "import json; from gradtape.compile import coverage; print(json.dumps("
+        "{'gaps': coverage.native_gaps(), 'fallbacks': coverage.numpy_fallbacks(), "
+        "'report': coverage.report()}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -135,9 +318,11 @@ def test_a_new_ufunc_declared_with_a_native_form_fuses_with_no_other_edit():
     from gradtape.rules.elementwise import elementwise
 
     own = UFUNCS.pop(np.ldexp, None)
-    ldexp = elementwise("test_ldexp", np.ldexp, (lambda ans, x, n: 2.0 ** n, None),
-                        ufunc=np.ldexp, native="np.ldexp")
+    ldexp = elementwise(
+        "test_ldexp", np.ldexp, (lambda ans, x, n: 2.0**n, None), ufunc=np.ldexp, native="np.ldexp"
+    )
     try:
+
         def f(x):
             return np.sum(np.ldexp(x, 3) * np.sin(x))
 
@@ -149,8 +334,12 @@ def test_a_new_ufunc_declared_with_a_native_form_fuses_with_no_other_edit():
         low = lowered(compiled, x)
         assert low.tier == "native"
         assert all(s.kind != "python" for s in low.generated.plan.stages)
-        assert any(ins.prim is ldexp for s in low.generated.plan.stages if s.kind == "loop"
-                   for ins in s.members)
+        assert any(
+            ins.prim is ldexp
+            for s in low.generated.plan.stages
+            if s.kind == "loop"
+            for ins in s.members
+        )
     finally:
         UFUNCS.pop(np.ldexp, None)
         if own is not None:
@@ -182,8 +371,7 @@ def test_a_ufunc_whose_name_is_not_an_identifier_compiles_on_the_numpy_backend()
     assert cube_ufunc.__name__ == "<lambda>"
     elementwise("test_lambda_cube", cube_ufunc, (lambda ans, x: 3 * x * x,), ufunc=cube_ufunc)
     try:
-        compiled = gt.compile(gt.value_and_grad(lambda x: np.sum(cube_ufunc(x))),
-                              backend="numpy")
+        compiled = gt.compile(gt.value_and_grad(lambda x: np.sum(cube_ufunc(x))), backend="numpy")
         value, grad = compiled(np.arange(4.0))
         assert value == 36.0 and np.array_equal(grad, 3 * np.arange(4.0) ** 2)
     finally:

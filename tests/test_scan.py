@@ -21,6 +21,7 @@ def weighted_sum_scan(xs):
     def body(s, ix):
         i, x = ix
         return s + i * x, s * x
+
     s, ys = gt.scan(body, 0.0, (np.arange(len(xs), dtype=float), xs))
     return s + 0.5 * np.sum(ys)
 
@@ -67,6 +68,7 @@ def rnn_scan(params, xs):
     def step(h, x):
         h = np.tanh(W @ h + U @ x + b)
         return h, np.sum(h * h)
+
     h, ys = gt.scan(step, h0, xs)
     return np.sum(h) + np.sum(ys)
 
@@ -81,8 +83,12 @@ def rnn_python(params, xs):
 
 
 def _rnn_params(hidden=6, inputs=3):
-    return {"W": RNG.normal(size=(hidden, hidden)) * 0.4, "U": RNG.normal(size=(hidden, inputs)),
-            "b": RNG.normal(size=hidden) * 0.1, "h0": RNG.normal(size=hidden) * 0.1}
+    return {
+        "W": RNG.normal(size=(hidden, hidden)) * 0.4,
+        "U": RNG.normal(size=(hidden, inputs)),
+        "b": RNG.normal(size=hidden) * 0.1,
+        "h0": RNG.normal(size=hidden) * 0.1,
+    }
 
 
 def test_rnn_gradients_reach_weights_init_and_inputs():
@@ -117,6 +123,7 @@ def test_pytree_carry_and_outputs():
         def body(c, x):
             new = {"pos": c["pos"] + c["vel"] * 0.1, "vel": c["vel"] - a * c["pos"] * 0.1 + x}
             return new, (new["pos"], [new["vel"] * 2])
+
         c, (ps, [vs]) = gt.scan(body, {"pos": np.array([1.0, 0.0]), "vel": np.zeros(2)}, xs)
         return np.sum(c["pos"] ** 2) + np.sum(ps) + np.sum(vs**2)
 
@@ -168,6 +175,7 @@ def test_nested_scans():
         def outer(c, row):
             inner, _ = gt.scan(lambda a, v: (a * 0.9 + np.sin(v), None), c, row)
             return inner, inner
+
         c, ys = gt.scan(outer, 0.0, M)
         return c + np.sum(ys**2)
 
@@ -223,6 +231,7 @@ def test_newton_while_loop_is_differentiable_in_reverse_mode(a):
 
 def test_adaptive_ode_integrator_with_data_dependent_steps():
     """dy/dt = -k y with step size halved while the local error estimate is too large."""
+
     def integrate(k, y0=1.0, t_end=1.0):
         def cond(c):
             return c[0] < t_end
@@ -320,8 +329,11 @@ def sin_python(a, xs):
 def test_hessian_through_scan():
     xs = np.linspace(0, 1, 4)
     a = np.array([0.8, 1.3])
-    _same(gt.hessian(lambda a: sin_scan(a, xs))(a), gt.hessian(lambda a: sin_python(a, xs))(a),
-          rtol=1e-9)
+    _same(
+        gt.hessian(lambda a: sin_scan(a, xs))(a),
+        gt.hessian(lambda a: sin_python(a, xs))(a),
+        rtol=1e-9,
+    )
 
 
 def test_jvp_through_while_loop():
@@ -365,8 +377,10 @@ def test_second_derivatives_of_a_scan_are_loops_under_compile():
         return sin_python(a, xs)
 
     a, v = np.array([0.8, 1.3]), np.array([0.3, -1.0])
-    for transform, expected in ((gt.hessian(f), gt.hessian(f_py)(a)),
-                                (lambda a: gt.hvp(f, a, v), gt.hvp(f_py, a, v))):
+    for transform, expected in (
+        (gt.hessian(f), gt.hessian(f_py)(a)),
+        (lambda a: gt.hvp(f, a, v), gt.hvp(f_py, a, v)),
+    ):
         compiled = gt.compile(transform, backend="numpy")
         _same(compiled(a), expected, rtol=1e-9)
         assert len(compiled.tape(a).instructions) < 60  # not one group per step
@@ -378,10 +392,14 @@ def test_compiled_derivatives_of_a_while_loop_follow_the_trip_count():
     recorded iterations: silently wrong for other inputs)."""
     compiled = {
         "grad": (gt.compile(gt.grad(newton_sqrt), backend="numpy"), lambda a: 0.5 / np.sqrt(a)),
-        "jvp": (gt.compile(lambda a: gt.jvp(newton_sqrt, (a,), (1.0,))[1], backend="numpy"),
-                lambda a: 0.5 / np.sqrt(a)),
-        "hvp": (gt.compile(lambda a: gt.hvp(newton_sqrt, a, 1.0), backend="numpy"),
-                lambda a: -0.25 * a ** -1.5),
+        "jvp": (
+            gt.compile(lambda a: gt.jvp(newton_sqrt, (a,), (1.0,))[1], backend="numpy"),
+            lambda a: 0.5 / np.sqrt(a),
+        ),
+        "hvp": (
+            gt.compile(lambda a: gt.hvp(newton_sqrt, a, 1.0), backend="numpy"),
+            lambda a: -0.25 * a**-1.5,
+        ),
     }
     # reverse over reverse differentiates the backward loop through its recorded steps: the
     # replay checks the trip count (a shape check) and records another variant when it differs
@@ -389,7 +407,7 @@ def test_compiled_derivatives_of_a_while_loop_follow_the_trip_count():
     for a in (2.0, 1e4, 1e-3, 2.0):
         for fn, expected in compiled.values():
             _same(fn(a), expected(a), rtol=1e-8)
-        _same(twice(a), -0.25 * a ** -1.5, rtol=1e-6)
+        _same(twice(a), -0.25 * a**-1.5, rtol=1e-6)
     assert all(fn.stats["recordings"] == 1 for fn, _ in compiled.values())
     assert twice.stats["recordings"] == 3
 
@@ -447,19 +465,39 @@ def test_a_captured_traced_value_of_another_shape_records_the_body_again():
 
     for n in (3, 2, 4):  # the body's code and closure are the same; x's shape is not
         x = RNG.random((n, 2))
-        _same(gt.grad(lambda x: np.sum(f(x)))(x), gt.grad(
-            lambda x: np.sum(np.cos(np.cos(np.ones(2)) * x[0]) * x[1]))(x))
+        _same(
+            gt.grad(lambda x: np.sum(f(x)))(x),
+            gt.grad(lambda x: np.sum(np.cos(np.cos(np.ones(2)) * x[0]) * x[1]))(x),
+        )
 
 
 @pytest.mark.parametrize("stored_cotangents", [False, True])
 def test_the_backward_loop_arguments_split_as_they_are_bound(stored_cotangents):
-    parts = BackwardLoopArgs(["gc0", "gc1"], ["gy0"], ["st0", "st1"], ["x0", "x1", "x2"],
-                             ["cp0"], ["gs0", "gs1"] if stored_cotangents else [])
+    parts = BackwardLoopArgs(
+        ["gc0", "gc1"],
+        ["gy0"],
+        ["st0", "st1"],
+        ["x0", "x1", "x2"],
+        ["cp0"],
+        ["gs0", "gs1"] if stored_cotangents else [],
+    )
     params = parts.params("program", 7, True, None)
-    assert params == dict(program="program", n_carry=2, n_x=3, n_y=1, length=7, reverse=True,
-                          checkpoint=None, stored_cotangents=stored_cotangents)
-    again = BackwardLoopArgs.split(parts.flat(), params["n_carry"], params["n_x"],
-                                   params["n_y"], params["stored_cotangents"])
+    assert params == dict(
+        program="program",
+        n_carry=2,
+        n_x=3,
+        n_y=1,
+        length=7,
+        reverse=True,
+        checkpoint=None,
+        stored_cotangents=stored_cotangents,
+    )
+    again = BackwardLoopArgs.split(
+        parts.flat(), params["n_carry"], params["n_x"], params["n_y"], params["stored_cotangents"]
+    )
     assert again == parts
     assert parts.outputs(["c0", "c1", "x0", "x1", "x2", "p0"]) == (
-        ["c0", "c1"], ["x0", "x1", "x2"], ["p0"])
+        ["c0", "c1"],
+        ["x0", "x1", "x2"],
+        ["p0"],
+    )

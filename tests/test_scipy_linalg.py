@@ -75,18 +75,21 @@ def test_wrappers_are_installed_and_plain_calls_go_to_scipy():
         assert f.__name__ == name and f.__doc__ == f.__gradtape_original__.__doc__
     a = spd(np.random.default_rng(0), (), 3)
     c = sl.cho_factor(a)
-    np.testing.assert_array_equal(sl.cho_solve(c, np.ones(3)),
-                                  sl.cho_solve.__gradtape_original__(c, np.ones(3)))
+    np.testing.assert_array_equal(
+        sl.cho_solve(c, np.ones(3)), sl.cho_solve.__gradtape_original__(c, np.ones(3))
+    )
 
 
 def test_import_hook_wraps_scipy_linalg_imported_after_gradtape():
-    code = ("import sys, gradtape\n"
-            "from scipy.linalg import cho_solve, expm\n"
-            "assert hasattr(cho_solve, '__gradtape_original__')\n"
-            "assert hasattr(expm, '__gradtape_original__')\n"
-            "import numpy as np\n"
-            "g = gradtape.grad(lambda a: np.sum(expm(a)))(np.eye(2))\n"
-            "assert np.allclose(g, np.e)\n")
+    code = (
+        "import sys, gradtape\n"
+        "from scipy.linalg import cho_solve, expm\n"
+        "assert hasattr(cho_solve, '__gradtape_original__')\n"
+        "assert hasattr(expm, '__gradtape_original__')\n"
+        "import numpy as np\n"
+        "g = gradtape.grad(lambda a: np.sum(expm(a)))(np.eye(2))\n"
+        "assert np.allclose(g, np.e)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -102,8 +105,13 @@ def test_cholesky_and_cho_factor_gradients(seed, n, batch, lower):
 
 
 @SETTINGS
-@given(seed=SEEDS, n=SIZES, lower=st.booleans(), k=st.sampled_from([None, 1, 3]),
-       batch_b=st.sampled_from(BATCHES))
+@given(
+    seed=SEEDS,
+    n=SIZES,
+    lower=st.booleans(),
+    k=st.sampled_from([None, 1, 3]),
+    batch_b=st.sampled_from(BATCHES),
+)
 def test_cho_solve_gradients(seed, n, lower, k, batch_b):
     rng = np.random.default_rng(seed)
     a = spd(rng, (), n)
@@ -137,15 +145,26 @@ def test_cho_solve_backward_reuses_the_factor():
 
 # --- triangular solves ----------------------------------------------------------------------------
 @SETTINGS
-@given(seed=SEEDS, n=SIZES, batch=st.sampled_from(BATCHES), lower=st.booleans(),
-       trans=st.sampled_from([0, 1, 2, "N", "T", "C"]), unit=st.booleans(),
-       k=st.sampled_from([None, 2]))
+@given(
+    seed=SEEDS,
+    n=SIZES,
+    batch=st.sampled_from(BATCHES),
+    lower=st.booleans(),
+    trans=st.sampled_from([0, 1, 2, "N", "T", "C"]),
+    unit=st.booleans(),
+    k=st.sampled_from([None, 2]),
+)
 def test_solve_triangular_gradients(seed, n, batch, lower, trans, unit, k):
     rng = np.random.default_rng(seed)
     a = well_conditioned(rng, batch, n)
     b = normal(rng, (n,) if k is None else batch + (n, k))
-    f = lambda x, y: sl.solve_triangular(x, y, trans=trans, lower=lower,  # noqa: E731
-                                         unit_diagonal=unit)
+    f = lambda x, y: sl.solve_triangular(
+        x,
+        y,
+        trans=trans,
+        lower=lower,  # noqa: E731
+        unit_diagonal=unit,
+    )
     check_gradients(f, a, b)
     ga = gt.grad(lambda x: np.sum(np.sin(f(x, b))))(a)  # nothing outside what LAPACK reads
     read = np.tri(n, k=-1 if unit else 0, dtype=bool)
@@ -174,15 +193,19 @@ def test_lu_factor_and_lu_solve_gradients(seed, n, trans, k):
 
 
 @SETTINGS
-@given(seed=SEEDS, m=SIZES, n=SIZES, batch=st.sampled_from(BATCHES),
-       mode=st.sampled_from(["p", "permute_l", "p_indices"]))
+@given(
+    seed=SEEDS,
+    m=SIZES,
+    n=SIZES,
+    batch=st.sampled_from(BATCHES),
+    mode=st.sampled_from(["p", "permute_l", "p_indices"]),
+)
 def test_lu_gradients(seed, m, n, batch, mode):
     rng = np.random.default_rng(seed)
     a = normal(rng, batch + (m, n))
     kw = {"permute_l": mode == "permute_l", "p_indices": mode == "p_indices"}
     outs = sl.lu(a, **kw)
-    assert all(np.array_equal(o, r) for o, r in zip(gt.vjp(lambda x: sl.lu(x, **kw), a)[0],
-                                                    outs))
+    assert all(np.array_equal(o, r) for o, r in zip(gt.vjp(lambda x: sl.lu(x, **kw), a)[0], outs))
     check_gradients(lambda x: sl.lu(x, **kw)[-2:], a)
 
 
@@ -194,19 +217,38 @@ def test_lu_solve_backward_reuses_the_factors():
 
 
 # --- solve, inv, det -----------------------------------------------------------------------------
-ASSUME = [None, "gen", "sym", "pos", "upper triangular", "lower triangular", "diagonal",
-          "tridiagonal"]
+ASSUME = [
+    None,
+    "gen",
+    "sym",
+    "pos",
+    "upper triangular",
+    "lower triangular",
+    "diagonal",
+    "tridiagonal",
+]
 
 
 @SETTINGS
-@given(seed=SEEDS, n=SIZES, assume_a=st.sampled_from(ASSUME), lower=st.booleans(),
-       transposed=st.booleans(), k=st.sampled_from([None, 2]))
+@given(
+    seed=SEEDS,
+    n=SIZES,
+    assume_a=st.sampled_from(ASSUME),
+    lower=st.booleans(),
+    transposed=st.booleans(),
+    k=st.sampled_from([None, 2]),
+)
 def test_solve_gradients(seed, n, assume_a, lower, transposed, k):
     rng = np.random.default_rng(seed)
     a = spd(rng, (), n) + (0.3 * normal(rng, (n, n)) if assume_a in (None, "gen") else 0)
     b = normal(rng, (n,) if k is None else (n, k))
-    f = lambda x, y: sl.solve(x, y, assume_a=assume_a, lower=lower,  # noqa: E731
-                              transposed=transposed and assume_a in (None, "gen"))
+    f = lambda x, y: sl.solve(
+        x,
+        y,
+        assume_a=assume_a,
+        lower=lower,  # noqa: E731
+        transposed=transposed and assume_a in (None, "gen"),
+    )
     check_gradients(f, a, b)
 
 
@@ -215,8 +257,7 @@ def test_solve_of_stacked_matrices_and_the_factor_reuse():
     a, b = well_conditioned(rng, (2,), 3), normal(rng, (2, 3, 2))
     check_gradients(sl.solve, a, b)
     s = spd(rng, (), 4)
-    tape = gt.trace(gt.grad(lambda x: np.sum(np.sin(sl.solve(x, np.ones(4), assume_a="pos")))),
-                    s)
+    tape = gt.trace(gt.grad(lambda x: np.sum(np.sin(sl.solve(x, np.ones(4), assume_a="pos")))), s)
     names = [ins.prim.name for ins in tape.instructions]
     assert names.count("cho_factors") == 1 and names.count("pos_solve") == 2
     tape = gt.trace(gt.grad(lambda x: np.sum(np.sin(sl.solve(x, np.ones(4))))), s)
@@ -225,9 +266,12 @@ def test_solve_of_stacked_matrices_and_the_factor_reuse():
 
 
 @SETTINGS
-@given(seed=SEEDS, n=SIZES, assume_a=st.sampled_from([None, "gen", "sym", "pos",
-                                                      "upper triangular", "diagonal"]),
-       lower=st.booleans())
+@given(
+    seed=SEEDS,
+    n=SIZES,
+    assume_a=st.sampled_from([None, "gen", "sym", "pos", "upper triangular", "diagonal"]),
+    lower=st.booleans(),
+)
 def test_inv_and_det_gradients(seed, n, assume_a, lower):
     rng = np.random.default_rng(seed)
     a = spd(rng, (), n)
@@ -292,8 +336,12 @@ def test_expm_gradients(seed, n, batch):
 def test_matrix_function_gradients(seed, n, name):
     rng = np.random.default_rng(seed)
     a = spd(rng, (), n) / n if name in ("sqrtm", "logm") else 0.5 * normal(rng, (n, n))
-    f = {"sqrtm": sl.sqrtm, "logm": sl.logm, "funm exp": lambda x: sl.funm(x, np.exp),
-         "funm sin": lambda x: sl.funm(x, np.sin)}[name]
+    f = {
+        "sqrtm": sl.sqrtm,
+        "logm": sl.logm,
+        "funm exp": lambda x: sl.funm(x, np.exp),
+        "funm sin": lambda x: sl.funm(x, np.sin),
+    }[name]
     check_gradients(f, a)
     check_forward(f, a, rtol=1e-5)
 
@@ -345,14 +393,20 @@ def test_matrix_equation_second_derivatives():
     rng = np.random.default_rng(10)
     a, q = spd(rng, (), 3), normal(rng, (3, 3))
     check_hessian_vector(lambda x: np.sum(np.sin(sl.solve_sylvester(x, a, q))), a)
-    check_hessian_vector(lambda x: np.sum(q * sl.solve_discrete_lyapunov(0.3 * x, q)),
-                         well_conditioned(rng, (), 3))
+    check_hessian_vector(
+        lambda x: np.sum(q * sl.solve_discrete_lyapunov(0.3 * x, q)), well_conditioned(rng, (), 3)
+    )
 
 
 # --- banded, block diagonal -----------------------------------------------------------------------
 @SETTINGS
-@given(seed=SEEDS, n=st.integers(1, 6), nl=st.integers(0, 2), nu=st.integers(0, 2),
-       k=st.sampled_from([None, 1, 3]))
+@given(
+    seed=SEEDS,
+    n=st.integers(1, 6),
+    nl=st.integers(0, 2),
+    nu=st.integers(0, 2),
+    k=st.sampled_from([None, 1, 3]),
+)
 def test_solve_banded_gradients(seed, n, nl, nu, k):
     rng = np.random.default_rng(seed)
     ab = 0.3 * normal(rng, (nl + nu + 1, n))
@@ -387,26 +441,50 @@ def test_gradients_match_jax(jax_modules):
     jax, jnp, jsl = jax_modules
     rng = np.random.default_rng(12)
     n = 4
-    a, s, b, c = 0.5 * normal(rng, (n, n)), spd(rng, (), n), normal(rng, (n, 2)), normal(rng, (
-        n, n))
+    a, s, b, c = (
+        0.5 * normal(rng, (n, n)),
+        spd(rng, (), n),
+        normal(rng, (n, 2)),
+        normal(rng, (n, n)),
+    )
     w = well_conditioned(rng, (), n)
     cases = [
         (lambda x: np.sum(c * sl.expm(x)), lambda x: jnp.sum(c * jsl.expm(x)), a),
         # through a symmetric parametrization: gradtape's rule reads one triangle, as LAPACK
-        (lambda x: np.sum(np.sin(sl.cho_solve(sl.cho_factor(x + x.T, lower=True), b))),
-         lambda x: jnp.sum(jnp.sin(jsl.cho_solve(jsl.cho_factor(x + x.T, lower=True), b))), s),
-        (lambda x: np.sum(np.sin(sl.solve_triangular(x, b, lower=True, trans=1))),
-         lambda x: jnp.sum(jnp.sin(jsl.solve_triangular(x, b, lower=True, trans=1))), w),
-        (lambda x: np.sum(np.sin(sl.lu_solve(sl.lu_factor(x), b))),
-         lambda x: jnp.sum(jnp.sin(jsl.lu_solve(jsl.lu_factor(x), b))), w),
-        (lambda x: np.sum(c * sl.lu(x)[1]) + np.sum(c * sl.lu(x)[2]),
-         lambda x: jnp.sum(c * jsl.lu(x)[1]) + jnp.sum(c * jsl.lu(x)[2]), w),
-        (lambda x: np.sum(c * sl.block_diag(x, x)[:n, :n]),
-         lambda x: jnp.sum(c * jsl.block_diag(x, x)[:n, :n]), a),
+        (
+            lambda x: np.sum(np.sin(sl.cho_solve(sl.cho_factor(x + x.T, lower=True), b))),
+            lambda x: jnp.sum(jnp.sin(jsl.cho_solve(jsl.cho_factor(x + x.T, lower=True), b))),
+            s,
+        ),
+        (
+            lambda x: np.sum(np.sin(sl.solve_triangular(x, b, lower=True, trans=1))),
+            lambda x: jnp.sum(jnp.sin(jsl.solve_triangular(x, b, lower=True, trans=1))),
+            w,
+        ),
+        (
+            lambda x: np.sum(np.sin(sl.lu_solve(sl.lu_factor(x), b))),
+            lambda x: jnp.sum(jnp.sin(jsl.lu_solve(jsl.lu_factor(x), b))),
+            w,
+        ),
+        (
+            lambda x: np.sum(c * sl.lu(x)[1]) + np.sum(c * sl.lu(x)[2]),
+            lambda x: jnp.sum(c * jsl.lu(x)[1]) + jnp.sum(c * jsl.lu(x)[2]),
+            w,
+        ),
+        (
+            lambda x: np.sum(c * sl.block_diag(x, x)[:n, :n]),
+            lambda x: jnp.sum(c * jsl.block_diag(x, x)[:n, :n]),
+            a,
+        ),
     ]
     for i, (f, jf, x) in enumerate(cases):
-        np.testing.assert_allclose(gt.grad(f)(x), np.asarray(jax.jit(jax.grad(jf))(x)), rtol=1e-8,
-                                   atol=1e-10, err_msg=f"case {i}")
+        np.testing.assert_allclose(
+            gt.grad(f)(x),
+            np.asarray(jax.jit(jax.grad(jf))(x)),
+            rtol=1e-8,
+            atol=1e-10,
+            err_msg=f"case {i}",
+        )
 
 
 # --- a real use: a Gaussian-process marginal likelihood -------------------------------------------
@@ -445,8 +523,9 @@ def test_second_derivatives_of_factored_solves():
     check_hessian_vector(lambda x: np.sum(np.sin(sl.solve(x, b, assume_a="pos"))), s)
     check_hessian_vector(lambda x: np.sum(sl.lu(x)[1] ** 3) + np.sum(sl.lu(x)[2] ** 3), a)
     ab = np.stack([0.3 * normal(rng, (4,)), 3.0 + normal(rng, (4,)), 0.3 * normal(rng, (4,))])
-    check_hessian_vector(lambda x: np.sum(np.sin(sl.solve_banded((1, 1), x, b[:, 0].repeat(
-        2)[:4]))), ab)
+    check_hessian_vector(
+        lambda x: np.sum(np.sin(sl.solve_banded((1, 1), x, b[:, 0].repeat(2)[:4]))), ab
+    )
     check_hessian_vector(lambda x: np.sum(sl.eigh(x, s)[0] ** 3), s + a @ a.T)
 
 
@@ -457,11 +536,15 @@ def test_compiled_gradients_match_eager(backend):
     ab = np.stack([0.3 * normal(rng, (4,)), 3.0 + normal(rng, (4,))])
 
     def f(x, y):
-        return (np.sum(np.sin(sl.lu_solve(sl.lu_factor(x), b))) + np.sum(sl.expm(0.2 * x))
-                + np.sum(sl.solve_triangular(y, b, lower=True) ** 2)
-                + np.sum(sl.solve(y, b, assume_a="pos") ** 2) + np.sum(sl.sqrtm(y))
-                + np.sum(sl.solve_banded((1, 0), ab * x[0, 0], b)) + np.sum(
-                    sl.solve_sylvester(x, y, b @ b.T)))
+        return (
+            np.sum(np.sin(sl.lu_solve(sl.lu_factor(x), b)))
+            + np.sum(sl.expm(0.2 * x))
+            + np.sum(sl.solve_triangular(y, b, lower=True) ** 2)
+            + np.sum(sl.solve(y, b, assume_a="pos") ** 2)
+            + np.sum(sl.sqrtm(y))
+            + np.sum(sl.solve_banded((1, 0), ab * x[0, 0], b))
+            + np.sum(sl.solve_sylvester(x, y, b @ b.T))
+        )
 
     vg = gt.compile(gt.value_and_grad(f, argnums=(0, 1)), backend=backend)
     for x, y in ((a, s), (a + 0.1, s + 0.2 * np.eye(4))):

@@ -45,8 +45,7 @@ def test_rosen_hessian_is_rosen_hess():
 
 
 def test_minimize_with_gradtape_jacobian():
-    res = so.minimize(so.rosen, np.array([-1.2, 1.0, 0.5]), jac=gt.grad(so.rosen),
-                      method="BFGS")
+    res = so.minimize(so.rosen, np.array([-1.2, 1.0, 0.5]), jac=gt.grad(so.rosen), method="BFGS")
     assert res.success
     np.testing.assert_allclose(res.x, 1.0, atol=1e-5)
     vg = gt.compile(gt.value_and_grad(so.rosen))
@@ -63,8 +62,9 @@ def test_a_stats_log_likelihood_fitted_with_minimize():
         return -np.sum(st.t.logpdf(data, 4.0, loc=loc, scale=np.exp(log_scale)))
 
     theta = np.array([0.0, 0.0])
-    np.testing.assert_allclose(gt.grad(nll)(theta), central_difference_grad(nll, (theta,), 0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        gt.grad(nll)(theta), central_difference_grad(nll, (theta,), 0), rtol=1e-6
+    )
     res = so.minimize(gt.compile(gt.value_and_grad(nll)), theta, jac=True)
     assert res.success
     assert abs(res.x[0] - 1.5) < 0.2 and abs(np.exp(res.x[1]) - 0.7) < 0.2
@@ -83,7 +83,8 @@ def test_gaussian_process_marginal_likelihood():
         return -st.multivariate_normal.logpdf(y, np.zeros(len(x)), k)
 
     p = np.array([0.1, 0.2, -1.5])
-    np.testing.assert_allclose(gt.grad(neg_log_marginal)(p),
-                               central_difference_grad(neg_log_marginal, (p,), 0), rtol=1e-6)
+    np.testing.assert_allclose(
+        gt.grad(neg_log_marginal)(p), central_difference_grad(neg_log_marginal, (p,), 0), rtol=1e-6
+    )
     res = so.minimize(neg_log_marginal, p, jac=gt.grad(neg_log_marginal), method="L-BFGS-B")
     assert res.fun < neg_log_marginal(p)

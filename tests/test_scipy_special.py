@@ -29,21 +29,68 @@ from hypothesis import strategies as st
 import gradtape as gt
 from gradtape.core.tracing import current_levels
 
-NEW_UFUNCS = ["jv", "yv", "iv", "kv", "ive", "kve", "yn", "kn", "j0", "j1", "y0", "y1", "i0",
-              "i1", "i0e", "i1e", "k0", "k1", "k0e", "k1e", "gammainc", "gammaincc", "betainc",
-              "betaincc", "beta", "rgamma", "erfcinv", "rel_entr", "kl_div", "huber",
-              "pseudo_huber", "spence", "gammaincinv", "gammainccinv", "betaincinv",
-              "betainccinv", "stdtr", "stdtrit", "pdtr", "pdtrc", "bdtr", "bdtrc"]
+NEW_UFUNCS = [
+    "jv",
+    "yv",
+    "iv",
+    "kv",
+    "ive",
+    "kve",
+    "yn",
+    "kn",
+    "j0",
+    "j1",
+    "y0",
+    "y1",
+    "i0",
+    "i1",
+    "i0e",
+    "i1e",
+    "k0",
+    "k1",
+    "k0e",
+    "k1e",
+    "gammainc",
+    "gammaincc",
+    "betainc",
+    "betaincc",
+    "beta",
+    "rgamma",
+    "erfcinv",
+    "rel_entr",
+    "kl_div",
+    "huber",
+    "pseudo_huber",
+    "spence",
+    "gammaincinv",
+    "gammainccinv",
+    "betaincinv",
+    "betainccinv",
+    "stdtr",
+    "stdtrit",
+    "pdtr",
+    "pdtrc",
+    "bdtr",
+    "bdtrc",
+]
 
 
 def _args(data, name, dtype=np.float64):
     domain = DOMAINS[name]
-    shapes = data.draw(st.sampled_from(
-        UNARY_SHAPES if domain.arity == 1 else BINARY_SHAPES if domain.arity == 2
-        else TERNARY_SHAPES))
+    shapes = data.draw(
+        st.sampled_from(
+            UNARY_SHAPES
+            if domain.arity == 1
+            else BINARY_SHAPES
+            if domain.arity == 2
+            else TERNARY_SHAPES
+        )
+    )
     shapes = (shapes,) if domain.arity == 1 else shapes
-    args = tuple(data.draw(argument_strategy(shape, intervals, dtype))
-                 for shape, intervals in zip(shapes, domain.args))
+    args = tuple(
+        data.draw(argument_strategy(shape, intervals, dtype))
+        for shape, intervals in zip(shapes, domain.args)
+    )
     return domain, args
 
 
@@ -70,13 +117,29 @@ def test_forward_mode_agrees_with_reverse(name, data):
 
 
 SECOND_ORDER = {  # name: (args, index of the differentiated argument)
-    "jv": ((1.3, 2.1), 1), "iv": ((0.5, 1.7), 1), "kv": ((2.0, 0.9), 1), "ive": ((1.5, 1.2), 1),
-    "kve": ((0.5, 2.5), 1), "yn": ((2, 1.5), 1), "j1": ((0.7,), 0), "y1": ((1.1,), 0),
-    "i1e": ((-0.8,), 0), "k1e": ((1.4,), 0), "gammainc": ((2.5, 1.3), 1),
-    "betainc": ((2.0, 3.0, 0.4), 2), "beta": ((1.5, 2.5), 0), "rgamma": ((-1.5,), 0),
-    "erfcinv": ((0.3,), 0), "kl_div": ((0.7, 1.9), 1), "pseudo_huber": ((0.8, 1.7), 0),
-    "spence": ((2.5,), 0), "gammaincinv": ((2.0, 0.3), 1), "betaincinv": ((2.0, 3.0, 0.6), 2),
-    "stdtr": ((4.5, 0.8), 1), "stdtrit": ((3.5, 0.8), 1), "pdtr": ((3, 2.5), 1),
+    "jv": ((1.3, 2.1), 1),
+    "iv": ((0.5, 1.7), 1),
+    "kv": ((2.0, 0.9), 1),
+    "ive": ((1.5, 1.2), 1),
+    "kve": ((0.5, 2.5), 1),
+    "yn": ((2, 1.5), 1),
+    "j1": ((0.7,), 0),
+    "y1": ((1.1,), 0),
+    "i1e": ((-0.8,), 0),
+    "k1e": ((1.4,), 0),
+    "gammainc": ((2.5, 1.3), 1),
+    "betainc": ((2.0, 3.0, 0.4), 2),
+    "beta": ((1.5, 2.5), 0),
+    "rgamma": ((-1.5,), 0),
+    "erfcinv": ((0.3,), 0),
+    "kl_div": ((0.7, 1.9), 1),
+    "pseudo_huber": ((0.8, 1.7), 0),
+    "spence": ((2.5,), 0),
+    "gammaincinv": ((2.0, 0.3), 1),
+    "betaincinv": ((2.0, 3.0, 0.6), 2),
+    "stdtr": ((4.5, 0.8), 1),
+    "stdtrit": ((3.5, 0.8), 1),
+    "pdtr": ((3, 2.5), 1),
     "bdtr": ((3, 8, 0.4), 2),
 }
 
@@ -104,7 +167,7 @@ def test_sinc_at_zero_to_the_fourth_order():
     d = [np.sinc]
     for _ in range(4):
         d.append(gt.grad(d[-1]))
-    expected = [1.0, 0.0, -math.pi**2 / 3, 0.0, math.pi**4 / 5]
+    expected = [1.0, 0.0, -(math.pi**2) / 3, 0.0, math.pi**4 / 5]
     for k, (f, e) in enumerate(zip(d, expected)):
         assert f(0.0) == pytest.approx(e, abs=1e-12), f"derivative {k}"
     # away from 0: the derivative of sin(pi x)/(pi x)
@@ -177,21 +240,29 @@ def test_logsumexp_variants_against_jax():
     b = np.array([[1.0, 0.5, 2.0], [0.2, -0.3, 1.5]])
     for axis in (None, 0, 1):
         for keepdims in (False, True):
+
             def f(a, b):
-                return np.sum(np.sin(sp.logsumexp(a, axis=axis, b=b, keepdims=keepdims,
-                                                  return_sign=True)[0]))
+                return np.sum(
+                    np.sin(sp.logsumexp(a, axis=axis, b=b, keepdims=keepdims, return_sign=True)[0])
+                )
 
             def jf(a, b):
-                return jax.numpy.sum(jax.numpy.sin(jsp.logsumexp(
-                    a, axis=axis, b=b, keepdims=keepdims, return_sign=True)[0]))
+                return jax.numpy.sum(
+                    jax.numpy.sin(
+                        jsp.logsumexp(a, axis=axis, b=b, keepdims=keepdims, return_sign=True)[0]
+                    )
+                )
 
             got = gt.grad(f, argnums=(0, 1))(a, np.abs(b))
             want = jax.grad(jf, argnums=(0, 1))(a, np.abs(b))
             for g, w in zip(got, want):
                 np.testing.assert_allclose(g, w, rtol=1e-12)
             value, sign = sp.logsumexp(a, axis=axis, b=b, return_sign=True)
-            tv = gt.jvp(lambda a: sp.logsumexp(a, axis=axis, b=b, return_sign=True)[0], (a,),
-                        (np.ones_like(a),))[0]
+            tv = gt.jvp(
+                lambda a: sp.logsumexp(a, axis=axis, b=b, return_sign=True)[0],
+                (a,),
+                (np.ones_like(a),),
+            )[0]
             np.testing.assert_allclose(tv, value)
     for f, jf in ((sp.softmax, jax.nn.softmax), (sp.log_softmax, jax.nn.log_softmax)):
         w = np.arange(6.0).reshape(2, 3)
@@ -204,8 +275,10 @@ JAX_ORACLE = {  # gradtape's gradient in the differentiated argument against JAX
     "gammainc": ((2.5, np.array([0.3, 1.3, 4.0])), 1),
     "gammaincc": ((0.7, np.array([0.3, 1.3, 4.0])), 1),
     "betainc": ((2.0, 3.5, np.array([0.1, 0.5, 0.9])), 2),
-    "i0e": ((np.array([-2.0, 0.5, 3.0]),), 0), "i1e": ((np.array([-2.0, 0.5, 3.0]),), 0),
-    "i0": ((np.array([-2.0, 0.5, 3.0]),), 0), "i1": ((np.array([-2.0, 0.5, 3.0]),), 0),
+    "i0e": ((np.array([-2.0, 0.5, 3.0]),), 0),
+    "i1e": ((np.array([-2.0, 0.5, 3.0]),), 0),
+    "i0": ((np.array([-2.0, 0.5, 3.0]),), 0),
+    "i1": ((np.array([-2.0, 0.5, 3.0]),), 0),
     "erfcinv": ((np.array([0.2, 1.0, 1.7]),), 0),
     "spence": ((np.array([0.2, 0.9, 3.0]),), 0),  # (at 1 JAX's gives 0; the limit is -1)
     "kl_div": ((np.array([0.2, 1.0, 3.0]), np.array([1.5, 0.3, 2.0])), 0),
@@ -273,8 +346,9 @@ def test_gammasgn_has_zero_derivative_and_compiles():
 
 def test_compiled_matches_eager():
     def f(x):
-        return (np.sum(sp.jv(1.5, x) + sp.i1e(x) + sp.gammainc(2.0, x) + sp.rgamma(x))
-                + np.sum(sp.spence(x) + np.sinc(x) + sp.lambertw(x)))
+        return np.sum(sp.jv(1.5, x) + sp.i1e(x) + sp.gammainc(2.0, x) + sp.rgamma(x)) + np.sum(
+            sp.spence(x) + np.sinc(x) + sp.lambertw(x)
+        )
 
     x = np.array([0.3, 1.0, 2.5])
     for backend in compile_backends():

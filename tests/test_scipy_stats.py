@@ -83,8 +83,10 @@ def test_continuous_values_everywhere_are_scipys(name, method):
             expected = getattr(dist, method)(x, *sh, loc=0.0, scale=scale)
             with np.errstate(all="ignore"):
                 value, tangent = gt.jvp(
-                    lambda x: getattr(dist, method)(x, *sh, loc=0.0, scale=scale), (x,),
-                    (np.ones_like(x),))
+                    lambda x: getattr(dist, method)(x, *sh, loc=0.0, scale=scale),
+                    (x,),
+                    (np.ones_like(x),),
+                )
             np.testing.assert_array_equal(np.isnan(value), np.isnan(expected))
             # (a log of a probability near 1 moves by 1e-16 with an ulp of the probability)
             np.testing.assert_allclose(value, expected, rtol=1e-12, atol=1e-15)
@@ -106,15 +108,17 @@ def test_frozen_distributions(name):
         assert g == pytest.approx(central_difference_grad(f, (LOC, SCALE), i), rel=1e-6)
     frozen = getattr(st, name)(*shapes, loc=LOC, scale=SCALE)  # constant parameters
     g = gt.grad(lambda x: np.sum(frozen.logpdf(x)))(x)
-    np.testing.assert_allclose(g, central_difference_grad(
-        lambda x: np.sum(frozen.logpdf(x)), (x,), 0), rtol=1e-6)
+    np.testing.assert_allclose(
+        g, central_difference_grad(lambda x: np.sum(frozen.logpdf(x)), (x,), 0), rtol=1e-6
+    )
 
 
 @settings(max_examples=15)
 @given(data=st_.data())
 def test_broadcasting_shapes_and_float32(data):
-    shape_x, shape_p = data.draw(st_.sampled_from(
-        [((3,), ()), ((2, 3), (3,)), ((2, 1), (1, 4)), ((), (2,))]))
+    shape_x, shape_p = data.draw(
+        st_.sampled_from([((3,), ()), ((2, 3), (3,)), ((2, 1), (1, 4)), ((), (2,))])
+    )
     dtype = data.draw(st_.sampled_from([np.float64, np.float32]))
     x = data.draw(hnp.arrays(dtype, shape_x, elements=st_.floats(0.25, 3.0, width=32)))
     a = data.draw(hnp.arrays(np.float64, shape_p, elements=st_.floats(0.5, 4.0)))
@@ -124,11 +128,9 @@ def test_broadcasting_shapes_and_float32(data):
 
     gx, ga = gt.grad(f, argnums=(0, 1))(x, a)
     assert np.shape(gx) == np.shape(x) and np.shape(ga) == np.shape(a)
-    np.testing.assert_allclose(ga, central_difference_grad(f, (x, a), 1), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(ga, central_difference_grad(f, (x, a), 1), rtol=1e-5, atol=1e-6)
     x64 = x.astype(np.float64)
-    np.testing.assert_allclose(gx, central_difference_grad(f, (x64, a), 0), rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(gx, central_difference_grad(f, (x64, a), 0), rtol=1e-4, atol=1e-5)
 
 
 DISCRETE = {  # name: (shape parameters, their indices that can be differentiated, counts)
@@ -152,8 +154,9 @@ def test_discrete_gradients_and_values(name, method):
     def f(*shapes):
         return np.sum(getattr(dist, method)(k, *shapes))
 
-    np.testing.assert_allclose(gt.value_and_grad(f, argnums=diff)(*shapes)[0], f(*shapes),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        gt.value_and_grad(f, argnums=diff)(*shapes)[0], f(*shapes), rtol=1e-10
+    )
     grads = gt.grad(f, argnums=diff)(*shapes)
     for i, g in zip(diff, grads):
         assert g == pytest.approx(central_difference_grad(f, shapes, i), rel=1e-5, abs=1e-8)
@@ -162,8 +165,9 @@ def test_discrete_gradients_and_values(name, method):
     bad = tuple(-1.0 if i in diff else s for i, s in enumerate(shapes))
     for sh in (shapes, bad):
         expected = getattr(dist, method)(kk, *sh)
-        value = gt.value_and_grad(lambda p: np.sum(np.nan_to_num(
-            getattr(dist, method)(kk, *sh[:-1], p), neginf=0.0)))(float(sh[-1]))
+        value = gt.value_and_grad(
+            lambda p: np.sum(np.nan_to_num(getattr(dist, method)(kk, *sh[:-1], p), neginf=0.0))
+        )(float(sh[-1]))
         got = getattr(dist, method)(kk, *sh)
         np.testing.assert_allclose(got, expected, rtol=1e-10)
         assert np.isfinite(value[1]) or name == "geom"
@@ -200,27 +204,30 @@ def test_multivariate_normal_in_x_mean_and_cov(x_shape):
     np.testing.assert_allclose(gt.value_and_grad(f)(x, mean, cov)[0], f(x, mean, cov))
     grads = gt.grad(f, argnums=(0, 1, 2))(x, mean, cov)
     for i, g in enumerate(grads):
-        np.testing.assert_allclose(g, central_difference_grad(f, (x, mean, cov), i), rtol=1e-5,
-                                   atol=1e-7)
+        np.testing.assert_allclose(
+            g, central_difference_grad(f, (x, mean, cov), i), rtol=1e-5, atol=1e-7
+        )
     # frozen, with traced parameters and with constant ones
     g = gt.grad(lambda m: np.sum(st.multivariate_normal(m, cov).pdf(x)))(mean)
-    fd = central_difference_grad(lambda m: np.sum(st.multivariate_normal(m, cov).pdf(x)),
-                                 (mean,), 0)
+    fd = central_difference_grad(
+        lambda m: np.sum(st.multivariate_normal(m, cov).pdf(x)), (mean,), 0
+    )
     np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-10)
     frozen = st.multivariate_normal(mean, cov)
-    np.testing.assert_allclose(gt.grad(lambda x: np.sum(frozen.logpdf(x)))(x), grads[0],
-                               rtol=1e-10)
+    np.testing.assert_allclose(gt.grad(lambda x: np.sum(frozen.logpdf(x)))(x), grads[0], rtol=1e-10)
 
 
 def test_multivariate_normal_scalar_and_diagonal_cov_and_errors():
     x = np.array([0.3, -0.2])
     for cov in (1.7, np.array([1.5, 0.5])):
+
         def f(c):
             return st.multivariate_normal.logpdf(x, np.zeros(2), c)
 
         assert f(cov) == pytest.approx(gt.value_and_grad(f)(cov)[0])
-        np.testing.assert_allclose(gt.grad(f)(cov), central_difference_grad(f, (cov,), 0),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            gt.grad(f)(cov), central_difference_grad(f, (cov,), 0), rtol=1e-6
+        )
     with pytest.raises(gt.GradtapeError, match="positive"):
         gt.grad(lambda c: st.multivariate_normal.logpdf(x, np.zeros(2), c))(-np.eye(2))
     with pytest.raises(gt.GradtapeError, match="cdf"):
@@ -288,10 +295,12 @@ def test_multivariate_against_jax():
     jax.config.update("jax_enable_x64", True)
     x = np.random.default_rng(2).normal(size=(4, 3))
     mean, cov = np.array([0.1, -0.2, 0.3]), _spd(3, 3)
-    ours = gt.grad(lambda x, m, c: np.sum(st.multivariate_normal.logpdf(x, m, c)),
-                   argnums=(0, 1, 2))(x, mean, cov)
-    theirs = jax.grad(lambda x, m, c: jax.numpy.sum(jst.multivariate_normal.logpdf(x, m, c)),
-                      argnums=(0, 1, 2))(x, mean, cov)
+    ours = gt.grad(
+        lambda x, m, c: np.sum(st.multivariate_normal.logpdf(x, m, c)), argnums=(0, 1, 2)
+    )(x, mean, cov)
+    theirs = jax.grad(
+        lambda x, m, c: jax.numpy.sum(jst.multivariate_normal.logpdf(x, m, c)), argnums=(0, 1, 2)
+    )(x, mean, cov)
     np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-9)
     np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-9)
     # JAX's covariance gradient is symmetric; ours sits on the triangle cholesky reads:
@@ -302,11 +311,15 @@ def test_multivariate_against_jax():
     xd = np.array([0.2, 0.3, 0.5])
     np.testing.assert_allclose(
         gt.grad(lambda a: st.dirichlet.logpdf(xd, a))(alpha),
-        jax.grad(lambda a: jst.dirichlet.logpdf(xd, a))(alpha), rtol=1e-9)
+        jax.grad(lambda a: jst.dirichlet.logpdf(xd, a))(alpha),
+        rtol=1e-9,
+    )
     counts = np.array([1, 2, 3])
     np.testing.assert_allclose(
         gt.grad(lambda p: st.multinomial.logpmf(counts, 6, p))(p),
-        jax.grad(lambda p: jst.multinomial.logpmf(counts, 6, p))(p), rtol=1e-9)
+        jax.grad(lambda p: jst.multinomial.logpmf(counts, 6, p))(p),
+        rtol=1e-9,
+    )
 
 
 # --- compiled and nested ----------------------------------------------------------------------
@@ -315,9 +328,12 @@ def test_compiled_and_second_order():
 
     def loglik(theta):
         mu, log_s = theta[0], theta[1]
-        return (np.sum(st.norm.logpdf(x, mu, np.exp(log_s)))
-                + np.sum(st.t.logpdf(x, 4.0, mu, np.exp(log_s)))
-                + st.gamma.logpdf(np.exp(log_s), 2.0) + np.sum(st.norm(mu, 1.0).logcdf(x)))
+        return (
+            np.sum(st.norm.logpdf(x, mu, np.exp(log_s)))
+            + np.sum(st.t.logpdf(x, 4.0, mu, np.exp(log_s)))
+            + st.gamma.logpdf(np.exp(log_s), 2.0)
+            + np.sum(st.norm(mu, 1.0).logcdf(x))
+        )
 
     theta = np.array([0.2, -0.1])
     for backend in compile_backends():
@@ -328,8 +344,9 @@ def test_compiled_and_second_order():
             assert v == pytest.approx(ve, rel=1e-12)
             np.testing.assert_allclose(g, ge, rtol=1e-10)
     h = gt.hessian(loglik)(theta)
-    fd = np.stack([central_difference_grad(lambda t: gt.grad(loglik)(t)[i], (theta,), 0)
-                   for i in range(2)])
+    fd = np.stack(
+        [central_difference_grad(lambda t: gt.grad(loglik)(t)[i], (theta,), 0) for i in range(2)]
+    )
     np.testing.assert_allclose(h, fd, rtol=1e-5, atol=1e-7)
 
 
@@ -340,8 +357,11 @@ REFUSED = {
     "gamma cdf in a": (lambda a: st.gamma.cdf(1.0, a), 2.0, "gammainc.*a \\(argument 0\\)"),
     "t cdf in df": (lambda df: st.t.cdf(1.0, df), 2.0, "stdtr.*df"),
     "no rule": (lambda x: st.gumbel_r.logpdf(x), 1.0, "gumbel_r.logpdf has no gradtape rule"),
-    "no rule, discrete": (lambda p: st.betabinom.logpmf(2, 5, p, 1.0), 1.0,
-                          "betabinom.logpmf has no gradtape rule"),
+    "no rule, discrete": (
+        lambda p: st.betabinom.logpmf(2, 5, p, 1.0),
+        1.0,
+        "betabinom.logpmf has no gradtape rule",
+    ),
 }
 
 

@@ -26,8 +26,11 @@ def test_diff(data, dtype):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
     n = data.draw(st.integers(0, 2), label="n")
     check_rule(lambda x: np.diff(x, n=n, axis=axis), x, compiled=dtype == np.float64)
-    check_rule(lambda x: np.diff(x, axis=axis, prepend=0.5, append=x.take([0], axis=axis)), x,
-               compiled=False)
+    check_rule(
+        lambda x: np.diff(x, axis=axis, prepend=0.5, append=x.take([0], axis=axis)),
+        x,
+        compiled=False,
+    )
 
 
 def test_diff_traced_prepend_and_errors():
@@ -123,8 +126,10 @@ def test_spaces_with_traced_ends(name, shape):
 
 def test_linspace_equal_ends_and_integer_dtype():
     check_rule(lambda a: np.linspace(a, a, 4), np.array([0.5, -1.0]))
-    assert_same_value(traced_value(lambda a: np.linspace(a, 7.0, 4, dtype=int), 0.5),
-                      np.linspace(0.5, 7.0, 4, dtype=int))
+    assert_same_value(
+        traced_value(lambda a: np.linspace(a, 7.0, 4, dtype=int), 0.5),
+        np.linspace(0.5, 7.0, 4, dtype=int),
+    )
     check_rule(lambda a: np.linspace(a, 2.0, 5), np.float32(0.25))
 
 
@@ -155,8 +160,9 @@ def test_interp_edges_and_periodic():
     g = gt.grad(lambda x: np.sum(np.interp(x[:-1], XP, FP)))(x)
     # the slope of the segment to the right of a knot; 0 outside and at the last point
     np.testing.assert_allclose(g[:-1], [0.0, 2 / 3, -5.0, 1.0, -0.125, 0.0, 0.0])
-    assert_same_value(traced_value(lambda x: np.interp(x, XP[:1], FP[:1]), x),
-                      np.interp(x, XP[:1], FP[:1]))
+    assert_same_value(
+        traced_value(lambda x: np.interp(x, XP[:1], FP[:1]), x), np.interp(x, XP[:1], FP[:1])
+    )
     xs = np.array([-180.0, -165.0, -185.0, 185.0, -12.0, -5.0, 0.5, 365.0])  # off the knots
     xp, fp = np.array([190.0, -190.0, 350.0, -350.0]), np.array([5.0, 10.0, 3.0, 4.0])
     check_rule(lambda x, xp, fp: np.interp(x, xp, fp, period=360), xs, xp, fp)
@@ -188,9 +194,16 @@ def test_convolve_second_order_and_errors():
     a, v = np.array([0.3, -1.2, 2.0, 1.5]), np.array([1.0, 0.5, -0.25])
     h = gt.hessian(lambda a: np.sum(np.convolve(a, v) ** 3))(a)
     eps = 1e-6
-    fd = np.stack([(gt.grad(lambda a: np.sum(np.convolve(a, v) ** 3))(a + eps * e)
-                    - gt.grad(lambda a: np.sum(np.convolve(a, v) ** 3))(a - eps * e)) / (2 * eps)
-                   for e in np.eye(4)])
+    fd = np.stack(
+        [
+            (
+                gt.grad(lambda a: np.sum(np.convolve(a, v) ** 3))(a + eps * e)
+                - gt.grad(lambda a: np.sum(np.convolve(a, v) ** 3))(a - eps * e)
+            )
+            / (2 * eps)
+            for e in np.eye(4)
+        ]
+    )
     np.testing.assert_allclose(h, fd, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="cannot be empty"):
         traced_value(lambda a: np.convolve(a[:0], v), a)

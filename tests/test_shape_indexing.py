@@ -21,8 +21,9 @@ def check_weighted(func, *args, argnums=0, complex_step=True):
     out_shape = np.shape(func(*args))
     dtype = np.result_type(*(a for a in args if isinstance(a, np.ndarray)))
     weights = weights_like(out_shape, dtype)
-    return assert_grad_matches(lambda *a: np.sum(weights * func(*a)), *args, argnums=argnums,
-                               complex_step=complex_step)
+    return assert_grad_matches(
+        lambda *a: np.sum(weights * func(*a)), *args, argnums=argnums, complex_step=complex_step
+    )
 
 
 # name -> (function of x, the input shapes it is tested on)
@@ -145,8 +146,7 @@ def basic_and_advanced_indices(draw, n: int):
 def test_generated_indices(data):
     x = np.linspace(-1.0, 2.0, 12).reshape(4, 3) ** 2
     rows = data.draw(basic_and_advanced_indices(4), label="rows")
-    cols = data.draw(st.one_of(st.just(slice(None)), basic_and_advanced_indices(3)),
-                     label="cols")
+    cols = data.draw(st.one_of(st.just(slice(None)), basic_and_advanced_indices(3)), label="cols")
     if isinstance(rows, list) and isinstance(cols, list):
         cols = cols[:1] * len(rows)  # two index lists must broadcast
     index = (rows, cols)
@@ -174,8 +174,9 @@ def test_where_and_select():
 def test_where_gradients_to_both_branches():
     c = np.array([True, False, True])
     x, y = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
-    gx, gy = gt.grad(lambda x, y: np.sum(np.where(c, x, y) * np.array([1.0, 2.0, 3.0])),
-                     argnums=(0, 1))(x, y)
+    gx, gy = gt.grad(
+        lambda x, y: np.sum(np.where(c, x, y) * np.array([1.0, 2.0, 3.0])), argnums=(0, 1)
+    )(x, y)
     np.testing.assert_array_equal(gx, [1.0, 0.0, 3.0])
     np.testing.assert_array_equal(gy, [0.0, 2.0, 0.0])
 
@@ -234,10 +235,20 @@ def accumulate_in_loop(x):
     return y
 
 
-@pytest.mark.parametrize("func", [shift_square, overwrite_twice, write_constant_into_traced,
-                                  write_through_mask, copy_is_independent, accumulate_with_add_at,
-                                  accumulate_scalar_with_add_at, accumulate_in_loop],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "func",
+    [
+        shift_square,
+        overwrite_twice,
+        write_constant_into_traced,
+        write_through_mask,
+        copy_is_independent,
+        accumulate_with_add_at,
+        accumulate_scalar_with_add_at,
+        accumulate_in_loop,
+    ],
+    ids=lambda f: f.__name__,
+)
 @given(x=argument_strategy((5,), ((0.2, 0.9), (1.1, 3.0)), np.float64))  # x > 1 is stable
 def test_functional_writes(func, x):
     check_weighted(func, x)
@@ -287,8 +298,9 @@ METHODS = {
 def test_ndarray_method(name):
     # values kept away from clip bounds, ties and rounding boundaries
     x = np.array([[0.31, -1.23, 2.07], [1.52, 0.17, -0.74]])
-    check_weighted(METHODS[name], x, complex_step=name not in ("max", "min", "clip",
-                                                                "clip_one_side", "round"))
+    check_weighted(
+        METHODS[name], x, complex_step=name not in ("max", "min", "clip", "clip_one_side", "round")
+    )
 
 
 def test_astype_casts_the_gradient_back():
@@ -328,12 +340,20 @@ def test_item_gives_a_constant_and_records_a_guard():
 
 # --- operators ----------------------------------------------------------------------------------
 BINARY_OPERATORS = {
-    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
-    "pow": operator.pow, "mod": operator.mod,
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "pow": operator.pow,
+    "mod": operator.mod,
 }
 OPERANDS = {  # (traced values, other operand) where the operator is smooth
-    "add": ((-3.0, 3.0), 1.7), "sub": ((-3.0, 3.0), 1.7), "mul": ((-3.0, 3.0), -1.7),
-    "truediv": ((0.5, 3.0), 1.7), "pow": ((0.5, 3.0), 1.7), "mod": ((3.5, 3.9), 1.7),
+    "add": ((-3.0, 3.0), 1.7),
+    "sub": ((-3.0, 3.0), 1.7),
+    "mul": ((-3.0, 3.0), -1.7),
+    "truediv": ((0.5, 3.0), 1.7),
+    "pow": ((0.5, 3.0), 1.7),
+    "mod": ((3.5, 3.9), 1.7),
 }
 
 
@@ -350,13 +370,19 @@ def test_binary_operator(name, other_kind, reflected, data, dtype):
     if name == "pow" and reflected:
         x = (x / 2).astype(dtype)
     if other_kind == "pyfloat":
-        check_weighted(lambda x: op(other, x) if reflected else op(x, other), x,
-                       complex_step=name != "mod")
+        check_weighted(
+            lambda x: op(other, x) if reflected else op(x, other), x, complex_step=name != "mod"
+        )
         return
     y = np.array(other, dtype=dtype) * np.ones((2, 1), dtype)  # broadcasts against x
     argnums = (0, 1) if other_kind == "traced" else 0
-    check_weighted(lambda x, y: op(y, x) if reflected else op(x, y), x, y, argnums=argnums,
-                   complex_step=name != "mod")
+    check_weighted(
+        lambda x, y: op(y, x) if reflected else op(x, y),
+        x,
+        y,
+        argnums=argnums,
+        complex_step=name != "mod",
+    )
 
 
 def test_floordiv_has_zero_derivative_and_rfloordiv():
@@ -400,10 +426,30 @@ def test_comparisons_give_plain_values_and_no_gradient():
     x = np.array([1.0, 2.0, 3.0])
 
     def f(x):
-        masks = [x < 2, x <= 2, x > 2, x >= 2, x == 2, x != 2, 2 < x, (x > 1) & (x < 3),
-                 (x < 1.5) | (x > 2.5), ~(x > 2)]
-        expected = [[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 1, 1], [0, 1, 0], [1, 0, 1], [0, 0, 1],
-                    [0, 1, 0], [1, 0, 1], [1, 1, 0]]
+        masks = [
+            x < 2,
+            x <= 2,
+            x > 2,
+            x >= 2,
+            x == 2,
+            x != 2,
+            2 < x,
+            (x > 1) & (x < 3),
+            (x < 1.5) | (x > 2.5),
+            ~(x > 2),
+        ]
+        expected = [
+            [1, 0, 0],
+            [1, 1, 0],
+            [0, 0, 1],
+            [0, 1, 1],
+            [0, 1, 0],
+            [1, 0, 1],
+            [0, 0, 1],
+            [0, 1, 0],
+            [1, 0, 1],
+            [1, 1, 0],
+        ]
         for m, e in zip(masks, expected):
             assert isinstance(m, np.ndarray) and m.dtype == bool  # not recorded: plain values
             np.testing.assert_array_equal(m, np.array(e, dtype=bool))
@@ -414,6 +460,7 @@ def test_comparisons_give_plain_values_and_no_gradient():
 
 def test_write_with_repeated_indices_keeps_the_last_value_and_its_gradient():
     """y[[0, 2, 2]] = v keeps v[2] at position 2 (NumPy's last write): v[1] gets no gradient."""
+
     def f(x, v):
         y = np.zeros_like(x)
         y[[0, 2, 2]] = v * v

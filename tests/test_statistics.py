@@ -17,9 +17,21 @@ import gradtape as gt
 
 DTYPES = st.sampled_from([np.float64, np.float32])
 SHAPES = [(1,), (5,), (4, 3), (2, 3, 2)]
-METHODS = ["inverted_cdf", "averaged_inverted_cdf", "closest_observation",
-           "interpolated_inverted_cdf", "hazen", "weibull", "linear", "median_unbiased",
-           "normal_unbiased", "lower", "higher", "midpoint", "nearest"]
+METHODS = [
+    "inverted_cdf",
+    "averaged_inverted_cdf",
+    "closest_observation",
+    "interpolated_inverted_cdf",
+    "hazen",
+    "weibull",
+    "linear",
+    "median_unbiased",
+    "normal_unbiased",
+    "lower",
+    "higher",
+    "midpoint",
+    "nearest",
+]
 
 
 @st.composite
@@ -52,13 +64,26 @@ def test_quantile(method, data, dtype, keepdims):
     shape = data.draw(st.sampled_from(SHAPES), label="shape")
     x = data.draw(distinct(shape, dtype), label="x")
     axis = data.draw(axes(len(shape)), label="axis")
-    q = data.draw(st.one_of(st.floats(0.0, 1.0), hnp.arrays(np.float64, st.integers(1, 3),
-                                                           elements=st.floats(0.0, 1.0))),
-                  label="q")
-    check_rule(lambda x: np.quantile(x, q, axis=axis, method=method, keepdims=keepdims), x,
-               compiled=dtype == np.float64)
-    check_rule(lambda x: np.percentile(x, np.multiply(q, 100), axis=axis, method=method,
-                                       keepdims=keepdims), x, compiled=False, forward=False)
+    q = data.draw(
+        st.one_of(
+            st.floats(0.0, 1.0),
+            hnp.arrays(np.float64, st.integers(1, 3), elements=st.floats(0.0, 1.0)),
+        ),
+        label="q",
+    )
+    check_rule(
+        lambda x: np.quantile(x, q, axis=axis, method=method, keepdims=keepdims),
+        x,
+        compiled=dtype == np.float64,
+    )
+    check_rule(
+        lambda x: np.percentile(
+            x, np.multiply(q, 100), axis=axis, method=method, keepdims=keepdims
+        ),
+        x,
+        compiled=False,
+        forward=False,
+    )
 
 
 @given(data=st.data(), dtype=DTYPES, keepdims=st.booleans())
@@ -66,8 +91,9 @@ def test_median(data, dtype, keepdims):
     shape = data.draw(st.sampled_from(SHAPES), label="shape")
     x = data.draw(distinct(shape, dtype), label="x")
     axis = data.draw(axes(len(shape)), label="axis")
-    check_rule(lambda x: np.median(x, axis=axis, keepdims=keepdims), x,
-               compiled=dtype == np.float64)
+    check_rule(
+        lambda x: np.median(x, axis=axis, keepdims=keepdims), x, compiled=dtype == np.float64
+    )
 
 
 NAN_ORDER = {
@@ -84,8 +110,14 @@ NAN_ORDER = {
 @pytest.mark.parametrize("axis", [None, 0, 1])
 def test_order_statistics_with_nans(name, axis):
     func = NAN_ORDER[name]
-    x = np.array([[1.5, np.nan, -0.7, 2.0, 0.2], [np.nan] * 5,
-                  [0.3, 1.1, np.nan, -1.6, 0.9], [0.95, -0.4, 0.8, np.nan, 2.5]])
+    x = np.array(
+        [
+            [1.5, np.nan, -0.7, 2.0, 0.2],
+            [np.nan] * 5,
+            [0.3, 1.1, np.nan, -1.6, 0.9],
+            [0.95, -0.4, 0.8, np.nan, 2.5],
+        ]
+    )
     expected = _quiet(func, x, axis)
     assert_same_value(_quiet(traced_value, lambda x: func(x, axis), x), expected)
     w = np.linspace(0.5, 1.5, np.size(expected)).reshape(np.shape(expected))
@@ -124,8 +156,12 @@ def test_weighted_quantile():
     for q in (0.1, 0.5, [0.25, 0.9]):
         check_rule(lambda x: np.quantile(x, q, method="inverted_cdf", weights=weights), x)
     m = x.reshape(2, 3)
-    check_rule(lambda m: np.quantile(m, 0.5, axis=1, method="inverted_cdf",
-                                     weights=np.array([1.0, 2.0, 1.0])), m)
+    check_rule(
+        lambda m: np.quantile(
+            m, 0.5, axis=1, method="inverted_cdf", weights=np.array([1.0, 2.0, 1.0])
+        ),
+        m,
+    )
 
 
 def test_quantile_errors_match_numpy():
@@ -148,11 +184,18 @@ def test_quantile_with_a_traced_q():
 M = np.array([[0.3, -1.2, 2.0, 1.5], [0.1, -0.7, 0.4, 1.1], [1.3, 0.2, -0.5, 0.6]])
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"rowvar": False}, {"bias": True}, {"ddof": 2},
-                                    {"aweights": np.array([1.0, 2.0, 0.5, 1.5])},
-                                    {"fweights": np.array([1, 2, 1, 3])},
-                                    {"fweights": np.array([1, 2, 1, 3]),
-                                     "aweights": np.array([1.0, 2.0, 0.5, 1.5]), "ddof": 1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"rowvar": False},
+        {"bias": True},
+        {"ddof": 2},
+        {"aweights": np.array([1.0, 2.0, 0.5, 1.5])},
+        {"fweights": np.array([1, 2, 1, 3])},
+        {"fweights": np.array([1, 2, 1, 3]), "aweights": np.array([1.0, 2.0, 0.5, 1.5]), "ddof": 1},
+    ],
+)
 def test_cov(kwargs):
     check_rule(lambda m: np.cov(m, **kwargs), M)
     check_rule(lambda m: np.cov(m[0], m[1], **kwargs), M)
@@ -176,9 +219,17 @@ def test_corrcoef(kwargs):
 X = np.array([0.3, -1.2, 2.0, 1.5, 0.1, -0.7, 0.45, 1.05])
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"bins": 3}, {"bins": 4, "range": (-1.0, 1.0)},
-                                    {"bins": np.array([-2.0, 0.0, 0.5, 3.0])},
-                                    {"bins": "auto"}, {"bins": 5, "density": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"bins": 3},
+        {"bins": 4, "range": (-1.0, 1.0)},
+        {"bins": np.array([-2.0, 0.0, 0.5, 3.0])},
+        {"bins": "auto"},
+        {"bins": 5, "density": True},
+    ],
+)
 def test_histogram(kwargs):
     counts, edges = traced_value(lambda x: np.histogram(x, **kwargs), X)
     ref_counts, ref_edges = np.histogram(X, **kwargs)
@@ -195,15 +246,19 @@ def test_histogram(kwargs):
 def test_bincount_digitize_unique():
     idx = np.array([0, 2, 2, 5, 1])
     check_rule(lambda w: np.bincount(idx, weights=w, minlength=8), np.linspace(0.5, 1.5, 5))
-    assert_same_value(traced_value(lambda x: np.digitize(x, [0.0, 1.0]) * 1.0, X),
-                      np.digitize(X, [0.0, 1.0]) * 1.0)
+    assert_same_value(
+        traced_value(lambda x: np.digitize(x, [0.0, 1.0]) * 1.0, X),
+        np.digitize(X, [0.0, 1.0]) * 1.0,
+    )
     check_rule(lambda y: np.unique(y), np.array([2.0, 1.0, -0.5, 3.0]))
     y = np.array([2.0, 1.0, 2.0, -0.5, 1.0, 3.0])
     values, index, inverse, counts = traced_value(
-        lambda y: np.unique(y, return_index=True, return_inverse=True, return_counts=True), y)
-    for got, ref in zip((values, index, inverse, counts),
-                        np.unique(y, return_index=True, return_inverse=True,
-                                  return_counts=True)):
+        lambda y: np.unique(y, return_index=True, return_inverse=True, return_counts=True), y
+    )
+    for got, ref in zip(
+        (values, index, inverse, counts),
+        np.unique(y, return_index=True, return_inverse=True, return_counts=True),
+    ):
         assert_same_value(got, ref)
     g = gt.grad(lambda y: np.sum(np.unique(y) * np.array([1.0, 2.0, 3.0, 4.0])))(y)
     np.testing.assert_allclose(g, [3.0, 2.0, 0.0, 1.0, 0.0, 4.0])  # first occurrences

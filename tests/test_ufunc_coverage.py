@@ -20,8 +20,9 @@ import gradtape as gt
 from gradtape.core.routes import UFUNC_METHODS, UFUNCS
 from gradtape.rules.ufunc_methods import NONDIFFERENTIABLE, _reduce_is_a_fold
 
-NUMPY_UFUNCS = sorted({v for v in vars(np).values() if isinstance(v, np.ufunc)},
-                      key=lambda uf: uf.__name__)
+NUMPY_UFUNCS = sorted(
+    {v for v in vars(np).values() if isinstance(v, np.ufunc)}, key=lambda uf: uf.__name__
+)
 RNG = np.random.default_rng(0)
 X = np.array([0.7, -1.3, 2.1, 0.4])
 POS = np.array([0.7, 1.3, 2.1, 0.4])
@@ -53,9 +54,11 @@ def _kind(uf) -> str:
 def test_every_numpy_ufunc_has_a_rule_a_reason_or_a_clear_error(uf):
     kind = _kind(uf)
     if kind == "rule":
-        assert uf.__name__ in DOMAINS or uf.__name__ in EXTRA or any(
-            getattr(np, alias, None) is uf and alias in DOMAINS for alias in DOMAINS), (
-            f"np.{uf.__name__} has a rule but no numerical check (DOMAINS or EXTRA)")
+        assert (
+            uf.__name__ in DOMAINS
+            or uf.__name__ in EXTRA
+            or any(getattr(np, alias, None) is uf and alias in DOMAINS for alias in DOMAINS)
+        ), f"np.{uf.__name__} has a rule but no numerical check (DOMAINS or EXTRA)"
     elif kind == "no derivative":
         assert uf.__name__ in NONDIFFERENTIABLE, f"record why np.{uf.__name__} has no derivative"
     else:
@@ -87,14 +90,31 @@ def test_two_output_ufuncs_give_both_outputs():
 def _values(name, shape, seed=0):
     """Values where the ufunc is smooth as first and as second argument (a fold uses both)."""
     rng = np.random.default_rng(seed)
-    lo, hi = {"power": (0.5, 1.6), "float_power": (0.5, 1.6), "divide": (0.5, 2.0),
-              "true_divide": (0.5, 2.0), "hypot": (0.3, 3.0), "arctan2": (0.3, 3.0),
-              "logaddexp": (-2.0, 2.0), "logaddexp2": (-2.0, 2.0)}.get(name, (-2.0, 2.0))
+    lo, hi = {
+        "power": (0.5, 1.6),
+        "float_power": (0.5, 1.6),
+        "divide": (0.5, 2.0),
+        "true_divide": (0.5, 2.0),
+        "hypot": (0.3, 3.0),
+        "arctan2": (0.3, 3.0),
+        "logaddexp": (-2.0, 2.0),
+        "logaddexp2": (-2.0, 2.0),
+    }.get(name, (-2.0, 2.0))
     return rng.uniform(lo, hi, shape)
 
 
-SMOOTH_BINARY = ["add", "subtract", "multiply", "divide", "power", "float_power", "hypot",
-                 "arctan2", "logaddexp", "logaddexp2"]
+SMOOTH_BINARY = [
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "power",
+    "float_power",
+    "hypot",
+    "arctan2",
+    "logaddexp",
+    "logaddexp2",
+]
 EXTREME = ["maximum", "minimum", "fmax", "fmin"]
 
 
@@ -119,8 +139,9 @@ def test_reduce(name, axis, keepdims):
         with pytest.raises(ValueError):
             traced_value(lambda x: uf.reduce(x, axis=axis, keepdims=keepdims), x)
         return
-    assert_same_value(traced_value(lambda x: uf.reduce(x, axis=axis, keepdims=keepdims), x),
-                      expected)
+    assert_same_value(
+        traced_value(lambda x: uf.reduce(x, axis=axis, keepdims=keepdims), x), expected
+    )
     check_rule(lambda x: uf.reduce(x, axis=axis, keepdims=keepdims), x)
 
 
@@ -159,8 +180,9 @@ def test_running_maximum_with_ties_and_nans():
         assert_same_value(traced_value(uf.accumulate, y[::-1].copy()), uf.accumulate(y[::-1]))
     long = np.random.default_rng(1).normal(size=2000)
     f = gt.compile(gt.grad(lambda x: np.sum(np.maximum.accumulate(x) ** 2)), backend="numpy")
-    np.testing.assert_allclose(f(long), gt.grad(lambda x: np.sum(np.maximum.accumulate(x) ** 2))(
-        long))
+    np.testing.assert_allclose(
+        f(long), gt.grad(lambda x: np.sum(np.maximum.accumulate(x) ** 2))(long)
+    )
 
 
 def test_logaddexp_reduce_is_one_instruction():
@@ -183,8 +205,20 @@ def test_reduceat(name):
         check_rule(lambda x: uf.reduceat(x, idx, axis=0), x, compiled=False)
 
 
-@pytest.mark.parametrize("name", ["multiply", "subtract", "divide", "maximum", "power", "exp",
-                                  "negative", "square", "logaddexp"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "multiply",
+        "subtract",
+        "divide",
+        "maximum",
+        "power",
+        "exp",
+        "negative",
+        "square",
+        "logaddexp",
+    ],
+)
 def test_at_with_repeated_indices(name):
     uf = getattr(np, name)
     unary = uf.nin == 1
@@ -254,8 +288,9 @@ def test_second_order_through_new_primitives(name):
 
     x = np.array([0.7, -1.3, 2.1, 0.4])
     f = SECOND_ORDER[name]
-    g = gt.grad(lambda x: np.sum(np.linspace(0.5, 1.5, np.size(f(x))).reshape(np.shape(f(x)))
-                                 * f(x)))
+    g = gt.grad(
+        lambda x: np.sum(np.linspace(0.5, 1.5, np.size(f(x))).reshape(np.shape(f(x))) * f(x))
+    )
     check_rule(g, x, compiled=False, forward=False)
     check_forward_reverse(g, x)
 
@@ -272,9 +307,12 @@ def test_every_new_primitive_has_a_second_order_case():
         ufunc_methods,
     )
 
-    names = {p.name for mod in (array_api, polynomial, scalar_functions, sequences, statistics,
-                                ufunc_methods)
-             for p in vars(mod).values() if isinstance(p, Primitive) and not p.nondiff}
+    names = {
+        p.name
+        for mod in (array_api, polynomial, scalar_functions, sequences, statistics, ufunc_methods)
+        for p in vars(mod).values()
+        if isinstance(p, Primitive) and not p.nondiff
+    }
     appended = {"modf", "frexp", "divmod", "ldexp", "conjugate", "nextafter", "heaviside"}
     assert appended <= {p.name for p in vars(elementwise).values() if isinstance(p, Primitive)}
     names |= appended

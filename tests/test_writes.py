@@ -114,10 +114,23 @@ def in_place_power_then_slice_write(x):
     return np.sum(np.sin(y))
 
 
-CASES = [chained_index, in_place_through_view, in_place_seen_by_alias, view_sees_later_write,
-         transpose_sees_later_write, ufunc_out, ufunc_out_where, copyto, copyto_where,
-         fill_a_row, view_of_a_view, element_is_not_a_view, add_at_seen_by_view,
-         write_into_argument, in_place_power_then_slice_write]
+CASES = [
+    chained_index,
+    in_place_through_view,
+    in_place_seen_by_alias,
+    view_sees_later_write,
+    transpose_sees_later_write,
+    ufunc_out,
+    ufunc_out_where,
+    copyto,
+    copyto_where,
+    fill_a_row,
+    view_of_a_view,
+    element_is_not_a_view,
+    add_at_seen_by_view,
+    write_into_argument,
+    in_place_power_then_slice_write,
+]
 
 X = np.arange(1.0, 7.0).reshape(2, 3) * 0.7
 
@@ -126,8 +139,9 @@ X = np.arange(1.0, 7.0).reshape(2, 3) * 0.7
 def test_value_and_gradient_match_numpy(f):
     value, grad = gt.value_and_grad(f)(X.copy())
     assert value == pytest.approx(f(X.copy()), rel=1e-12)
-    np.testing.assert_allclose(grad, central_difference_grad(lambda x: f(x.copy()), [X], 0),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        grad, central_difference_grad(lambda x: f(x.copy()), [X], 0), rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("f", CASES, ids=lambda f: f.__name__)

@@ -16,10 +16,31 @@ from .transforms.reverse import grad, value_and_grad, vjp
 from .transforms.staging import trace_fn as trace
 
 __all__ = [
-    "CompileWarning", "GradCheck", "GradtapeError", "Tape", "check_grad", "compile", "custom_vjp",
-    "fori_loop", "grad", "scan", "stop_gradient", "trace", "value_and_grad", "vjp", "while_loop",
-    "custom_jvp", "hessian", "hvp", "jacfwd", "jacobian", "jacrev", "jvp", "get_num_threads",
-    "set_num_threads", "clear_cache",
+    "CompileWarning",
+    "GradCheck",
+    "GradtapeError",
+    "Tape",
+    "check_grad",
+    "compile",
+    "custom_vjp",
+    "fori_loop",
+    "grad",
+    "scan",
+    "stop_gradient",
+    "trace",
+    "value_and_grad",
+    "vjp",
+    "while_loop",
+    "custom_jvp",
+    "hessian",
+    "hvp",
+    "jacfwd",
+    "jacobian",
+    "jacrev",
+    "jvp",
+    "get_num_threads",
+    "set_num_threads",
+    "clear_cache",
 ]
 __version__ = "0.1.0"
 

@@ -30,9 +30,11 @@ class GradCheck:
 
     def __str__(self) -> str:
         cs = "n/a (no complex support)" if self.max_error_cs is None else f"{self.max_error_cs:.3g}"
-        return (f"check_grad: {'OK' if self.ok else 'FAILED'} — worst relative error vs central "
-                f"differences {self.max_error_fd:.3g}, vs complex step {cs} "
-                f"(tolerance {self.tolerance:g})")
+        return (
+            f"check_grad: {'OK' if self.ok else 'FAILED'} — worst relative error vs central "
+            f"differences {self.max_error_fd:.3g}, vs complex step {cs} "
+            f"(tolerance {self.tolerance:g})"
+        )
 
 
 def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -42,8 +44,9 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b) / scale))
 
 
-def check_grad(f: Callable, *args, argnums: int = 0, eps: float | None = None,
-               tolerance: float | None = None) -> GradCheck:
+def check_grad(
+    f: Callable, *args, argnums: int = 0, eps: float | None = None, tolerance: float | None = None
+) -> GradCheck:
     """Compare `grad(f, argnums)(*args)` with numerical derivatives of f; report the worst error.
 
     Complex step (exact to rounding) is used where f accepts complex input; central
@@ -54,8 +57,11 @@ def check_grad(f: Callable, *args, argnums: int = 0, eps: float | None = None,
     g = grad(f, argnums)(*args)
     leaves, td = tree_flatten(args[argnums])
     g_leaves, _ = tree_flatten(g)
-    flat = np.concatenate([np.ravel(np.asarray(x, dtype=np.float64)) for x in leaves]) \
-        if leaves else np.zeros(0)
+    flat = (
+        np.concatenate([np.ravel(np.asarray(x, dtype=np.float64)) for x in leaves])
+        if leaves
+        else np.zeros(0)
+    )
     sizes = [np.size(x) for x in leaves]
     shapes = [np.shape(x) for x in leaves]
     dtype32 = any(np.asarray(x).dtype == np.float32 for x in leaves)
@@ -64,14 +70,18 @@ def check_grad(f: Callable, *args, argnums: int = 0, eps: float | None = None,
     def call(vec, dtype):
         parts, i = [], 0
         for n, s in zip(sizes, shapes):
-            parts.append(vec[i:i + n].reshape(s).astype(dtype))
+            parts.append(vec[i : i + n].reshape(s).astype(dtype))
             i += n
         new = list(args)
         new[argnums] = tree_unflatten(td, parts)
         return f(*new)
 
-    h = eps if eps is not None else (np.finfo(np.float64).eps ** (1 / 3)) * max(
-        1.0, float(np.max(np.abs(flat))) if flat.size else 1.0)
+    h = (
+        eps
+        if eps is not None
+        else (np.finfo(np.float64).eps ** (1 / 3))
+        * max(1.0, float(np.max(np.abs(flat))) if flat.size else 1.0)
+    )
     fd = np.empty_like(flat)
     for i in range(flat.size):
         e = np.zeros_like(flat)

@@ -39,14 +39,20 @@ DEFAULT_CACHE_MAX_AGE_DAYS = 30
 SETTINGS: dict[str, tuple[str, str]] = {
     NUMBA: ("1", "0/false/no/off: no numba backend, no native drivers for eager loops"),
     CACHE: ("1", "0/false/no/off/empty: compiled kernels stay in memory (no disk cache)"),
-    CACHE_DIR: ("", "the kernel cache's directory (unset: $XDG_CACHE_HOME/gradtape, else "
-                    "~/.cache/gradtape)"),
+    CACHE_DIR: (
+        "",
+        "the kernel cache's directory (unset: $XDG_CACHE_HOME/gradtape, else ~/.cache/gradtape)",
+    ),
     CACHE_MAX_MB: (str(DEFAULT_CACHE_MAX_MB), "size the kernel cache is pruned to"),
-    CACHE_MAX_AGE_DAYS: (str(DEFAULT_CACHE_MAX_AGE_DAYS),
-                         "cache entries unused for this many days are pruned"),
+    CACHE_MAX_AGE_DAYS: (
+        str(DEFAULT_CACHE_MAX_AGE_DAYS),
+        "cache entries unused for this many days are pruned",
+    ),
     MALLOC_TUNE: ("1", "0: leave glibc's allocator thresholds alone"),
-    PATCH_NUMPY: ("1", "0: leave NumPy's array constructors alone (np.asarray on a traced value "
-                       "raises)"),
+    PATCH_NUMPY: (
+        "1",
+        "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
+    ),
 }
 
 _OFF = frozenset({"0", "false", "no", "off"})

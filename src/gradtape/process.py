@@ -94,8 +94,11 @@ def wrap_loaded_modules() -> None:
     left for later: its functions may not be defined yet."""
     for name in routes.MODULE_FUNCTIONS:
         module = sys.modules.get(name)
-        if module is None or name in _wrapped_modules or getattr(
-                getattr(module, "__spec__", None), "_initializing", False):
+        if (
+            module is None
+            or name in _wrapped_modules
+            or getattr(getattr(module, "__spec__", None), "_initializing", False)
+        ):
             continue
         _wrap_module(name, module)
 
@@ -148,8 +151,14 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
 # --- NumPy's array constructors -------------------------------------------------------------
 # positional parameters of each constructor (the rest are keyword-only in NumPy 2)
-_NUMPY_POSITIONAL = {"asarray": 3, "asanyarray": 3, "array": 2, "ascontiguousarray": 2,
-                     "asfortranarray": 2, "asarray_chkfinite": 3}
+_NUMPY_POSITIONAL = {
+    "asarray": 3,
+    "asanyarray": 3,
+    "array": 2,
+    "ascontiguousarray": 2,
+    "asfortranarray": 2,
+    "asarray_chkfinite": 3,
+}
 # modules whose bindings of the originals are left alone (see the module docstring)
 _KEEP_ORIGINALS = ("numpy", "numba", "llvmlite", "gradtape")
 
@@ -172,19 +181,23 @@ def _constructor_dispatcher(original, traced, npos: int):
     state = tracing._state
 
     if npos == 3:
+
         def dispatch(a, dtype=None, order=None, **kwargs):
             t = type(a)
-            if t is tracer or ((t is list or t is tuple) and getattr(state, "stack", None)
-                               and _holds_tracer(a)):
+            if t is tracer or (
+                (t is list or t is tuple) and getattr(state, "stack", None) and _holds_tracer(a)
+            ):
                 return traced(a, dtype, order, **kwargs)
             if kwargs:
                 return original(a, dtype, order, **kwargs)
             return original(a, dtype, order)
     else:
+
         def dispatch(a, dtype=None, **kwargs):
             t = type(a)
-            if t is tracer or ((t is list or t is tuple) and getattr(state, "stack", None)
-                               and _holds_tracer(a)):
+            if t is tracer or (
+                (t is list or t is tuple) and getattr(state, "stack", None) and _holds_tracer(a)
+            ):
                 return traced(a, dtype, **kwargs)
             if kwargs:
                 return original(a, dtype, **kwargs)
@@ -288,7 +301,6 @@ def install() -> None:
         sys.meta_path.insert(0, _WrapOnImport())
 
 
-
 def constructor_overhead(repeat: int = 7, number: int = 200_000) -> dict:
     """Nanoseconds per call on a small ndarray of each constructor: (NumPy's, the dispatcher's).
 
@@ -304,6 +316,12 @@ def constructor_overhead(repeat: int = 7, number: int = 200_000) -> dict:
         f = getattr(numpy, attr)
         original = getattr(f, "__gradtape_original__", f)
         out[attr] = tuple(
-            round(min(timeit.repeat("f(x)", globals={"f": g, "x": x}, number=number,
-                                    repeat=repeat)) / number * 1e9, 1) for g in (original, f))
+            round(
+                min(timeit.repeat("f(x)", globals={"f": g, "x": x}, number=number, repeat=repeat))
+                / number
+                * 1e9,
+                1,
+            )
+            for g in (original, f)
+        )
     return out

@@ -48,27 +48,53 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time value-and-gradient of small NumPy workloads with every available "
         "method, after checking each gradient against a hand-written one.",
     )
-    bench.add_argument("--quick", action="store_true",
-                       help="small sizes and few repeats (well under 2 minutes)")
-    bench.add_argument("--workload", dest="workloads", nargs="+", action="extend",
-                       metavar="NAME", choices=[*WORKLOADS, *PLANNED_WORKLOADS],
-                       help=f"workloads to run (default: all of {', '.join(WORKLOADS)})")
-    bench.add_argument("--sizes", nargs="+", type=positive_int, metavar="N",
-                       help="sizes N for every selected workload (default: per workload)")
-    bench.add_argument("--methods", nargs="+", action="extend", metavar="NAME",
-                       choices=list(METHODS),
-                       help=f"methods to run (default: all of {', '.join(METHODS)})")
-    bench.add_argument("--out", type=Path, default=Path("bench-results"),
-                       help="directory for results.json, results.md and plots "
-                       "(default: bench-results)")
-    bench.add_argument("--repeat", type=positive_int, metavar="K",
-                       help=f"timing samples per measurement (default: {QUICK_REPEAT} "
-                       f"with --quick, else {FULL_REPEAT})")
+    bench.add_argument(
+        "--quick", action="store_true", help="small sizes and few repeats (well under 2 minutes)"
+    )
+    bench.add_argument(
+        "--workload",
+        dest="workloads",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        choices=[*WORKLOADS, *PLANNED_WORKLOADS],
+        help=f"workloads to run (default: all of {', '.join(WORKLOADS)})",
+    )
+    bench.add_argument(
+        "--sizes",
+        nargs="+",
+        type=positive_int,
+        metavar="N",
+        help="sizes N for every selected workload (default: per workload)",
+    )
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        choices=list(METHODS),
+        help=f"methods to run (default: all of {', '.join(METHODS)})",
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="directory for results.json, results.md and plots (default: bench-results)",
+    )
+    bench.add_argument(
+        "--repeat",
+        type=positive_int,
+        metavar="K",
+        help=f"timing samples per measurement (default: {QUICK_REPEAT} "
+        f"with --quick, else {FULL_REPEAT})",
+    )
     bench.set_defaults(handler=run_bench_command)
     cache = commands.add_parser(
-        "cache", help="show or clear the numba backend's kernel cache",
+        "cache",
+        help="show or clear the numba backend's kernel cache",
         description="Show where the numba backend's kernel cache is and how much it holds; "
-        "--clear removes every cached kernel (they are compiled again when next needed).")
+        "--clear removes every cached kernel (they are compiled again when next needed).",
+    )
     cache.add_argument("--clear", action="store_true", help="remove every cached kernel")
     cache.set_defaults(handler=run_cache_command)
     return parser
@@ -113,8 +139,11 @@ def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run = run_benchmark(workloads, methods, config, sink)
     threads["after_run"] = runtime_thread_counts()
     # the output directory is this machine's path: the recorded results name it by its role
-    flags = {k: "OUT_DIR" if k == "out" else str(v) if isinstance(v, Path) else v
-             for k, v in vars(args).items() if k != "handler"}
+    flags = {
+        k: "OUT_DIR" if k == "out" else str(v) if isinstance(v, Path) else v
+        for k, v in vars(args).items()
+        if k != "handler"
+    }
     context = RunContext(
         date=date,
         command=shlex.join(["gradtape", *_without_out_dir(argv)]),

@@ -37,8 +37,7 @@ class PlainProgress:
     def done(self, measurement: Any) -> None:
         self.count += 1
         outcome = (
-            format_seconds(measurement.median_s) if measurement.status == OK
-            else measurement.status
+            format_seconds(measurement.median_s) if measurement.status == OK else measurement.status
         )
         print(f"[{self.count}/{self.total}] {self.label}: {outcome}", file=self.stream, flush=True)
 
@@ -67,7 +66,9 @@ def progress_display(total: int, use_rich: bool) -> Iterator[ProgressSink]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
-        TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
@@ -91,8 +92,9 @@ def print_report(header: Sequence[str], tables: Sequence[Table], use_rich: bool)
     for table in tables:
         rich_table = RichTable(title=table.title, title_justify="left", show_lines=False)
         for name in COLUMNS:
-            rich_table.add_column(name, justify="left" if name in ("method", "note") else "right",
-                                  overflow="fold")
+            rich_table.add_column(
+                name, justify="left" if name in ("method", "note") else "right", overflow="fold"
+            )
         for index, row in enumerate(table.rows):
             rich_table.add_row(*row, end_section=index in table.section_ends)
         console.print()
@@ -105,6 +107,7 @@ def plain_table(table: Table) -> str:
     """The table in fixed-width columns, for terminals without rich."""
     widths = [max(len(row[i]) for row in (COLUMNS, *table.rows)) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(COLUMNS, widths, strict=True))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True))
-              for r in table.rows]
+    lines += [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in table.rows
+    ]
     return "\n".join(line.rstrip() for line in lines)

@@ -27,8 +27,18 @@ XLA_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thre
 HEAVY_MODULES = ("jax", "torch", "numba")
 
 REPORTED_DISTRIBUTIONS = (
-    "gradtape", "numpy", "scipy", "numba", "llvmlite", "jax", "jaxlib", "torch", "autograd",
-    "threadpoolctl", "rich", "matplotlib",
+    "gradtape",
+    "numpy",
+    "scipy",
+    "numba",
+    "llvmlite",
+    "jax",
+    "jaxlib",
+    "torch",
+    "autograd",
+    "threadpoolctl",
+    "rich",
+    "matplotlib",
 )
 
 _blas_limiter: Any = None  # keeps threadpoolctl's limit alive for the whole run

@@ -225,35 +225,89 @@ def _prepare_numerical(
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("numpy", "the plain NumPy function, value only (baseline)", prepare_numpy,
-               systems=("numpy",)),
-        Method("hand_numpy", "hand-written NumPy gradient", prepare_hand_numpy, peer=True,
-               systems=("numpy",)),
-        Method("hand_numba", "hand-written fused loop, numba.njit", prepare_hand_numba,
-               systems=("numba", "llvmlite")),
-        Method("gradtape", "gradtape.value_and_grad(f)(x), eager", prepare_gradtape,
-               systems=("gradtape",)),
-        Method("gradtape_compiled", "gradtape.compile(value_and_grad(f), backend='numpy')",
-               _prepare_gradtape_compiled("numpy"), systems=("gradtape",)),
-        Method("gradtape_numba", "gradtape.compile(value_and_grad(f), backend='numba')",
-               _prepare_gradtape_compiled("numba"), systems=("gradtape", "numba")),
-        Method("gradtape_unrolled", "gradtape.value_and_grad(f), eager, on the plain Python loop "
-               "(loop workloads only; gradtape runs their scan)", prepare_gradtape_unrolled,
-               systems=("gradtape",), needs_variant=GRADTAPE),
-        Method("jax_jit", "jax.jit(jax.value_and_grad(f)), float64", _prepare_jax(jit=True),
-               peer=True, systems=("jax", "jaxlib")),
-        Method("jax", "jax.value_and_grad(f) without jit, float64", _prepare_jax(jit=False),
-               peer=True, systems=("jax", "jaxlib")),
-        Method("torch", "torch eager autograd, float64", prepare_torch, peer=True,
-               systems=("torch",)),
-        Method("autograd", "HIPS autograd.value_and_grad with autograd.numpy", prepare_autograd,
-               peer=True, systems=("autograd",)),
-        Method("finite_diff", "central differences, 2N evaluations of f",
-               _prepare_numerical(central_difference), max_input_size=SMALL_INPUT_LIMIT,
-               systems=("numpy",)),
-        Method("complex_step", "complex-step derivative, N complex evaluations of f",
-               _prepare_numerical(complex_step), max_input_size=SMALL_INPUT_LIMIT,
-               systems=("numpy",)),
+        Method(
+            "numpy",
+            "the plain NumPy function, value only (baseline)",
+            prepare_numpy,
+            systems=("numpy",),
+        ),
+        Method(
+            "hand_numpy",
+            "hand-written NumPy gradient",
+            prepare_hand_numpy,
+            peer=True,
+            systems=("numpy",),
+        ),
+        Method(
+            "hand_numba",
+            "hand-written fused loop, numba.njit",
+            prepare_hand_numba,
+            systems=("numba", "llvmlite"),
+        ),
+        Method(
+            "gradtape",
+            "gradtape.value_and_grad(f)(x), eager",
+            prepare_gradtape,
+            systems=("gradtape",),
+        ),
+        Method(
+            "gradtape_compiled",
+            "gradtape.compile(value_and_grad(f), backend='numpy')",
+            _prepare_gradtape_compiled("numpy"),
+            systems=("gradtape",),
+        ),
+        Method(
+            "gradtape_numba",
+            "gradtape.compile(value_and_grad(f), backend='numba')",
+            _prepare_gradtape_compiled("numba"),
+            systems=("gradtape", "numba"),
+        ),
+        Method(
+            "gradtape_unrolled",
+            "gradtape.value_and_grad(f), eager, on the plain Python loop "
+            "(loop workloads only; gradtape runs their scan)",
+            prepare_gradtape_unrolled,
+            systems=("gradtape",),
+            needs_variant=GRADTAPE,
+        ),
+        Method(
+            "jax_jit",
+            "jax.jit(jax.value_and_grad(f)), float64",
+            _prepare_jax(jit=True),
+            peer=True,
+            systems=("jax", "jaxlib"),
+        ),
+        Method(
+            "jax",
+            "jax.value_and_grad(f) without jit, float64",
+            _prepare_jax(jit=False),
+            peer=True,
+            systems=("jax", "jaxlib"),
+        ),
+        Method(
+            "torch", "torch eager autograd, float64", prepare_torch, peer=True, systems=("torch",)
+        ),
+        Method(
+            "autograd",
+            "HIPS autograd.value_and_grad with autograd.numpy",
+            prepare_autograd,
+            peer=True,
+            systems=("autograd",),
+        ),
+        Method(
+            "finite_diff",
+            "central differences, 2N evaluations of f",
+            _prepare_numerical(central_difference),
+            max_input_size=SMALL_INPUT_LIMIT,
+            systems=("numpy",),
+        ),
+        Method(
+            "complex_step",
+            "complex-step derivative, N complex evaluations of f",
+            _prepare_numerical(complex_step),
+            max_input_size=SMALL_INPUT_LIMIT,
+            systems=("numpy",),
+        ),
     )
 }
 

@@ -235,12 +235,20 @@ def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
             if points:
                 sizes, times = zip(*points, strict=True)
                 axes.plot(
-                    sizes, times, marker=markers[index % len(markers)], label=method.name,
+                    sizes,
+                    times,
+                    marker=markers[index % len(markers)],
+                    label=method.name,
                     color="black" if method.name == "numpy" else colors[index % len(colors)],
                     linestyle="--" if method.name == "numpy" else "-",
                 )
-        axes.set(xscale="log", yscale="log", title=workload.name,
-                 xlabel=f"N = {workload.size_meaning}", ylabel="median time per call [s]")
+        axes.set(
+            xscale="log",
+            yscale="log",
+            title=workload.name,
+            xlabel=f"N = {workload.size_meaning}",
+            ylabel="median time per call [s]",
+        )
         axes.grid(True, which="both", alpha=0.3)
         if axes.lines:
             axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -101,8 +101,7 @@ def planned_sizes(workload: Workload, config: RunConfig) -> tuple[list[int], lis
 def count_steps(workloads: Sequence[Workload], methods: Sequence[Method], config: RunConfig) -> int:
     """How many measurements ``run_benchmark`` will make (for a progress bar)."""
     return sum(
-        len(planned_sizes(w, config)[0]) * sum(m.applies_to(w) for m in methods)
-        for w in workloads
+        len(planned_sizes(w, config)[0]) * sum(m.applies_to(w) for m in methods) for w in workloads
     )
 
 
@@ -238,9 +237,7 @@ def run_benchmark(
     for workload in workloads:
         sizes, dropped = planned_sizes(workload, config)
         if dropped:
-            run.notes.append(
-                f"{workload.name}: sizes {dropped} skipped (max {workload.max_size})"
-            )
+            run.notes.append(f"{workload.name}: sizes {dropped} skipped (max {workload.max_size})")
         for size in sizes:
             problem = workload.problem(size, config.seed)
             reference = workload.hand_value_and_grad(problem.x, *problem.consts)

@@ -27,7 +27,13 @@ import numpy as np
 LOG_2PI = math.log(2.0 * math.pi)
 
 __all__ = [
-    "GRADTAPE", "JAX", "PLANNED_WORKLOADS", "WORKLOADS", "Problem", "Workload", "select_workloads",
+    "GRADTAPE",
+    "JAX",
+    "PLANNED_WORKLOADS",
+    "WORKLOADS",
+    "Problem",
+    "Workload",
+    "select_workloads",
 ]
 
 GRADTAPE, JAX = "gradtape", "jax"
@@ -235,8 +241,9 @@ def branching_loop(x: np.ndarray) -> tuple[float, np.ndarray]:
 RNN_HIDDEN, RNN_INPUTS = 32, 4
 
 
-def rnn_loss(xp: Any, scan: Callable[..., Any], x: Any, xs: Any, targets: Any, U: Any, v: Any,
-             h0: Any) -> Any:
+def rnn_loss(
+    xp: Any, scan: Callable[..., Any], x: Any, xs: Any, targets: Any, U: Any, v: Any, h0: Any
+) -> Any:
     """The model once for every system; ``scan(step, init, (drive, targets))`` is its loop."""
     W = xp.reshape(x, (RNN_HIDDEN, RNN_HIDDEN))
     drive = xs @ U.T
@@ -284,7 +291,11 @@ def rnn_scan_jax(xp: Any, x: Any, *consts: Any) -> Any:
 
 
 def rnn_scan_hand(
-    x: np.ndarray, xs: np.ndarray, targets: np.ndarray, U: np.ndarray, v: np.ndarray,
+    x: np.ndarray,
+    xs: np.ndarray,
+    targets: np.ndarray,
+    U: np.ndarray,
+    v: np.ndarray,
     h0: np.ndarray,
 ) -> tuple[float, np.ndarray]:
     """Backpropagation through time by hand: store the hidden states, walk them back."""
@@ -307,7 +318,11 @@ def rnn_scan_hand(
 
 
 def rnn_scan_loop(
-    x: np.ndarray, xs: np.ndarray, targets: np.ndarray, U: np.ndarray, v: np.ndarray,
+    x: np.ndarray,
+    xs: np.ndarray,
+    targets: np.ndarray,
+    U: np.ndarray,
+    v: np.ndarray,
     h0: np.ndarray,
 ) -> tuple[float, np.ndarray]:
     n, (steps, n_inputs) = h0.size, xs.shape
@@ -381,7 +396,7 @@ def _complex_step_cholesky(k: np.ndarray) -> np.ndarray:
     low = np.zeros_like(k)
     for j in range(n):
         low[j, j] = np.sqrt(k[j, j] - low[j, :j] @ low[j, :j])
-        low[j + 1:, j] = (k[j + 1:, j] - low[j + 1:, :j] @ low[j, :j]) / low[j, j]
+        low[j + 1 :, j] = (k[j + 1 :, j] - low[j + 1 :, :j] @ low[j, :j]) / low[j, j]
     return low
 
 
@@ -393,7 +408,8 @@ def gp_marginal(xp: Any, x: Any, sqdist: Any, y: Any) -> Any:
         r2 = r2 + xp.exp(-2.0 * x[k]) * sqdist[k]
     n = y.shape[0]
     kernel = xp.exp(x[GP_DIMS]) * xp.exp(-0.5 * r2) + xp.exp(x[GP_DIMS + 1]) * xp.eye(
-        n, dtype=y.dtype)
+        n, dtype=y.dtype
+    )
     if xp is np and np.iscomplexobj(kernel):  # only the complex-step reference gets here
         chol = _complex_step_cholesky(kernel)
     else:
@@ -513,25 +529,40 @@ WORKLOADS: dict[str, Workload] = {
         Workload(
             "normal_logpdf",
             "sum(-0.5*((x-mu)/sigma)**2 - log(sigma) - 0.5*log(2pi)), grad w.r.t. x",
-            normal_logpdf, normal_logpdf_hand, normal_logpdf_loop, normal_logpdf_problem,
-            quick_sizes=(100, 10_000), full_sizes=_MEDIUM_FULL,
+            normal_logpdf,
+            normal_logpdf_hand,
+            normal_logpdf_loop,
+            normal_logpdf_problem,
+            quick_sizes=(100, 10_000),
+            full_sizes=_MEDIUM_FULL,
         ),
         Workload(
             "eam",
             "rho = sum(exp(-3*(x+1))); rho**2 + rho**3 + 0.25*rho**4",
-            eam, eam_hand, eam_loop, unit_uniform_problem,
-            quick_sizes=(100, 10_000), full_sizes=(100, 1_000, 10_000, 100_000),
+            eam,
+            eam_hand,
+            eam_loop,
+            unit_uniform_problem,
+            quick_sizes=(100, 10_000),
+            full_sizes=(100, 1_000, 10_000, 100_000),
         ),
         Workload(
             "sum_exp",
             "sum(exp(x))",
-            sum_exp, sum_exp_hand, sum_exp_loop, standard_normal_problem,
-            quick_sizes=(100, 10_000), full_sizes=_MEDIUM_FULL,
+            sum_exp,
+            sum_exp_hand,
+            sum_exp_loop,
+            standard_normal_problem,
+            quick_sizes=(100, 10_000),
+            full_sizes=_MEDIUM_FULL,
         ),
         Workload(
             "closure_const",
             "p -> sum(c[0]*p), p of length 1, c a closed-over constant; N = len(c)",
-            closure_const, closure_const_hand, closure_const_loop, closure_const_problem,
+            closure_const,
+            closure_const_hand,
+            closure_const_loop,
+            closure_const_problem,
             quick_sizes=(1_000, 100_000),
             full_sizes=(1_000, 10_000, 100_000, 1_000_000, 10_000_000),
             size_meaning="len(c)",
@@ -539,21 +570,34 @@ WORKLOADS: dict[str, Workload] = {
         Workload(
             "scalar_loop",
             "Python loop s = s + i*x[i] (scalar ops; small N only)",
-            scalar_loop, scalar_loop_hand, scalar_loop_loop, standard_normal_problem,
-            quick_sizes=(10, 100), full_sizes=(10, 100, 1_000), max_size=1_000,
+            scalar_loop,
+            scalar_loop_hand,
+            scalar_loop_loop,
+            standard_normal_problem,
+            quick_sizes=(10, 100),
+            full_sizes=(10, 100, 1_000),
+            max_size=1_000,
         ),
         Workload(
             "branching",
             "s = sum(x); s**3 if s > 1 else s**2 (Python branch on a traced value)",
-            branching, branching_hand, branching_loop, unit_uniform_problem,
-            quick_sizes=(100, 10_000), full_sizes=_MEDIUM_FULL,
+            branching,
+            branching_hand,
+            branching_loop,
+            unit_uniform_problem,
+            quick_sizes=(100, 10_000),
+            full_sizes=_MEDIUM_FULL,
         ),
         Workload(
             "rnn_scan",
             "tanh RNN, hidden 32: h = tanh(W h + U x_t), loss = 0.5*sum_t (v.h_t - z_t)**2; "
             "grad w.r.t. W (x = W.ravel()); gradtape and JAX run their scan, the others a loop",
-            rnn_scan_python, rnn_scan_hand, rnn_scan_loop, rnn_scan_problem,
-            quick_sizes=(10, 100), full_sizes=(10, 100, 1_000),
+            rnn_scan_python,
+            rnn_scan_hand,
+            rnn_scan_loop,
+            rnn_scan_problem,
+            quick_sizes=(10, 100),
+            full_sizes=(10, 100, 1_000),
             size_meaning="T, the sequence length (len(x) = 32*32 at every T)",
             variants={GRADTAPE: rnn_scan_gradtape, JAX: rnn_scan_jax},
         ),
@@ -562,8 +606,13 @@ WORKLOADS: dict[str, Workload] = {
             "GP negative log marginal likelihood, ARD squared-exponential kernel in 3-D: "
             "K = s exp(-r^2/2) + noise I, L = chol(K), 0.5 |L^-1 y|^2 + sum(log diag L); "
             "grad w.r.t. the 5 log hyperparameters",
-            gp_marginal, gp_marginal_hand, gp_marginal_loop, gp_marginal_problem,
-            quick_sizes=(100, 500), full_sizes=(100, 200, 500, 1_000), max_size=2_000,
+            gp_marginal,
+            gp_marginal_hand,
+            gp_marginal_loop,
+            gp_marginal_problem,
+            quick_sizes=(100, 500),
+            full_sizes=(100, 200, 500, 1_000),
+            max_size=2_000,
             size_meaning="N, the number of data points (len(x) = 5 at every N)",
         ),
     )

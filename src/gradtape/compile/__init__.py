@@ -14,5 +14,11 @@ from .dispatch import (
 )
 from .numba.backend import NativeFallbackWarning  # registers "numba" (Numba is imported lazily)
 
-__all__ = ["BACKENDS", "CompileWarning", "CompiledFunction", "NativeFallbackWarning", "compile",
-           "register_backend"]
+__all__ = [
+    "BACKENDS",
+    "CompileWarning",
+    "CompiledFunction",
+    "NativeFallbackWarning",
+    "compile",
+    "register_backend",
+]

@@ -47,8 +47,13 @@ def native_gaps() -> list[str]:
 
     gaps = []
     for prim in primitives():
-        if (_before_backends(prim) or alternatives(prim) or prim in LOWERINGS
-                or prim in REDUCTIONS or has_driver(prim)):
+        if (
+            _before_backends(prim)
+            or alternatives(prim)
+            or prim in LOWERINGS
+            or prim in REDUCTIONS
+            or has_driver(prim)
+        ):
             continue
         gaps.append(prim.name)
     return gaps
@@ -58,8 +63,9 @@ def numpy_fallbacks() -> list[str]:
     """Names of the primitives the numpy backend computes only through its generic fallback."""
     fallbacks = []
     for prim in primitives():
-        if _before_backends(prim) or (not prim.multiple_results and (
-                prim in numpy_backend.EMITTERS or _single_ufunc(prim))):
+        if _before_backends(prim) or (
+            not prim.multiple_results and (prim in numpy_backend.EMITTERS or _single_ufunc(prim))
+        ):
             continue
         fallbacks.append(prim.name)
     return fallbacks
@@ -73,12 +79,14 @@ def _single_ufunc(prim: Primitive) -> bool:
 def report() -> str:
     """Both lists, as text."""
     gaps, fallbacks = native_gaps(), numpy_fallbacks()
-    return "\n".join([
-        f"numba backend: {len(gaps)} primitives run through NumPy between kernels:",
-        *_wrapped(gaps),
-        f"numpy backend: {len(fallbacks)} primitives call their own implementation:",
-        *_wrapped(fallbacks),
-    ])
+    return "\n".join(
+        [
+            f"numba backend: {len(gaps)} primitives run through NumPy between kernels:",
+            *_wrapped(gaps),
+            f"numpy backend: {len(fallbacks)} primitives call their own implementation:",
+            *_wrapped(fallbacks),
+        ]
+    )
 
 
 def _wrapped(names: list[str], width: int = 96) -> list[str]:

@@ -71,8 +71,9 @@ def resolve_backend(name: str) -> Callable[[Program], Any]:
                 return BACKENDS[candidate]
     lower = BACKENDS.get(name)
     if lower is None:
-        raise ValueError(f"compile: unknown backend {name!r}; available: "
-                         f"{', '.join(['auto', *BACKENDS])}")
+        raise ValueError(
+            f"compile: unknown backend {name!r}; available: {', '.join(['auto', *BACKENDS])}"
+        )
     return lower
 
 
@@ -81,29 +82,38 @@ class CompileWarning(UserWarning):
 
 
 # --- signatures -----------------------------------------------------------------------------
-_PY_SCALARS = {float: np.float64, int: np.asarray(0).dtype.type, bool: np.bool_,
-               complex: np.complex128}
+_PY_SCALARS = {
+    float: np.float64,
+    int: np.asarray(0).dtype.type,
+    bool: np.bool_,
+    complex: np.complex128,
+}
 
 
 def _leaf_key(x, where: str):
     t = type(x)
     if t is np.ndarray:
         if x.dtype.kind not in "biufc":
-            raise GradtapeError(f"compile: {where} is an array of dtype {x.dtype}, which cannot "
-                                "be traced. Pass numeric arrays, or mark the argument static.")
+            raise GradtapeError(
+                f"compile: {where} is an array of dtype {x.dtype}, which cannot "
+                "be traced. Pass numeric arrays, or mark the argument static."
+            )
         return (x.shape, x.dtype)
     if t in _PY_SCALARS:
         return t
     if isinstance(x, np.generic) and x.dtype.kind in "biufc":
         return ("scalar", x.dtype)
     if t is trace.Tracer:
-        raise GradtapeError(f"compile: {where} is a traced value of a finished transformation; "
-                            "it cannot be passed to a compiled function.")
+        raise GradtapeError(
+            f"compile: {where} is a traced value of a finished transformation; "
+            "it cannot be passed to a compiled function."
+        )
     raise GradtapeError(
         f"compile: {where} is a {t.__module__}.{t.__qualname__}, which a compiled function "
         "cannot take as a traced argument. Pass NumPy arrays, Python numbers, or tuples, lists "
         "and dicts of them; mark other arguments static (static_argnums / static_argnames: "
-        "they must be hashable, and each new value records the function again).")
+        "they must be hashable, and each new value records the function again)."
+    )
 
 
 def _array_key(args: tuple):
@@ -214,8 +224,14 @@ class _CallInfo:
 class CompiledFunction:
     """`compile(f)`: records `f` once per signature and replays the lowered code."""
 
-    def __init__(self, fun: Callable, backend: str = "auto", static_argnums: Sequence[int] = (),
-                 max_variants: int = 8, static_argnames: Sequence[str] = ()):
+    def __init__(
+        self,
+        fun: Callable,
+        backend: str = "auto",
+        static_argnums: Sequence[int] = (),
+        max_variants: int = 8,
+        static_argnames: Sequence[str] = (),
+    ):
         if not callable(fun):
             raise TypeError(f"compile: expected a function, got {type(fun).__name__}")
         if max_variants < 1:
@@ -224,12 +240,21 @@ class CompiledFunction:
         self._fun = fun
         self._backend_name = backend
         self._lower = resolve_backend(backend)
-        self._static = tuple(sorted({int(i) for i in ((static_argnums,) if isinstance(
-            static_argnums, int) else static_argnums)}))
+        self._static = tuple(
+            sorted(
+                {
+                    int(i)
+                    for i in (
+                        (static_argnums,) if isinstance(static_argnums, int) else static_argnums
+                    )
+                }
+            )
+        )
         if any(i < 0 for i in self._static):
             raise ValueError("compile: static_argnums must be non-negative positions")
-        self._static_names = (static_argnames,) if isinstance(static_argnames, str) else tuple(
-            static_argnames)
+        self._static_names = (
+            (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        )
         self._max_variants = int(max_variants)
         self._signatures: dict = {}
         self._lock = threading.Lock()
@@ -242,8 +267,12 @@ class CompiledFunction:
             # the hot path: one array of the signature last replayed, whose variant still holds
             a = args[0]
             last = self._last  # (shape, dtype, run, variant, stats); see _make_hot
-            if (type(a) is _ndarray and a.shape == last[0] and a.dtype is last[1]
-                    and not _TRACE_STATE.__dict__.get("stack")):
+            if (
+                type(a) is _ndarray
+                and a.shape == last[0]
+                and a.dtype is last[1]
+                and not _TRACE_STATE.__dict__.get("stack")
+            ):
                 try:
                     result = last[2](a, None)
                 except GuardFailure as gf:  # another path: _dispatch selects or records it
@@ -253,8 +282,10 @@ class CompiledFunction:
         if _TRACE_STATE.__dict__.get("stack"):  # (getattr is slow in a thread without one)
             # under an outer transformation (grad(compile(f))): it records f's operations itself
             if out is not None:
-                raise GradtapeError("compile: out= cannot be used while the compiled function is "
-                                    "being traced by another transformation.")
+                raise GradtapeError(
+                    "compile: out= cannot be used while the compiled function is "
+                    "being traced by another transformation."
+                )
             return self._fun(*args, **kwargs)
         sig = None
         if not kwargs and not self._static:  # positional arrays: their key, without flattening
@@ -280,14 +311,14 @@ class CompiledFunction:
                 return _CallInfo(key, list(args), None, args, kwargs)
         nargs = len(args)
         static = tuple((i, type(args[i]), args[i]) for i in self._static if i < nargs)
-        static += tuple((k, type(kwargs[k]), kwargs[k]) for k in self._static_names
-                        if k in kwargs)
+        static += tuple((k, type(kwargs[k]), kwargs[k]) for k in self._static_names if k in kwargs)
         try:
             hash(static)
         except TypeError:
-            raise GradtapeError("compile: static arguments must be hashable (their values key "
-                                "the cache); got " + ", ".join(
-                                    f"{type(v).__name__}" for _, _, v in static)) from None
+            raise GradtapeError(
+                "compile: static arguments must be hashable (their values key "
+                "the cache); got " + ", ".join(f"{type(v).__name__}" for _, _, v in static)
+            ) from None
         dyn_args = tuple(a for i, a in enumerate(args) if i not in self._static)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
         leaves, in_tree = tree_flatten((dyn_args, dyn_kwargs))
@@ -326,7 +357,7 @@ class CompiledFunction:
         """The variant recorded for the path the failed check took (or None), and the failure."""
         sig.stats.guard_failures += 1
         check = variant.program.checks[gf.index]
-        path = variant.path[:gf.index] + (answer_key(check.kind, gf.actual),)
+        path = variant.path[: gf.index] + (answer_key(check.kind, gf.actual),)
         return sig.by_prefix.get(path), (check, gf.actual)
 
     # --- recording ---------------------------------------------------------------------------
@@ -364,7 +395,8 @@ class CompiledFunction:
                 f"compile: {self._name()} took a different path when replayed on the inputs it "
                 f"was recorded with ({check.where}: recorded {check.answer!r}, replay saw "
                 f"{gf.actual!r}). Does it read random numbers or global state? The result of this "
-                "call comes from the recording.")
+                "call comes from the recording."
+            )
             return self._deliver(traced, out), variant
         self._make_hot(sig, variant, info)
         return (out if out is not None else result), variant
@@ -374,7 +406,7 @@ class CompiledFunction:
         also becomes `_last`, which the hot path checks without hashing a key."""
         sig.hot = variant
         if info.in_tree is None and len(info.leaves) == 1:
-            (shape, dtype), = info.key
+            ((shape, dtype),) = info.key
             self._last = (shape, dtype, variant.run, variant, sig.stats)
 
     def _record(self, info: _CallInfo):
@@ -390,7 +422,8 @@ class CompiledFunction:
                 if x._level is not level:
                     raise GradtapeError(
                         f"compile: {self._name()} returned a traced value of another "
-                        "transformation (it escaped from an outer grad or a closure).")
+                        "transformation (it escaped from an outer grad or a closure)."
+                    )
                 outputs.append(output_leaf(x._value, x._var))
                 values.append(x._value)
             else:
@@ -421,12 +454,15 @@ class CompiledFunction:
         res_leaves, res_td = tree_flatten(result)
         out_leaves, out_td = tree_flatten(out)
         if res_td != out_td:
-            raise GradtapeError(f"compile: out= has structure {out_td}, but the result has "
-                                f"structure {res_td}.")
+            raise GradtapeError(
+                f"compile: out= has structure {out_td}, but the result has structure {res_td}."
+            )
         for o, r in zip(out_leaves, res_leaves):
             if type(o) is not np.ndarray or o.shape != np.shape(r):
-                raise GradtapeError(f"compile: out= leaf of shape {getattr(o, 'shape', None)} "
-                                    f"cannot hold a result of shape {np.shape(r)}.")
+                raise GradtapeError(
+                    f"compile: out= leaf of shape {getattr(o, 'shape', None)} "
+                    f"cannot hold a result of shape {np.shape(r)}."
+                )
             np.copyto(o, r)
         return out
 
@@ -449,8 +485,9 @@ class CompiledFunction:
         types = iter([_type_str(k) for k in keys])
         args_tree, kwargs_tree = in_tree.children
         parts = [_render(c, types) for c in args_tree.children]
-        parts += [f"{k}={_render(c, types)}" for k, c in zip(kwargs_tree.meta,
-                                                              kwargs_tree.children)]
+        parts += [
+            f"{k}={_render(c, types)}" for k, c in zip(kwargs_tree.meta, kwargs_tree.children)
+        ]
         text = "(" + ", ".join(parts) + ")"
         if static:
             text += " static " + ", ".join(f"{i}={v!r}" for i, _, v in static)
@@ -462,14 +499,15 @@ class CompiledFunction:
         if failure is not None:
             check, actual = failure
             where = check.where
-            why = (f" (its {check.kind} answer was {check.answer!r} when recorded, now "
-                   f"{actual!r})")
-        return (f"compile: {self._name()} was recorded {len(sig.variants)} times for "
-                f"{sig.label} (max_variants={self._max_variants}) because the guard at {where} "
-                f"keeps taking new values{why}: Python control flow on traced values records "
-                "one variant per path. New paths of this signature now run eagerly (exact, "
-                "uncompiled). Use np.where for data-dependent selection, or make the value a "
-                "static argument.")
+            why = f" (its {check.kind} answer was {check.answer!r} when recorded, now {actual!r})"
+        return (
+            f"compile: {self._name()} was recorded {len(sig.variants)} times for "
+            f"{sig.label} (max_variants={self._max_variants}) because the guard at {where} "
+            f"keeps taking new values{why}: Python control flow on traced values records "
+            "one variant per path. New paths of this signature now run eagerly (exact, "
+            "uncompiled). Use np.where for data-dependent selection, or make the value a "
+            "static argument."
+        )
 
     def _warn_once(self, message: str) -> None:
         if not self._warned:
@@ -486,8 +524,10 @@ class CompiledFunction:
         """The recorded Tape that these arguments replay (recording it if needed)."""
         sig, variant = self._variant_for(args, kwargs)
         if variant is None:
-            raise GradtapeError(f"compile: these arguments run eagerly ({sig.eager_reason}); "
-                                "see .tapes() for the recorded variants.")
+            raise GradtapeError(
+                f"compile: these arguments run eagerly ({sig.eager_reason}); "
+                "see .tapes() for the recorded variants."
+            )
         return variant.tape
 
     def tapes(self, *args, **kwargs) -> list[Tape]:
@@ -533,8 +573,10 @@ class CompiledFunction:
             obj = getattr(obj, part, None)
         if obj is self:  # used as a decorator: the module attribute is this object
             return qualname
-        return (_rebuild, (self._fun, self._backend_name, self._static, self._max_variants,
-                           self._static_names))
+        return (
+            _rebuild,
+            (self._fun, self._backend_name, self._static, self._max_variants, self._static_names),
+        )
 
 
 def _release_recorded_values(tape: Tape, program: Program) -> None:
@@ -554,36 +596,50 @@ def _out_leaves(program: Program, out, arg_leaves) -> list:
     else:
         leaves, td = tree_flatten(out)
         if td != program.out_tree:
-            raise GradtapeError(f"compile: out= has structure {td}, but the result has "
-                                f"structure {program.out_tree}.")
+            raise GradtapeError(
+                f"compile: out= has structure {td}, but the result has "
+                f"structure {program.out_tree}."
+            )
     for o, (shape, dtype) in zip(leaves, spec):
-        if type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype or not o.flags[
-                "WRITEABLE"]:
+        if (
+            type(o) is not np.ndarray
+            or o.shape != shape
+            or o.dtype != dtype
+            or not o.flags["WRITEABLE"]
+        ):
             raise _bad_out(o, shape, dtype)
         for x in arg_leaves:
             # arrays that own their memory overlap only if they are the same array
-            if type(x) is np.ndarray and (x is o or (x.base is not None or o.base is not None)
-                                          and np.may_share_memory(o, x)):
-                raise GradtapeError("compile: an out= array shares memory with an argument; "
-                                    "pass separate arrays.")
+            if type(x) is np.ndarray and (
+                x is o or (x.base is not None or o.base is not None) and np.may_share_memory(o, x)
+            ):
+                raise GradtapeError(
+                    "compile: an out= array shares memory with an argument; pass separate arrays."
+                )
     return leaves
 
 
 def _bad_out(o, shape, dtype) -> GradtapeError:
     if type(o) is np.ndarray and o.shape == shape and o.dtype == dtype:
         return GradtapeError("compile: an out= array is read-only.")
-    return GradtapeError(f"compile: out= leaves must be ndarrays shaped like the result: shape "
-                         f"{shape} and dtype {dtype} expected, got {type(o).__name__} "
-                         f"{getattr(o, 'shape', '')} {getattr(o, 'dtype', '')}.")
+    return GradtapeError(
+        f"compile: out= leaves must be ndarrays shaped like the result: shape "
+        f"{shape} and dtype {dtype} expected, got {type(o).__name__} "
+        f"{getattr(o, 'shape', '')} {getattr(o, 'dtype', '')}."
+    )
 
 
 def _rebuild(fun, backend, static_argnums, max_variants, static_argnames):
     return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)
 
 
-def compile(fun: Callable, backend: str = "auto", static_argnums: int | Sequence[int] = (),
-            max_variants: int = 8, static_argnames: str | Sequence[str] = ()
-            ) -> CompiledFunction:
+def compile(
+    fun: Callable,
+    backend: str = "auto",
+    static_argnums: int | Sequence[int] = (),
+    max_variants: int = 8,
+    static_argnames: str | Sequence[str] = (),
+) -> CompiledFunction:
     """Record `fun` once per call signature, lower it, and replay the lowered code.
 
     Works on plain functions and on transforms (`compile(grad(f))` records the forward

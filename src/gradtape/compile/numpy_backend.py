@@ -88,8 +88,11 @@ def _ufunc_emitter(ufunc) -> Emitter:
 
     def emit(gen, ins, out, args):
         args = _scalars_as_arrays(gen, ufunc, ins, args)
-        return [f"{gen.const(ufunc, 'u_' + _ident(ufunc.__name__) + '_')}({', '.join(args)}, "
-                f"{out_arg.format(out)})"]
+        return [
+            f"{gen.const(ufunc, 'u_' + _ident(ufunc.__name__) + '_')}({', '.join(args)}, "
+            f"{out_arg.format(out)})"
+        ]
+
     return Emitter(BUFFER, emit, inplace=ANY if ufunc.signature is None else NONE)
 
 
@@ -99,14 +102,26 @@ def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> lis
     A Python scalar operand is converted (and for floats, cast by a slower loop) on every
     call; a 0-d array of the resolved dtype gives the same numbers and runs the fast loop.
     """
-    consts = [i for i, v in enumerate(ins.invars) if v is None and (
-        type(ins.args[i]) in (int, float, complex) or isinstance(ins.args[i], np.generic))]
+    consts = [
+        i
+        for i, v in enumerate(ins.invars)
+        if v is None
+        and (type(ins.args[i]) in (int, float, complex) or isinstance(ins.args[i], np.generic))
+    ]
     if not consts:
         return args
     try:
-        dtypes = ufunc.resolve_dtypes(tuple(
-            v.dtype if v is not None else type(a) if type(a) in (int, float, complex)
-            else np.asarray(a).dtype for v, a in zip(ins.invars, ins.args)) + (None,) * ufunc.nout)
+        dtypes = ufunc.resolve_dtypes(
+            tuple(
+                v.dtype
+                if v is not None
+                else type(a)
+                if type(a) in (int, float, complex)
+                else np.asarray(a).dtype
+                for v, a in zip(ins.invars, ins.args)
+            )
+            + (None,) * ufunc.nout
+        )
         args = list(args)
         for i in consts:
             a = np.array(ins.args[i], dtype=dtypes[i])
@@ -118,9 +133,14 @@ def _scalars_as_arrays(gen: _Source, ufunc, ins: Instruction, args: list) -> lis
 
 
 # --- 0-d values: NumPy scalars, no buffer (a ufunc call on a 0-d array costs ~1 us) -----------
-_SCALAR_OPERATORS = {elementwise.add: "{0} + {1}", elementwise.subtract: "{0} - {1}",
-                     elementwise.multiply: "{0} * {1}", elementwise.divide: "{0} / {1}",
-                     elementwise.negative: "-{0}", elementwise.square: "{0} * {0}"}
+_SCALAR_OPERATORS = {
+    elementwise.add: "{0} + {1}",
+    elementwise.subtract: "{0} - {1}",
+    elementwise.multiply: "{0} * {1}",
+    elementwise.divide: "{0} / {1}",
+    elementwise.negative: "-{0}",
+    elementwise.square: "{0} * {0}",
+}
 _F64 = np.dtype(np.float64)
 
 
@@ -136,49 +156,71 @@ def _scalar_emitter(ins: Instruction, ufunc) -> Emitter | None:
     if ins.outvars[0].shape != () or any(v is not None and v.shape != () for v in ins.invars):
         return None
     pattern = _SCALAR_OPERATORS.get(ins.prim)
-    if (pattern is not None and ins.outvars[0].dtype == _F64
-            and all(_is_float64_operand(v, a) for v, a in zip(ins.invars, ins.args))):
+    if (
+        pattern is not None
+        and ins.outvars[0].dtype == _F64
+        and all(_is_float64_operand(v, a) for v, a in zip(ins.invars, ins.args))
+    ):
         return Emitter(VALUE, lambda gen, ins, out, args: [f"{out} = {pattern.format(*args)}"])
-    return Emitter(VALUE, lambda gen, ins, out, args: [
-        f"{out} = {gen.const(ufunc, 'u_' + _ident(ufunc.__name__) + '_')}({', '.join(args)})"])
+    return Emitter(
+        VALUE,
+        lambda gen, ins, out, args: [
+            f"{out} = {gen.const(ufunc, 'u_' + _ident(ufunc.__name__) + '_')}({', '.join(args)})"
+        ],
+    )
 
 
 def _scalar_where(ins: Instruction) -> Emitter | None:
     """np.where on 0-d values of the output's dtype: a conditional expression."""
     out = ins.outvars[0]
-    if out.shape != () or any(v is not None and v.shape != () for v in ins.invars) or any(
-            v is not None and v.dtype != out.dtype for v in ins.invars[1:]):
+    if (
+        out.shape != ()
+        or any(v is not None and v.shape != () for v in ins.invars)
+        or any(v is not None and v.dtype != out.dtype for v in ins.invars[1:])
+    ):
         return None
 
     def emit(gen, ins, out_name, args):
-        x, y = (args[i] if ins.invars[i] is not None else gen.const(out.dtype.type(ins.args[i]))
-                for i in (1, 2))
+        x, y = (
+            args[i] if ins.invars[i] is not None else gen.const(out.dtype.type(ins.args[i]))
+            for i in (1, 2)
+        )
         return [f"{out_name} = {x} if {args[0]} else {y}"]
+
     return Emitter(VALUE, emit)
 
 
 def _reduction(ufunc) -> Emitter:
     def emit(gen, ins, out, args):
         p = ins.params
-        call = f"{gen.const(ufunc.reduce, 'r_' + _ident(ufunc.__name__) + '_')}({args[0]}, " \
-               f"{gen.const(tuple(p['axes']), 'axes')}"
+        call = (
+            f"{gen.const(ufunc.reduce, 'r_' + _ident(ufunc.__name__) + '_')}({args[0]}, "
+            f"{gen.const(tuple(p['axes']), 'axes')}"
+        )
         if ins.outvars[0].shape == ():  # a NumPy scalar: cheaper to use than a 0-d buffer
             return [f"{out} = {call})"]
         return [f"{call}, None, {out}, {p['keepdims']!r})"]
+
     return emit
 
 
 def _cumulative(fn) -> Emitter:
-    return Emitter(BUFFER, lambda gen, ins, out, args: [
-        f"{gen.const(fn)}({args[0]}, {ins.params['axis']!r}, None, {out})"])
+    return Emitter(
+        BUFFER,
+        lambda gen, ins, out, args: [
+            f"{gen.const(fn)}({args[0]}, {ins.params['axis']!r}, None, {out})"
+        ],
+    )
 
 
 def _copy_then(update: Callable) -> Emitter:
     """Copy argument 0 into the buffer (unless it is that buffer, dying here: y[i] = v on a
     temporary updates it in place), then update it (functional writes)."""
+
     def emit(gen, ins, out, args):
         copy = [] if out == args[0] else [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]})"]
         return copy + update(gen, ins, out, args)
+
     return Emitter(BUFFER, emit, inplace=FIRST)
 
 
@@ -195,15 +237,19 @@ def _scatter_add_update(gen, ins, out, args):
 
 def _emit_where(gen, ins, out, args):
     copyto = gen.const(np.copyto, "copyto")
-    return [f"{copyto}({out}, {args[2]}, 'unsafe')",
-            f"{copyto}({out}, {args[1]}, 'unsafe', {args[0]})"]
+    return [
+        f"{copyto}({out}, {args[2]}, 'unsafe')",
+        f"{copyto}({out}, {args[1]}, 'unsafe', {args[0]})",
+    ]
 
 
 def _emit_pad(gen, ins, out, args):
     shape = ins.invars[0].shape if ins.invars[0] is not None else np.shape(ins.args[0])
     inner = tuple(slice(lo, lo + d) for (lo, _), d in zip(ins.params["pad_width"], shape))
-    return [f"{out}.fill({gen.const(ins.params['value'])})",
-            f"{out}[{gen.const(inner, 'idx')}] = {args[0]}"]
+    return [
+        f"{out}.fill({gen.const(ins.params['value'])})",
+        f"{out}[{gen.const(inner, 'idx')}] = {args[0]}",
+    ]
 
 
 def _take_axis(idx) -> tuple[int, np.ndarray] | None:
@@ -223,17 +269,26 @@ def _lower_getitem(ins: Instruction) -> Emitter:
     if take is not None and ins.invars[0] is not None:
         axis, arr = take
         # the indices were valid when recorded, for this very shape: mode="wrap" equals "raise"
-        return Emitter(BUFFER, lambda gen, ins, out, args: [
-            f"{gen.const(np.take, 'take')}({args[0]}, {gen.const(arr, 'idx')}, {axis}, {out}, "
-            "'wrap')"])
+        return Emitter(
+            BUFFER,
+            lambda gen, ins, out, args: [
+                f"{gen.const(np.take, 'take')}({args[0]}, {gen.const(arr, 'idx')}, {axis}, {out}, "
+                "'wrap')"
+            ],
+        )
     kind = VIEW if is_basic(idx) else VALUE
-    return Emitter(kind, lambda gen, ins, out, args: [
-        f"{out} = {args[0]}[{gen.const(idx, 'idx')}]"])
+    return Emitter(
+        kind, lambda gen, ins, out, args: [f"{out} = {args[0]}[{gen.const(idx, 'idx')}]"]
+    )
 
 
 def _view(fn, param: str) -> Emitter:
-    return Emitter(VIEW, lambda gen, ins, out, args: [
-        f"{out} = {gen.const(fn)}({args[0]}, {gen.const(ins.params[param])})"])
+    return Emitter(
+        VIEW,
+        lambda gen, ins, out, args: [
+            f"{out} = {gen.const(fn)}({args[0]}, {gen.const(ins.params[param])})"
+        ],
+    )
 
 
 def _emit_concatenate(gen, ins, out, args):
@@ -362,8 +417,9 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
         if e.kind == BUFFER:
             owners = frozenset((ins.outvars[0].id,))
         else:
-            owners = frozenset().union(*(storage.get(v.id, frozenset())
-                                         for v in ins.invars if v is not None))
+            owners = frozenset().union(
+                *(storage.get(v.id, frozenset()) for v in ins.invars if v is not None)
+            )
         for v in ins.outvars:
             storage[v.id] = owners
             for o in owners:
@@ -384,8 +440,11 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
                 names[v.id] = f"o{direct[v.id]}"
             else:
                 key = (v.shape, v.dtype)
-                slot = None if e.inplace == NONE else _in_place_slot(
-                    ins, i, key, e.inplace, slot_of, storage, owner_last)
+                slot = (
+                    None
+                    if e.inplace == NONE
+                    else _in_place_slot(ins, i, key, e.inplace, slot_of, storage, owner_last)
+                )
                 if slot is not None:
                     handed_on.add(slot)
                 else:
@@ -404,16 +463,21 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
     return _Plan(emitters, names, slots, direct)
 
 
-def _in_place_slot(ins: Instruction, i: int, key: tuple, which: str, slot_of, storage,
-                   owner_last):
+def _in_place_slot(ins: Instruction, i: int, key: tuple, which: str, slot_of, storage, owner_last):
     """The buffer of an input that dies at instruction i and that the output can overwrite:
     same shape and dtype, a whole buffer (not a view), and not read through another operand
     (an exact overlap is safe for a ufunc; a partial one would make NumPy copy)."""
     for w in ins.invars[:1] if which == FIRST else ins.invars:
-        if (w is not None and w.id in slot_of and (w.shape, w.dtype) == key
-                and storage.get(w.id) == frozenset((w.id,)) and owner_last.get(w.id) == i
-                and not any(u is not None and u.id != w.id and w.id in storage.get(u.id, ())
-                            for u in ins.invars)):
+        if (
+            w is not None
+            and w.id in slot_of
+            and (w.shape, w.dtype) == key
+            and storage.get(w.id) == frozenset((w.id,))
+            and owner_last.get(w.id) == i
+            and not any(
+                u is not None and u.id != w.id and w.id in storage.get(u.id, ()) for u in ins.invars
+            )
+        ):
             return slot_of[w.id]
     return None
 
@@ -428,14 +492,20 @@ def _check_lines(gen: _Source, index: int, kind: str, operand: str, answer) -> l
         conv = "int" if kind == "int" else gen.const(operator.index, "index")
         return [f"_a = {conv}({operand})", f"if _a != {gen.const(answer)}: {raise_}"]
     if kind == "item":
-        return [f"_a = {operand}.item()",
-                f"if {gen.const(_item_differs, 'item_differs')}(_a, {gen.const(answer)}): {raise_}"]
+        return [
+            f"_a = {operand}.item()",
+            f"if {gen.const(_item_differs, 'item_differs')}(_a, {gen.const(answer)}): {raise_}",
+        ]
     if kind == "shape":
-        return [f"_a = {gen.const(np.shape, 'shape_of')}({operand})",
-                f"if _a != {gen.const(answer)}: {raise_}"]
+        return [
+            f"_a = {gen.const(np.shape, 'shape_of')}({operand})",
+            f"if _a != {gen.const(answer)}: {raise_}",
+        ]
     # "value": the whole array the function read
-    return [f"if not {gen.const(_same_value, 'same_value')}({operand}, {gen.const(answer)}): "
-            f"raise {fail}({index}, {gen.const(np.array, 'array')}({operand}))"]
+    return [
+        f"if not {gen.const(_same_value, 'same_value')}({operand}, {gen.const(answer)}): "
+        f"raise {fail}({index}, {gen.const(np.array, 'array')}({operand}))"
+    ]
 
 
 def _item_differs(a, b) -> bool:
@@ -443,8 +513,9 @@ def _item_differs(a, b) -> bool:
 
 
 def _same_value(x, answer: np.ndarray) -> bool:
-    return np.shape(x) == answer.shape and bool(np.array_equal(x, answer, equal_nan=answer.dtype
-                                                                .kind in "fc"))
+    return np.shape(x) == answer.shape and bool(
+        np.array_equal(x, answer, equal_nan=answer.dtype.kind in "fc")
+    )
 
 
 # --- lowering -------------------------------------------------------------------------------------
@@ -466,8 +537,11 @@ class NumpyLowered:
         exec(compile(self.source, f"<gradtape compiled {id(self):x}>", "exec"), namespace)
         slots = plan.slots
         pool: list = []
-        gen.consts.update(_pool_pop=pool.pop, _pool_push=pool.append,
-                          _alloc=lambda: [np.empty(s, d) for s, d in slots])
+        gen.consts.update(
+            _pool_pop=pool.pop,
+            _pool_push=pool.append,
+            _alloc=lambda: [np.empty(s, d) for s, d in slots],
+        )
         # run(*leaves, out_leaves): fresh results, or None after writing into out_leaves
         self.run = namespace["_build"](gen.consts)
 
@@ -489,8 +563,9 @@ class NumpyLowered:
 
         emit_checks(-1)
         for i, (ins, e) in enumerate(zip(program.instructions, plan.emitters)):
-            args = [names[v.id] if v is not None else gen.const(a)
-                    for v, a in zip(ins.invars, ins.args)]
+            args = [
+                names[v.id] if v is not None else gen.const(a) for v, a in zip(ins.invars, ins.args)
+            ]
             if len(ins.outvars) == 1:
                 out = names[ins.outvars[0].id]
             else:
@@ -506,15 +581,19 @@ class NumpyLowered:
         fresh_exprs, into_lines, alloc_lines = [], [], []
         for k, leaf in enumerate(outputs):
             if leaf.var is not None and plan.direct.get(leaf.var.id) == k:
-                alloc_lines.append(f"o{k} = {gen.const(np.empty, 'empty')}("
-                                   f"{gen.const(leaf.shape)}, {gen.const(leaf.dtype, 'dt')})")
+                alloc_lines.append(
+                    f"o{k} = {gen.const(np.empty, 'empty')}("
+                    f"{gen.const(leaf.shape)}, {gen.const(leaf.dtype, 'dt')})"
+                )
                 fresh_exprs.append(f"o{k}[()]" if leaf.scalar else f"o{k}")
                 continue
             src = names[leaf.var.id] if leaf.var is not None else gen.const(leaf.const)
             into_lines.append(f"o{k}[...] = {src}")
             if leaf.var is not None and leaf.scalar:
-                fresh_exprs.append(f"({src}[()] if {src}.__class__ is "
-                                   f"{gen.const(np.ndarray, 'ndarray')} else {src})")
+                fresh_exprs.append(
+                    f"({src}[()] if {src}.__class__ is "
+                    f"{gen.const(np.ndarray, 'ndarray')} else {src})"
+                )
             elif leaf.var is not None:
                 fresh_exprs.append(f"{gen.const(np.array, 'array')}({src})")
             elif isinstance(leaf.const, np.ndarray):
@@ -544,8 +623,13 @@ class NumpyLowered:
             lines.extend(f"    {n} = C[{n!r}]" for n in ("_pool_pop", "_pool_push", "_alloc"))
         lines.append(f"    def run({params}):")
         if plan.slots:
-            lines += ["        try:", "            B = _pool_pop()", "        except IndexError:",
-                      "            B = _alloc()", "        try:"]
+            lines += [
+                "        try:",
+                "            B = _pool_pop()",
+                "        except IndexError:",
+                "            B = _alloc()",
+                "        try:",
+            ]
             lines.extend("            " + s for s in inner)
             lines += ["        finally:", "            _pool_push(B)"]
         else:

@@ -98,8 +98,13 @@ def output_leaf(value, var: Var | None) -> OutputLeaf:
     """Describe a result leaf from the value seen while recording."""
     if var is not None:
         return OutputLeaf(var, None, not isinstance(value, np.ndarray), var.shape, var.dtype)
-    return OutputLeaf(None, value, False, np.shape(value), np.result_type(value)
-                      if _is_array_like(value) else np.dtype(object))
+    return OutputLeaf(
+        None,
+        value,
+        False,
+        np.shape(value),
+        np.result_type(value) if _is_array_like(value) else np.dtype(object),
+    )
 
 
 def _is_array_like(value) -> bool:
@@ -138,8 +143,9 @@ def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> P
     outs = []
     for leaf in outputs:
         if leaf.var is None:
-            leaf = OutputLeaf(None, _snapshot(leaf.const, snapshots), leaf.scalar, leaf.shape,
-                              leaf.dtype)
+            leaf = OutputLeaf(
+                None, _snapshot(leaf.const, snapshots), leaf.scalar, leaf.shape, leaf.dtype
+            )
         else:
             r = _resolve_operand(leaf.var, subst)
             if not isinstance(r, Var):
@@ -173,8 +179,11 @@ def _ordered_checks(tape: Tape) -> list[Check]:
         for v in ins.outvars:
             produced_at[v.id] = pos
         for v, o in _shape_checks(ins, readers, output_ids):
-            shape_checks.append(Check(v, "shape", tuple(np.shape(o)),
-                                      f"data-dependent shape of {ins.prim.name}", pos))
+            shape_checks.append(
+                Check(
+                    v, "shape", tuple(np.shape(o)), f"data-dependent shape of {ins.prim.name}", pos
+                )
+            )
     guards = []
     last = -1
     for g in tape.guards:
@@ -206,8 +215,11 @@ def _shape_checks(ins: Instruction, readers: dict, output_ids: set) -> list[tupl
     pairs = list(zip(ins.outvars, outs))
     if fact is True:
         return pairs
-    return [(v, o) for v, o in pairs[fact(ins.params)]
-            if v.id in output_ids or any(not p.reads_trip_count for p in readers.get(v.id, ()))]
+    return [
+        (v, o)
+        for v, o in pairs[fact(ins.params)]
+        if v.id in output_ids or any(not p.reads_trip_count for p in readers.get(v.id, ()))
+    ]
 
 
 def _snapshot(value, memo: dict):
@@ -229,7 +241,8 @@ def _captured(ins: Instruction, memo: dict) -> Instruction:
     args = tuple(_snapshot(a, memo) if v is None else a for v, a in zip(ins.invars, ins.args))
     params = {k: _snapshot(p, memo) for k, p in ins.params.items()}
     if all(a is b for a, b in zip(args, ins.args)) and all(
-            params[k] is ins.params[k] for k in params):
+        params[k] is ins.params[k] for k in params
+    ):
         return ins
     return Instruction(ins.prim, ins.invars, args, params, ins.outvars, ins.out)
 
@@ -247,8 +260,10 @@ def unreplayable_reason(program: Program) -> str | None:
         if c.kind not in CHECK_KINDS:
             return f"a guard of kind {c.kind!r} ({c.where}) that compile cannot check"
         if c.kind == "item" and isinstance(c.operand, Var) and math.prod(c.operand.shape) != 1:
-            return (f"x.item(i) on an array of shape {c.operand.shape} ({c.where}) cannot be "
-                    "checked on replay; write x[i].item() instead")
+            return (
+                f"x.item(i) on an array of shape {c.operand.shape} ({c.where}) cannot be "
+                "checked on replay; write x[i].item() instead"
+            )
     return None
 
 
@@ -277,8 +292,11 @@ def _substituted(ins: Instruction, subst: dict) -> Instruction:
 def _is_elementwise(prim) -> bool:
     """Broadcasting elementwise ops (not generalized ufuncs such as matmul, with core dims)."""
     impl = prim.impl
-    return prim.partials is not None or prim is indexing.where_p or (
-        isinstance(impl, np.ufunc) and impl.signature is None)
+    return (
+        prim.partials is not None
+        or prim is indexing.where_p
+        or (isinstance(impl, np.ufunc) and impl.signature is None)
+    )
 
 
 def _strip_ones(shape: tuple) -> tuple:
@@ -294,8 +312,9 @@ def _broadcast_source(ins: Instruction | None) -> Var | None:
         return None
     prim = ins.prim
     src = ins.invars[0]
-    if prim is shape.broadcast_p or (prim is shape.reshape_p and _strip_ones(
-            src.shape) == _strip_ones(ins.outvars[0].shape)):
+    if prim is shape.broadcast_p or (
+        prim is shape.reshape_p and _strip_ones(src.shape) == _strip_ones(ins.outvars[0].shape)
+    ):
         return src
     return None
 
@@ -321,8 +340,10 @@ def _forward_broadcasts(ins: Instruction, defs: dict) -> Instruction:
     out_shape = ins.outvars[0].shape
 
     def keeps_shape(i: int, shape: tuple) -> bool:
-        shapes = [shape if j == i else w.shape if w is not None else np.shape(b)
-                  for j, (w, b) in enumerate(zip(invars, args))]
+        shapes = [
+            shape if j == i else w.shape if w is not None else np.shape(b)
+            for j, (w, b) in enumerate(zip(invars, args))
+        ]
         return np.broadcast_shapes(*shapes) == out_shape
 
     changed = False
@@ -367,8 +388,12 @@ def _constant_truth(c):
 
 
 # boolean ops with a constant operand: the value that decides the result alone
-_BOOLEAN_FOLDS = {lookup_ufunc(np.logical_and): False, lookup_ufunc(np.bitwise_and): False,
-                  lookup_ufunc(np.logical_or): True, lookup_ufunc(np.bitwise_or): True}
+_BOOLEAN_FOLDS = {
+    lookup_ufunc(np.logical_and): False,
+    lookup_ufunc(np.bitwise_and): False,
+    lookup_ufunc(np.logical_or): True,
+    lookup_ufunc(np.bitwise_or): True,
+}
 
 
 def _peephole(ins: Instruction):
@@ -384,8 +409,12 @@ def _peephole(ins: Instruction):
     if prim is elementwise.multiply and len(ins.invars) == 2:
         for mine, other in ((0, 1), (1, 0)):
             v = ins.invars[mine]
-            if (v is not None and ins.invars[other] is None and _is_one(ins.args[other])
-                    and _same_type(v, out)):
+            if (
+                v is not None
+                and ins.invars[other] is None
+                and _is_one(ins.args[other])
+                and _same_type(v, out)
+            ):
                 return ("var", v)
     if prim in _BOOLEAN_FOLDS and out.dtype == bool and len(ins.invars) == 2:
         absorbing = _BOOLEAN_FOLDS[prim]  # False for and, True for or
@@ -423,10 +452,14 @@ def _const_key(c):
 
 def _cse_key(ins: Instruction):
     try:
-        key = (id(ins.prim),
-               tuple(("v", v.id) if v is not None else _const_key(a)
-                     for v, a in zip(ins.invars, ins.args)),
-               tuple(ins.params.items()))
+        key = (
+            id(ins.prim),
+            tuple(
+                ("v", v.id) if v is not None else _const_key(a)
+                for v, a in zip(ins.invars, ins.args)
+            ),
+            tuple(ins.params.items()),
+        )
         hash(key)
     except TypeError:
         return None

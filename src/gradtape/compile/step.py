@@ -34,8 +34,10 @@ def step_program(tape: Tape, inputs: list) -> Program:
     flat.instructions = tape.instructions
     flat.guards = tape.guards
     flat.outputs = tape.outputs
-    leaves = [output_leaf(np.empty(o.shape, o.dtype), o) if isinstance(o, Var) else
-              output_leaf(o, None) for o in tape.outputs]
+    leaves = [
+        output_leaf(np.empty(o.shape, o.dtype), o) if isinstance(o, Var) else output_leaf(o, None)
+        for o in tape.outputs
+    ]
     td = tree_flatten(tuple(range(len(leaves))))[1]
     return build_program(flat, leaves, td)
 
@@ -65,14 +67,21 @@ class BackwardLoopArgs:
     g_stored: list
 
     @classmethod
-    def split(cls, args: Sequence, n_carry: int, n_x: int, n_y: int,
-              stored_cotangents: bool) -> BackwardLoopArgs:
+    def split(
+        cls, args: Sequence, n_carry: int, n_x: int, n_y: int, stored_cotangents: bool
+    ) -> BackwardLoopArgs:
         """The parts of the flat argument list `args` of a backward loop with these params."""
         nc = n_carry
-        rest = list(args[2 * nc + n_y + n_x:])
+        rest = list(args[2 * nc + n_y + n_x :])
         n_caps = len(rest) - (nc if stored_cotangents else 0)
-        return cls(list(args[:nc]), list(args[nc:nc + n_y]), list(args[nc + n_y:2 * nc + n_y]),
-                   list(args[2 * nc + n_y:2 * nc + n_y + n_x]), rest[:n_caps], rest[n_caps:])
+        return cls(
+            list(args[:nc]),
+            list(args[nc : nc + n_y]),
+            list(args[nc + n_y : 2 * nc + n_y]),
+            list(args[2 * nc + n_y : 2 * nc + n_y + n_x]),
+            rest[:n_caps],
+            rest[n_caps:],
+        )
 
     def flat(self) -> tuple:
         """The argument list the primitive is bound with."""
@@ -80,11 +89,18 @@ class BackwardLoopArgs:
 
     def params(self, program, length: int, reverse: bool, checkpoint: int | None) -> dict:
         """The primitive's params for these arguments and the loop's own options."""
-        return dict(program=program, n_carry=len(self.g_carry), n_x=len(self.xs),
-                    n_y=len(self.g_ys), length=length, reverse=reverse, checkpoint=checkpoint,
-                    stored_cotangents=bool(self.g_stored))
+        return dict(
+            program=program,
+            n_carry=len(self.g_carry),
+            n_x=len(self.xs),
+            n_y=len(self.g_ys),
+            length=length,
+            reverse=reverse,
+            checkpoint=checkpoint,
+            stored_cotangents=bool(self.g_stored),
+        )
 
     def outputs(self, outs: Sequence) -> tuple[list, list, list]:
         """The loop's results split as (initial carry, xs, caps) cotangents."""
         nc, nx = len(self.g_carry), len(self.xs)
-        return list(outs[:nc]), list(outs[nc:nc + nx]), list(outs[nc + nx:])
+        return list(outs[:nc]), list(outs[nc : nc + nx]), list(outs[nc + nx :])

@@ -48,8 +48,7 @@ class custom_vjp:
         self.bwd = None
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp,
-                               user_rule=True)
+        self._prim = Primitive(f"custom_vjp[{name}]", self._impl, jvp=self._jvp, user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defvjp(self, fwd: Callable, bwd: Callable) -> custom_vjp:
@@ -70,7 +69,8 @@ class custom_vjp:
                 f"custom_vjp function {self.fun.__name__} has no forward-mode rule, so forward "
                 "mode (jvp, jacfwd, hessian, hvp) cannot differentiate it. Give one with "
                 f"{self.fun.__name__}.defjvp(rule), rule(primals, tangents) -> "
-                "(out, tangent_out), or use reverse mode (grad, vjp, jacrev).")
+                "(out, tangent_out), or use reverse mode (grad, vjp, jacrev)."
+            )
         return _rule_tangent(self.jvp_rule, args, tangents, self.fun.__name__)
 
     def _vjp_all(self, g, ans, args, params, invars):
@@ -85,8 +85,10 @@ class custom_vjp:
 
     def __call__(self, *args):
         if self.fwd is None:
-            raise GradtapeError(f"custom_vjp function {self.fun.__name__} has no rule: call "
-                                ".defvjp(fwd, bwd) first.")
+            raise GradtapeError(
+                f"custom_vjp function {self.fun.__name__} has no rule: call "
+                ".defvjp(fwd, bwd) first."
+            )
         top = _top_level(args)
         if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
@@ -96,11 +98,13 @@ class custom_vjp:
         if len(out_leaves) != 1:
             raise GradtapeError("custom_vjp functions must return a single array.")
         out = out_leaves[0]
-        invars = tuple(a._var if type(a) is trace.Tracer and a._level is top else None
-                       for a in args)
+        invars = tuple(
+            a._var if type(a) is trace.Tracer and a._level is top else None for a in args
+        )
         var = top.new_var(out)
         top.tape.instructions.append(
-            Instruction(self._prim, invars, vals, {"res": res}, (var,), out))
+            Instruction(self._prim, invars, vals, {"res": res}, (var,), out)
+        )
         return trace.Tracer(out, var, top)
 
 
@@ -114,8 +118,10 @@ def _rule_tangent(rule: Callable, args: tuple, tangents, name: str):
     tangents = tuple(_zero_tangent(a) if t is None else t for t, a in zip(tangents, args))
     result = rule(tuple(args), tangents)
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise GradtapeError(f"the jvp rule of {name} must return a pair (out, tangent_out), "
-                            f"got {type(result).__name__}.")
+        raise GradtapeError(
+            f"the jvp rule of {name} must return a pair (out, tangent_out), "
+            f"got {type(result).__name__}."
+        )
     return result[1]
 
 
@@ -145,8 +151,7 @@ class custom_jvp:
         self.fun = fun
         self.jvp_rule = None
         name = getattr(fun, "__name__", "custom")
-        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp,
-                               user_rule=True)
+        self._prim = Primitive(f"custom_jvp[{name}]", self._impl, jvp=self._jvp, user_rule=True)
         self._prim.vjp_all = self._vjp_all
 
     def defjvp(self, rule: Callable) -> Callable:
@@ -157,8 +162,10 @@ class custom_jvp:
 
     def __call__(self, *args):
         if self.jvp_rule is None:
-            raise GradtapeError(f"custom_jvp function {self.fun.__name__} has no rule: call "
-                                f"{self.fun.__name__}.defjvp(rule) first.")
+            raise GradtapeError(
+                f"custom_jvp function {self.fun.__name__} has no rule: call "
+                f"{self.fun.__name__}.defjvp(rule) first."
+            )
         top = _top_level(args)
         if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
@@ -167,8 +174,10 @@ class custom_jvp:
     def _impl(self, *args):
         out = self(*args)  # one level down: recorded there too when that level differentiates
         if not (type(out) is trace.Tracer or isinstance(out, (np.ndarray, np.generic, float))):
-            raise GradtapeError(f"custom_jvp function {self.fun.__name__} must return a single "
-                                f"array, got {type(out).__name__}.")
+            raise GradtapeError(
+                f"custom_jvp function {self.fun.__name__} must return a single "
+                f"array, got {type(out).__name__}."
+            )
         return out
 
     def _jvp(self, tangents, ans, *args):
@@ -179,7 +188,9 @@ class custom_jvp:
         def tangent_out(*ts):
             return [_rule_tangent(self.jvp_rule, args, ts, self.fun.__name__)]
 
-        rule = linearize(tangent_out, [None if v is None else _zero_tangent(a)
-                                       for a, v in zip(args, invars)],
-                         [v is not None for v in invars])
+        rule = linearize(
+            tangent_out,
+            [None if v is None else _zero_tangent(a) for a, v in zip(args, invars)],
+            [v is not None for v in invars],
+        )
         return tuple(rule.vjp([g]))

@@ -101,8 +101,9 @@ class BodyProgram:
                 positions.append(len(self.caps))
                 self.caps.append(outer)
         if not self.variants:
-            self.out_avals = [(o.shape, o.dtype) if isinstance(o, Var) else _aval(o)
-                              for o in tape.outputs]
+            self.out_avals = [
+                (o.shape, o.dtype) if isinstance(o, Var) else _aval(o) for o in tape.outputs
+            ]
         self.variants.append((tape, guards_by_var(tape), positions))
         self._fwd.append(None)
         self._bwd.append(None)
@@ -129,7 +130,8 @@ class BodyProgram:
             fwd = self._fwd[i]
             if fwd is None:
                 fwd = self._fwd[i] = self._lower_or_none(
-                    lambda: _lower_tape(tape, body_inputs(tape)))
+                    lambda: _lower_tape(tape, body_inputs(tape))
+                )
                 if fwd is None:
                     return self.run(inputs, caps)
             try:
@@ -149,8 +151,9 @@ class BodyProgram:
             bwd = self._bwd[i]
             if bwd is None:
                 try:
-                    bwd = self._lower_or_none(lambda: _lower_step_vjp(tape, guards, inputs,
-                                                                      vcaps, cts))
+                    bwd = self._lower_or_none(
+                        lambda: _lower_step_vjp(tape, guards, inputs, vcaps, cts)
+                    )
                 except GuardFailure:  # these inputs take another path than this variant
                     continue
                 if bwd is None:
@@ -160,9 +163,9 @@ class BodyProgram:
                 out = bwd(*inputs, *vcaps, *cts, None)
             except GuardFailure:
                 continue
-            g_in = list(out[:len(inputs)])
+            g_in = list(out[: len(inputs)])
             g_caps = [None] * len(caps)
-            for p, g in zip(positions, out[len(inputs):]):
+            for p, g in zip(positions, out[len(inputs) :]):
                 g_caps[p] = _add(g_caps[p], g)
             return g_in, g_caps
         with self._lock:
@@ -225,8 +228,11 @@ class _BodyState:
             except ValueError:  # an empty cell
                 cells.append(None)
         env = getattr(fn, "__globals__", {})
-        named = tuple((name, self._value(env[name], depth)) for name in _global_names(fn.__code__)
-                      if name in env)
+        named = tuple(
+            (name, self._value(env[name], depth))
+            for name in _global_names(fn.__code__)
+            if name in env
+        )
         defaults = tuple(self._value(d, depth) for d in fn.__defaults__ or ())
         keyword = tuple((k, self._value(d, depth)) for k, d in (fn.__kwdefaults__ or {}).items())
         return (fn.__code__, tuple(cells), named, defaults, keyword)
@@ -265,7 +271,8 @@ class _BodyState:
             if now is not then:
                 return False
             if not (now == copy).all() and not np.array_equal(  # (NaNs: compared again)
-                    now, copy, equal_nan=now.dtype.kind in "fc"):
+                now, copy, equal_nan=now.dtype.kind in "fc"
+            ):
                 return False
         return True
 
@@ -279,8 +286,9 @@ def _global_names(code) -> tuple:
     return tuple(dict.fromkeys(names))
 
 
-def cached_program(kind: str, user_fn, flat_fn, name: str, inputs: list, avals: tuple,
-                   structure) -> tuple:
+def cached_program(
+    kind: str, user_fn, flat_fn, name: str, inputs: list, avals: tuple, structure
+) -> tuple:
     """(program, captured values for this call): recorded bodies are reused when the same
     code, Python state and input shapes come back (a new loop length records nothing).
 
@@ -389,11 +397,11 @@ def _scan_jvp(ts, ans, *args, program, n_carry, n_x, length, reverse, checkpoint
         return _scan_jvp_as_scan(ts, args, program, n_carry, n_x, length, reverse, checkpoint)
     nc, nx = n_carry, n_x
     carry = list(args[:nc])
-    xs = args[nc:nc + nx]
-    caps = list(args[nc + nx:])
+    xs = args[nc : nc + nx]
+    caps = list(args[nc + nx :])
     t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:nc], carry)]
-    t_xs = ts[nc:nc + nx]
-    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx:], caps)]
+    t_xs = ts[nc : nc + nx]
+    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx :], caps)]
     t_stored, t_ys = [], []
     steps = range(length - 1, -1, -1) if reverse else range(length)
     for k, t in enumerate(steps):
@@ -409,14 +417,16 @@ def _scan_jvp(ts, ans, *args, program, n_carry, n_x, length, reverse, checkpoint
         t_ys.reverse()
     y_avals = program.out_avals[nc:]
     ys = [_stack([y[i] for y in t_ys], y_avals[i], length) for i in range(len(y_avals))]
-    hidden = [_stack([s[i] for s in t_stored], program.out_avals[i], len(t_stored))
-              for i in range(nc)]
+    hidden = [
+        _stack([s[i] for s in t_stored], program.out_avals[i], len(t_stored)) for i in range(nc)
+    ]
     return tuple(t_carry + ys + hidden)
 
 
 def _tangent_step(program: BodyProgram, nc: int, caps: list, t_caps: list):
     """The body of a tangent loop: one step of `program` and its JVP, on (value, tangent)
     pairs of carries and xs; the captured values and their tangents are closed over."""
+
     def tangent_step(pair, x_pair):
         (c, tc), (x, tx) = pair, x_pair
         out, t_out = _step_jvp(program, c + x, caps, tc + tx, t_caps)
@@ -427,16 +437,22 @@ def _tangent_step(program: BodyProgram, nc: int, caps: list, t_caps: list):
 
 
 def _scan_jvp_as_scan(ts, args, program, nc, nx, length, reverse, checkpoint) -> tuple:
-    carry, xs, caps = list(args[:nc]), list(args[nc:nc + nx]), list(args[nc + nx:])
+    carry, xs, caps = list(args[:nc]), list(args[nc : nc + nx]), list(args[nc + nx :])
     t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:nc], carry)]
-    t_xs = [_zero_tangent(t, x) for t, x in zip(ts[nc:nc + nx], xs)]
-    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx:], caps)]
-    outs, _, _, n_leaves, n_ys = _bind_scan(_tangent_step(program, nc, caps, t_caps),
-                                            (carry, t_carry), (xs, t_xs), length, reverse,
-                                            checkpoint)
+    t_xs = [_zero_tangent(t, x) for t, x in zip(ts[nc : nc + nx], xs)]
+    t_caps = [_zero_tangent(t, c) for t, c in zip(ts[nc + nx :], caps)]
+    outs, _, _, n_leaves, n_ys = _bind_scan(
+        _tangent_step(program, nc, caps, t_caps),
+        (carry, t_carry),
+        (xs, t_xs),
+        length,
+        reverse,
+        checkpoint,
+    )
     ny = n_ys // 2  # outputs: carries, tangents; ys, their tangents; stored of both
-    return tuple([*outs[nc:n_leaves], *outs[n_leaves + ny:n_leaves + n_ys],
-                  *outs[n_leaves + n_ys + nc:]])
+    return tuple(
+        [*outs[nc:n_leaves], *outs[n_leaves + ny : n_leaves + n_ys], *outs[n_leaves + n_ys + nc :]]
+    )
 
 
 def _add(a, b):
@@ -504,8 +520,9 @@ def _backward_length(stored, xs, checkpoint, recorded: int) -> int:
     return recorded
 
 
-def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
-                     stored_cotangents):
+def _scan_bwd_python(
+    *args, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
+):
     """The backward loop: from the last step to the first, one step's VJP at a time.
 
     Arguments as `BackwardLoopArgs` lays them out: cotangents of the final carry and of ys,
@@ -544,8 +561,9 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
             g_in, g_c = program.vjp_fast(carry + x_t, caps, cts)
         else:
             g_in, g_c = _step_vjp(program, carry + x_t, caps, cts)
-        g_carry = [g if g is not None else np.zeros_like(_concrete(c)) for g, c in
-                   zip(g_in[:nc], carry)]
+        g_carry = [
+            g if g is not None else np.zeros_like(_concrete(c)) for g, c in zip(g_in[:nc], carry)
+        ]
         if g_stored and (checkpoint is None or k % checkpoint == 0):
             j = k if checkpoint is None else k // checkpoint
             g_carry = [gc + gs[j] for gc, gs in zip(g_carry, g_stored)]
@@ -559,48 +577,74 @@ def _scan_bwd_python(*args, program, n_carry, n_x, n_y, length, reverse, checkpo
             out_xs.append(np.zeros(aval[0], np.float64))
             continue
         step_aval = (aval[0][1:], aval[1])
-        out_xs.append(_stack([g if g is not None else _zeros(step_aval) for g in g_xs[i]],
-                             step_aval, length))
-    out_caps = [g if g is not None else np.zeros(shape_of(c), dtype_of(c) if dtype_of(c).kind
-                                                 in "fc" else np.float64)
-                for g, c in zip(g_caps, caps)]
+        out_xs.append(
+            _stack([g if g is not None else _zeros(step_aval) for g in g_xs[i]], step_aval, length)
+        )
+    out_caps = [
+        g
+        if g is not None
+        else np.zeros(shape_of(c), dtype_of(c) if dtype_of(c).kind in "fc" else np.float64)
+        for g, c in zip(g_caps, caps)
+    ]
     return tuple(g_carry + out_xs + out_caps)
 
 
 def _scan_bwd_vjp_all(g, ans, args, params, invars):
     """Reverse mode through the backward loop (second derivatives): through its steps."""
     loop = linearize(functools.partial(_scan_bwd_python, **params), args)
-    return loop.vjp([gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
-                     for gi, a in zip(g, ans)])
+    return loop.vjp(
+        [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a)) for gi, a in zip(g, ans)]
+    )
 
 
-def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, checkpoint,
-                  stored_cotangents):
+def _scan_bwd_jvp(
+    ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
+):
     """Forward mode through the backward loop (hvp, hessian). On traced values it is the
     backward loop of the tangent step (`_tangent_step`): for the pair map F(s, t) = (f(s),
     Df(s) t), the VJP with cotangents (tangent of g, g) is (tangent of Df(s)^T g, Df(s)^T g),
     so one loop computes the backward pass and its tangent. On concrete values, the
     tangents go through the loop's steps."""
-    params = dict(program=program, n_carry=n_carry, n_x=n_x, n_y=n_y, length=length,
-                  reverse=reverse, checkpoint=checkpoint, stored_cotangents=stored_cotangents)
+    params = dict(
+        program=program,
+        n_carry=n_carry,
+        n_x=n_x,
+        n_y=n_y,
+        length=length,
+        reverse=reverse,
+        checkpoint=checkpoint,
+        stored_cotangents=stored_cotangents,
+    )
     nc, nx = n_carry, n_x
     bwd = BackwardLoopArgs.split(args, n_carry, n_x, n_y, stored_cotangents)
     length = _backward_length(bwd.stored, bwd.xs, checkpoint, length)
-    t_bwd = BackwardLoopArgs.split([_zero_tangent(t, x) for t, x in zip(ts, args)], n_carry,
-                                   n_x, n_y, stored_cotangents)
-    if length == 0 or not bwd.caps or not all(_is_tracer(c) for c in bwd.caps) or not any(
-            _is_tracer(x) for x in args):
+    t_bwd = BackwardLoopArgs.split(
+        [_zero_tangent(t, x) for t, x in zip(ts, args)], n_carry, n_x, n_y, stored_cotangents
+    )
+    if (
+        length == 0
+        or not bwd.caps
+        or not all(_is_tracer(c) for c in bwd.caps)
+        or not any(_is_tracer(x) for x in args)
+    ):
         loop = linearize(functools.partial(_scan_bwd_python, **params), args)
         return tuple(_zero_tangent(t, o) for t, o in zip(loop.jvp(ts), loop.outputs))
     example = ([_concrete(s)[0] for s in bwd.stored], [_concrete(s)[0] for s in t_bwd.stored])
-    pair, pair_caps, _, _, _, _ = _scan_program(_tangent_step(program, nc, bwd.caps, t_bwd.caps),
-                                                example, (bwd.xs, t_bwd.xs), length)
+    pair, pair_caps, _, _, _, _ = _scan_program(
+        _tangent_step(program, nc, bwd.caps, t_bwd.caps), example, (bwd.xs, t_bwd.xs), length
+    )
     # the pair loop's carries are (carry, tangent): its cotangents (tangent of g, g)
-    pair_args = BackwardLoopArgs(t_bwd.g_carry + bwd.g_carry, t_bwd.g_ys + bwd.g_ys,
-                                 bwd.stored + t_bwd.stored, bwd.xs + t_bwd.xs, pair_caps,
-                                 t_bwd.g_stored + bwd.g_stored)
+    pair_args = BackwardLoopArgs(
+        t_bwd.g_carry + bwd.g_carry,
+        t_bwd.g_ys + bwd.g_ys,
+        bwd.stored + t_bwd.stored,
+        bwd.xs + t_bwd.xs,
+        pair_caps,
+        t_bwd.g_stored + bwd.g_stored,
+    )
     g_pair_carry, g_pair_xs, g_pair_caps = pair_args.outputs(
-        bind(scan_bwd_p, pair_args.flat(), pair_args.params(pair, length, reverse, checkpoint)))
+        bind(scan_bwd_p, pair_args.flat(), pair_args.params(pair, length, reverse, checkpoint))
+    )
     t_g_caps = []
     for c in bwd.caps:
         i = next((i for i, p in enumerate(pair_caps) if p is c), None)
@@ -608,8 +652,9 @@ def _scan_bwd_jvp(ts, ans, *args, program, n_carry, n_x, n_y, length, reverse, c
     return tuple([*g_pair_carry[:nc], *g_pair_xs[:nx], *t_g_caps])
 
 
-scan_bwd_p = Primitive("scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp,
-                       reads_trip_count=True)
+scan_bwd_p = Primitive(
+    "scan_bwd", _scan_bwd_impl, multiple_results=True, jvp=_scan_bwd_jvp, reads_trip_count=True
+)
 scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
@@ -625,8 +670,8 @@ def _scan_impl(*args, **params):
 def _scan_python(*args, program, n_carry, n_x, length, reverse, checkpoint):
     """The forward loop in Python: one call of the body's generated NumPy code per step."""
     carry = list(args[:n_carry])
-    xs = args[n_carry:n_carry + n_x]
-    caps = list(args[n_carry + n_x:])
+    xs = args[n_carry : n_carry + n_x]
+    caps = list(args[n_carry + n_x :])
     stored, ys = [], []
     steps = range(length - 1, -1, -1) if reverse else range(length)
     for k, t in enumerate(steps):
@@ -638,10 +683,12 @@ def _scan_python(*args, program, n_carry, n_x, length, reverse, checkpoint):
     if reverse:
         ys.reverse()
     y_avals = program.out_avals[n_carry:]
-    ys_stacked = [_stack([np.asarray(y[i]) for y in ys], y_avals[i], length)
-                  for i in range(len(y_avals))]
-    hidden = [_stack([s[i] for s in stored], program.out_avals[i], len(stored))
-              for i in range(n_carry)]
+    ys_stacked = [
+        _stack([np.asarray(y[i]) for y in ys], y_avals[i], length) for i in range(len(y_avals))
+    ]
+    hidden = [
+        _stack([s[i] for s in stored], program.out_avals[i], len(stored)) for i in range(n_carry)
+    ]
     return tuple(carry + ys_stacked + hidden)
 
 
@@ -649,17 +696,24 @@ def _scan_vjp_all(g, ans, args, params, invars):
     nc, nx = params["n_carry"], params["n_x"]
     program = params["program"]
     ny = len(program.out_avals) - nc
-    g_carry = [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
-               for gi, a in zip(g[:nc], ans[:nc])]
-    g_ys = [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
-            for gi, a in zip(g[nc:nc + ny], ans[nc:nc + ny])]
-    hidden = ans[nc + ny:]
-    g_hidden = _stored_cotangents(g[nc + ny:], hidden)
-    xs = args[nc:nc + nx]
-    caps = args[nc + nx:]
+    g_carry = [
+        gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+        for gi, a in zip(g[:nc], ans[:nc])
+    ]
+    g_ys = [
+        gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+        for gi, a in zip(g[nc : nc + ny], ans[nc : nc + ny])
+    ]
+    hidden = ans[nc + ny :]
+    g_hidden = _stored_cotangents(g[nc + ny :], hidden)
+    xs = args[nc : nc + nx]
+    caps = args[nc + nx :]
     bwd = BackwardLoopArgs(g_carry, g_ys, list(hidden), list(xs), list(caps), g_hidden)
-    outs = bind(scan_bwd_p, bwd.flat(), bwd.params(program, params["length"], params["reverse"],
-                                                   params["checkpoint"]))
+    outs = bind(
+        scan_bwd_p,
+        bwd.flat(),
+        bwd.params(program, params["length"], params["reverse"], params["checkpoint"]),
+    )
     return [o if dtype_of(a).kind in "fc" else None for o, a in zip(outs, args)]
 
 
@@ -667,8 +721,10 @@ def _stored_cotangents(g_hidden, hidden) -> list:
     """Cotangents of the stored carries (only a second differentiation produces them)."""
     if all(gh is None for gh in g_hidden):
         return []
-    return [gh if gh is not None else np.zeros(shape_of(h), dtype_of(h))
-            for gh, h in zip(g_hidden, hidden)]
+    return [
+        gh if gh is not None else np.zeros(shape_of(h), dtype_of(h))
+        for gh, h in zip(g_hidden, hidden)
+    ]
 
 
 scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp)
@@ -676,8 +732,15 @@ scan_p.python_impl = _scan_python
 scan_p.vjp_all = _scan_vjp_all
 
 
-def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
-         unroll: int = 1, checkpoint: int | None = None):
+def scan(
+    body,
+    init,
+    xs=None,
+    length: int | None = None,
+    reverse: bool = False,
+    unroll: int = 1,
+    checkpoint: int | None = None,
+):
     """`body(carry, x) -> (carry, y)` over the leading axis of `xs`; returns `(carry, ys)`.
 
     JAX's semantics. The body is recorded once, not once per step, and the loop is
@@ -686,7 +749,7 @@ def scan(body, init, xs=None, length: int | None = None, reverse: bool = False,
     (memory T/k + k carries instead of T). `unroll` is accepted for compatibility.
     """
     outs, carry_td, y_td, nc, ny = _bind_scan(body, init, xs, length, reverse, checkpoint)
-    return tree_unflatten(carry_td, list(outs[:nc])), tree_unflatten(y_td, list(outs[nc:nc + ny]))
+    return tree_unflatten(carry_td, list(outs[:nc])), tree_unflatten(y_td, list(outs[nc : nc + ny]))
 
 
 def _bind_scan(body, init, xs, length, reverse, checkpoint) -> tuple:
@@ -694,9 +757,18 @@ def _bind_scan(body, init, xs, length, reverse, checkpoint) -> tuple:
     the carry's and ys' tree structures; the numbers of carry and ys leaves)."""
     program, caps, carry_leaves, xs_leaves, n, carry_td = _scan_program(body, init, xs, length)
     nc = len(carry_leaves)
-    outs = bind(scan_p, (*carry_leaves, *xs_leaves, *caps),
-                dict(program=program, n_carry=nc, n_x=len(xs_leaves), length=n,
-                     reverse=bool(reverse), checkpoint=checkpoint))
+    outs = bind(
+        scan_p,
+        (*carry_leaves, *xs_leaves, *caps),
+        dict(
+            program=program,
+            n_carry=nc,
+            n_x=len(xs_leaves),
+            length=n,
+            reverse=bool(reverse),
+            checkpoint=checkpoint,
+        ),
+    )
     return outs, carry_td, program.out_treedef, nc, len(program.out_avals) - nc
 
 
@@ -707,28 +779,36 @@ def _scan_program(body, init, xs, length) -> tuple:
     xs_leaves, xs_td = tree_flatten(xs)
     xs_leaves = [x if hasattr(x, "dtype") else np.asarray(x) for x in xs_leaves]
     n = _scan_length(xs_leaves, length)
-    x0 = [_concrete(x)[0] if n > 0 else np.zeros(shape_of(x)[1:], dtype_of(x))
-          for x in xs_leaves]
+    x0 = [_concrete(x)[0] if n > 0 else np.zeros(shape_of(x)[1:], dtype_of(x)) for x in xs_leaves]
     nc = len(carry_leaves)
     name = getattr(body, "__name__", "body")
 
     y_treedef = []
 
     def flat_body(*leaves):
-        new_carry, y = body(tree_unflatten(carry_td, leaves[:nc]),
-                            tree_unflatten(xs_td, leaves[nc:]))
+        new_carry, y = body(
+            tree_unflatten(carry_td, leaves[:nc]), tree_unflatten(xs_td, leaves[nc:])
+        )
         c_leaves, c_td = tree_flatten(new_carry)
         if c_td != carry_td:
-            raise GradtapeError(f"scan: {name} returned a carry with structure {c_td}, but "
-                                f"the initial carry has structure {carry_td}.")
+            raise GradtapeError(
+                f"scan: {name} returned a carry with structure {c_td}, but "
+                f"the initial carry has structure {carry_td}."
+            )
         y_leaves, y_td = tree_flatten(y)
         y_treedef.append(y_td)
         return c_leaves + y_leaves
 
     avals = tuple(_aval(c) for c in carry_leaves) + tuple(_aval(x) for x in x0)
-    program, caps = cached_program("scan", body, flat_body, f"scan body {name}",
-                                   [_concrete(c) for c in carry_leaves] + x0, avals,
-                                   (carry_td, xs_td))
+    program, caps = cached_program(
+        "scan",
+        body,
+        flat_body,
+        f"scan body {name}",
+        [_concrete(c) for c in carry_leaves] + x0,
+        avals,
+        (carry_td, xs_td),
+    )
     if program.out_treedef is None:
         program.out_treedef = y_treedef[0]
     _check_carry(program, carry_leaves, name)
@@ -740,8 +820,10 @@ def _scan_length(xs_leaves, length) -> int:
     for i, x in enumerate(xs_leaves):
         s = shape_of(x)
         if not s:
-            raise GradtapeError(f"scan: leaf {i} of xs is a scalar; every leaf of xs needs a "
-                                "leading axis to scan over.")
+            raise GradtapeError(
+                f"scan: leaf {i} of xs is a scalar; every leaf of xs needs a "
+                "leading axis to scan over."
+            )
         lengths.append(s[0])
     if len(set(lengths)) > 1:
         detail = ", ".join(f"leaf {i}: {n}" for i, n in enumerate(lengths))
@@ -787,25 +869,28 @@ def _while_impl(*args, **params):
 def _while_python(*args, body, cond, n_carry, n_body_caps):
     """The loop in Python: the condition's and the body's generated NumPy code per step."""
     carry = list(args[:n_carry])
-    bcaps = list(args[n_carry:n_carry + n_body_caps])
-    ccaps = list(args[n_carry + n_body_caps:])
+    bcaps = list(args[n_carry : n_carry + n_body_caps])
+    ccaps = list(args[n_carry + n_body_caps :])
     stored = []
     while bool(np.asarray(cond.run_fast(carry, ccaps)[0])):
         stored.append(carry)
         carry = body.run_fast(carry, bcaps)
-    hidden = [_stack([s[i] for s in stored], body.out_avals[i], len(stored))
-              for i in range(n_carry)]
+    hidden = [
+        _stack([s[i] for s in stored], body.out_avals[i], len(stored)) for i in range(n_carry)
+    ]
     return tuple(carry + hidden)
 
 
 def _while_vjp_all(g, ans, args, params, invars):
     nc, nb = params["n_carry"], params["n_body_caps"]
-    g_carry = [gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
-               for gi, a in zip(g[:nc], ans[:nc])]
+    g_carry = [
+        gi if gi is not None else np.zeros(shape_of(a), dtype_of(a))
+        for gi, a in zip(g[:nc], ans[:nc])
+    ]
     hidden = ans[nc:]
     g_hidden = _stored_cotangents(g[nc:], hidden)
     length = shape_of(hidden[0])[0] if hidden else 0
-    bwd = BackwardLoopArgs(g_carry, [], list(hidden), [], list(args[nc:nc + nb]), g_hidden)
+    bwd = BackwardLoopArgs(g_carry, [], list(hidden), [], list(args[nc : nc + nb]), g_hidden)
     outs = bind(scan_bwd_p, bwd.flat(), bwd.params(params["body"], length, False, None))
     cts = list(outs) + [None] * (len(args) - nc - nb)
     return [o if dtype_of(a).kind in "fc" else None for o, a in zip(cts, args)]
@@ -816,11 +901,12 @@ def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
     another while_loop, over (carry, tangent) pairs, whose trip count is found at run time
     like the primal's; on concrete values each iteration's tangents go through its tape."""
     carry = list(args[:n_carry])
-    bcaps = list(args[n_carry:n_carry + n_body_caps])
-    ccaps = list(args[n_carry + n_body_caps:])
+    bcaps = list(args[n_carry : n_carry + n_body_caps])
+    ccaps = list(args[n_carry + n_body_caps :])
     t_carry = [_zero_tangent(t, c) for t, c in zip(ts[:n_carry], carry)]
-    t_bcaps = [_zero_tangent(t, c) for t, c in zip(ts[n_carry:n_carry + n_body_caps], bcaps)]
+    t_bcaps = [_zero_tangent(t, c) for t, c in zip(ts[n_carry : n_carry + n_body_caps], bcaps)]
     if any(_is_tracer(a) for a in (*args, *ts)):
+
         def pair_cond(pair):
             return cond.run(list(pair[0]), ccaps)[0]
 
@@ -829,19 +915,25 @@ def _while_jvp(ts, ans, *args, body, cond, n_carry, n_body_caps):
             return list(out), [_zero_tangent(t, o) for t, o in zip(t_out, out)]
 
         outs, _, n = _bind_while(pair_cond, pair_body, (carry, t_carry))
-        return tuple([*outs[n_carry:n], *outs[n + n_carry:]])
+        return tuple([*outs[n_carry:n], *outs[n + n_carry :]])
     t_stored = []
     while bool(np.asarray(_concrete(cond.run(carry, ccaps)[0]))):
         t_stored.append(t_carry)
         carry, t_out = _step_jvp(body, carry, bcaps, t_carry, t_bcaps)
         t_carry = [_zero_tangent(tt, o) for tt, o in zip(t_out, carry)]
-    hidden = [_stack([s[i] for s in t_stored], body.out_avals[i], len(t_stored))
-              for i in range(n_carry)]
+    hidden = [
+        _stack([s[i] for s in t_stored], body.out_avals[i], len(t_stored)) for i in range(n_carry)
+    ]
     return tuple(t_carry + hidden)
 
 
-while_p = Primitive("while_loop", _while_impl, multiple_results=True, jvp=_while_jvp,
-                    shape_from_data=lambda params: slice(params["n_carry"], None))
+while_p = Primitive(
+    "while_loop",
+    _while_impl,
+    multiple_results=True,
+    jvp=_while_jvp,
+    shape_from_data=lambda params: slice(params["n_carry"], None),
+)
 while_p.python_impl = _while_python
 while_p.vjp_all = _while_vjp_all
 
@@ -871,8 +963,10 @@ def _bind_while(cond_fun, body_fun, init_val) -> tuple:
     def flat_body(*ls):
         new, new_td = tree_flatten(body_fun(tree_unflatten(td, ls)))
         if new_td != td:
-            raise GradtapeError(f"while_loop: {name} returned structure {new_td}, but the "
-                                f"initial value has structure {td}.")
+            raise GradtapeError(
+                f"while_loop: {name} returned structure {new_td}, but the "
+                f"initial value has structure {td}."
+            )
         return new
 
     def flat_cond(*ls):
@@ -880,12 +974,22 @@ def _bind_while(cond_fun, body_fun, init_val) -> tuple:
 
     avals = tuple(_aval(c) for c in leaves)
     concrete = [_concrete(c) for c in leaves]
-    body, body_caps = cached_program("while_body", body_fun, flat_body,
-                                     f"while_loop body {name}", concrete, avals, td)
+    body, body_caps = cached_program(
+        "while_body", body_fun, flat_body, f"while_loop body {name}", concrete, avals, td
+    )
     _check_carry(body, leaves, name)
-    cond, cond_caps = cached_program("while_cond", cond_fun, flat_cond,
-                                     f"while_loop cond {getattr(cond_fun, '__name__', 'cond')}",
-                                     concrete, avals, td)
-    outs = bind(while_p, (*leaves, *body_caps, *cond_caps),
-                dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body_caps)))
+    cond, cond_caps = cached_program(
+        "while_cond",
+        cond_fun,
+        flat_cond,
+        f"while_loop cond {getattr(cond_fun, '__name__', 'cond')}",
+        concrete,
+        avals,
+        td,
+    )
+    outs = bind(
+        while_p,
+        (*leaves, *body_caps, *cond_caps),
+        dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body_caps)),
+    )
     return outs, td, len(leaves)

@@ -36,7 +36,8 @@ def guard_holds(guard: Guard, value) -> tuple[bool, object]:
         got = np.asarray(_concrete(value))
         answer = np.asarray(guard.answer)
         same = got.shape == answer.shape and bool(
-            np.array_equal(got, answer, equal_nan=answer.dtype.kind in "fc"))
+            np.array_equal(got, answer, equal_nan=answer.dtype.kind in "fc")
+        )
         return same, got
     got = _ASK[guard.kind](value)
     answer = guard.answer

@@ -13,8 +13,16 @@ from typing import Any
 import numpy as np
 
 DTYPE_SHORT = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64", "int32": "i32",
-    "bool": "bool", "complex128": "c128", "complex64": "c64", "uint8": "u8", "int8": "i8",
+    "float64": "f64",
+    "float32": "f32",
+    "float16": "f16",
+    "int64": "i64",
+    "int32": "i32",
+    "bool": "bool",
+    "complex128": "c128",
+    "complex64": "c64",
+    "uint8": "u8",
+    "int8": "i8",
 }
 
 

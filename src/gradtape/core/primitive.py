@@ -57,18 +57,54 @@ class Primitive:
                (outputs, output batch axes); None: batched by a loop over the batch.
     """
 
-    __slots__ = ("name", "impl", "vjps", "jvp", "nondiff", "multiple_results", "partials",
-                 "linear", "safe", "variadic", "vjp_all", "transparent", "jvp_batched",
-                 "python_impl", "native", "shape_from_data", "constant_valued", "identity",
-                 "reads_trip_count", "user_rule", "batch", "aliases_input")
+    __slots__ = (
+        "name",
+        "impl",
+        "vjps",
+        "jvp",
+        "nondiff",
+        "multiple_results",
+        "partials",
+        "linear",
+        "safe",
+        "variadic",
+        "vjp_all",
+        "transparent",
+        "jvp_batched",
+        "python_impl",
+        "native",
+        "shape_from_data",
+        "constant_valued",
+        "identity",
+        "reads_trip_count",
+        "user_rule",
+        "batch",
+        "aliases_input",
+    )
 
-    def __init__(self, name: str, impl: Callable, vjps=None, jvp=None, nondiff: bool = False,
-                 multiple_results: bool = False, partials=None, linear: bool = False,
-                 safe: bool = False, variadic: bool = False, transparent: bool = False,
-                 jvp_batched: bool = False, native=None, shape_from_data: bool = False,
-                 constant_valued: bool = False, identity: bool = False,
-                 reads_trip_count: bool = False, user_rule: bool = False, batch=None,
-                 aliases_input: bool = False):
+    def __init__(
+        self,
+        name: str,
+        impl: Callable,
+        vjps=None,
+        jvp=None,
+        nondiff: bool = False,
+        multiple_results: bool = False,
+        partials=None,
+        linear: bool = False,
+        safe: bool = False,
+        variadic: bool = False,
+        transparent: bool = False,
+        jvp_batched: bool = False,
+        native=None,
+        shape_from_data: bool = False,
+        constant_valued: bool = False,
+        identity: bool = False,
+        reads_trip_count: bool = False,
+        user_rule: bool = False,
+        batch=None,
+        aliases_input: bool = False,
+    ):
         self.name = name
         self.impl = impl
         self.vjps = vjps

@@ -17,9 +17,13 @@ class TreeDef:
         self._hash = hash((kind, meta, children))
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, TreeDef) and self._hash == other._hash
-                and self.kind == other.kind and self.meta == other.meta
-                and self.children == other.children)
+        return (
+            isinstance(other, TreeDef)
+            and self._hash == other._hash
+            and self.kind == other.kind
+            and self.meta == other.meta
+            and self.children == other.children
+        )
 
     def __hash__(self) -> int:
         return self._hash

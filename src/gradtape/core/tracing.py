@@ -44,8 +44,17 @@ class LevelKind(enum.Enum):
 class Level:
     """One tracing level. `record_all`: also record values with no derivative (for replay)."""
 
-    __slots__ = ("id", "kind", "tape", "active", "record_all", "captures", "_nvars", "_frozen",
-                 "__weakref__")
+    __slots__ = (
+        "id",
+        "kind",
+        "tape",
+        "active",
+        "record_all",
+        "captures",
+        "_nvars",
+        "_frozen",
+        "__weakref__",
+    )
 
     def __init__(self, kind: LevelKind):
         with _counter_lock:
@@ -199,8 +208,7 @@ def bind(prim, args: tuple, params: dict):
     if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
         return out
     if top.record_all or not prim.linear:  # rules or a replay will read the constants later
-        vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v
-                for v in vals]
+        vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
     vals = tuple(vals)
     invars = tuple(invars)
     if prim.multiple_results:
@@ -281,15 +289,21 @@ def _as_array_message() -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
     where = _user_source_line()
     if ".dot(" in where:
-        advice = ("A plain array's method (X.dot(w)) cannot see a traced argument: write "
-                  "X @ w or np.dot(X, w).")
+        advice = (
+            "A plain array's method (X.dot(w)) cannot see a traced argument: write "
+            "X @ w or np.dot(X, w)."
+        )
     else:
-        advice = ("This happens in a plain array's methods given a traced argument (write "
-                  "X @ w or np.dot(X, w) for X.dot(w)), in writes into a plain array (build it "
-                  "from traced values: y = np.zeros_like(x); y[i] = value, or np.stack([...])), "
-                  "and in C code of other libraries.")
-    return (f"NumPy was asked to convert a traced value into a plain array ({where}), which "
-            f"would copy the numbers out and cut the gradient. {advice}")
+        advice = (
+            "This happens in a plain array's methods given a traced argument (write "
+            "X @ w or np.dot(X, w) for X.dot(w)), in writes into a plain array (build it "
+            "from traced values: y = np.zeros_like(x); y[i] = value, or np.stack([...])), "
+            "and in C code of other libraries."
+        )
+    return (
+        f"NumPy was asked to convert a traced value into a plain array ({where}), which "
+        f"would copy the numbers out and cut the gradient. {advice}"
+    )
 
 
 class Tracer:
@@ -386,8 +400,11 @@ class Tracer:
         impl = routes.FUNCTIONS.get(func)
         if impl is None:
             # the public spelling: np.fft.fft, np.linalg.eig, np.sum, scipy.x.y
-            parts = [p for p in (getattr(func, "__module__", None) or "numpy").split(".")
-                     if not p.startswith("_")]
+            parts = [
+                p
+                for p in (getattr(func, "__module__", None) or "numpy").split(".")
+                if not p.startswith("_")
+            ]
             parts[:1] = ["np"] if parts[:1] == ["numpy"] else parts[:1]
             raise _no_rule_error(".".join(parts + [func.__name__]))
         return impl(*args, **kwargs)
@@ -568,19 +585,24 @@ class Tracer:
         shape = self._var.shape
         rshape = getattr(result, "shape", ())
         if rshape != shape:
-            raise ValueError(f"non-broadcastable output operand with shape {shape} doesn't "
-                             f"match the broadcast shape {rshape}")
+            raise ValueError(
+                f"non-broadcastable output operand with shape {shape} doesn't "
+                f"match the broadcast shape {rshape}"
+            )
         dtype = self._var.dtype
         rdtype = getattr(result, "dtype", None) or np.result_type(result)
         if rdtype != dtype:
             if not np.can_cast(rdtype, dtype, casting="same_kind"):
-                raise TypeError(f"Cannot cast ufunc '{op}' output from {rdtype!r} to {dtype!r} "
-                                "with casting rule 'same_kind'")
+                raise TypeError(
+                    f"Cannot cast ufunc '{op}' output from {rdtype!r} to {dtype!r} "
+                    "with casting rule 'same_kind'"
+                )
             result = _METHODS["astype"](result, dtype)
         if type(result) is not Tracer:
             raise GradtapeError(
                 f"an in-place {op} (x {op}= ...) made a traced array constant (its derivative is "
-                f"zero). Write x = np.{op}(x, ...) instead, or stop_gradient(x) first.")
+                f"zero). Write x = np.{op}(x, ...) instead, or stop_gradient(x) first."
+            )
         self._assign(result)
         return self
 
@@ -595,7 +617,8 @@ class Tracer:
                     f"{_user_source_line()}: a write into the result of {recompute.__name__} "
                     "(x.T, x.reshape, np.broadcast_to, ...): NumPy may or may not write through "
                     "to x there. Write into x itself (x[...] = ...), or take a copy first "
-                    "(y = x.T.copy()).")
+                    "(y = x.T.copy())."
+                )
             base._assign(_METHODS["__setitem__"](base, index, new))  # also refreshes self
             return
         self._value, self._var, self._level = new._value, new._var, new._level
@@ -753,8 +776,10 @@ def _ufunc_into(ufunc, method: str, inputs, kwargs, out):
     if len(outs) != 1 or method != "__call__" or type(outs[0]) is not Tracer:
         raise GradtapeError(
             f"np.{ufunc.__name__}(..., out=...) writes traced values into a plain ndarray (or "
-            "several outputs), which would cut the gradient. Write y = np.{0}(...) instead."
-            .format(ufunc.__name__))
+            "several outputs), which would cut the gradient. Write y = np.{0}(...) instead.".format(
+                ufunc.__name__
+            )
+        )
     target = outs[0]
     where = kwargs.pop("where", True)
     result = ufunc(*inputs, **kwargs)
@@ -771,8 +796,7 @@ def _is_view_index(idx, ndim: int) -> bool:
     ints = 0
     for p in parts:
         if p is None or p is Ellipsis or type(p) is slice:
-            return all(q is None or q is Ellipsis or type(q) is slice or _is_int(q)
-                       for q in parts)
+            return all(q is None or q is Ellipsis or type(q) is slice or _is_int(q) for q in parts)
         if not _is_int(p):
             return False
         ints += 1
@@ -796,8 +820,10 @@ def add_view(base: Tracer, view: Tracer, index=None, recompute=None) -> None:
     None for views that cannot be written through (`recompute.__name__` names them in errors).
     """
     if index is not None:
+
         def recompute(b, index=index):
             return _METHODS["__getitem__"](b, index)
+
     view._view_of = (base, index, recompute)
     refs = base._views
     ref = weakref.ref(view)

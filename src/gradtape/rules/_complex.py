@@ -31,15 +31,32 @@ def complex_rules(*names: str) -> None:
 complex_rules(
     # rearrangements, selections and their writes: each output element is one input element
     # (or a sum of them), so the transpose has no conjugate to miss
-    "reshape", "transpose", "broadcast_to", "concatenate", "pad", "full_like", "getitem",
-    "dyn_getitem", "setitem", "dyn_setitem", "scatter_add", "dyn_scatter_add", "where",
+    "reshape",
+    "transpose",
+    "broadcast_to",
+    "concatenate",
+    "pad",
+    "full_like",
+    "getitem",
+    "dyn_getitem",
+    "setitem",
+    "dyn_setitem",
+    "scatter_add",
+    "dyn_scatter_add",
+    "where",
     # a cast: to complex the VJP takes the real part of the cotangent, from complex it puts the
     # real cotangent in the real part (JAX's convert_element_type)
     "astype",
     # contractions and holomorphic matrix functions: transposes without conjugation, as JAX's
-    "matmul", "einsum", "inv", "det", "solve",
+    "matmul",
+    "einsum",
+    "inv",
+    "det",
+    "solve",
     # loops: their bodies are differentiated instruction by instruction, and checked there
-    "scan", "scan_bwd", "while_loop",
+    "scan",
+    "scan_bwd",
+    "while_loop",
 )
 
 

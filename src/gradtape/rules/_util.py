@@ -60,7 +60,7 @@ def expand_reduced(g, shape: tuple, axes: tuple, keepdims: bool):
 def batch_shape(t, x) -> tuple:
     """The leading batch axes of tangent `t` of argument `x` (() for a single direction)."""
     s = shape_of(t)
-    return s[:len(s) - ndim_of(x)]
+    return s[: len(s) - ndim_of(x)]
 
 
 def shift_axes(axes: tuple, k: int) -> tuple:

@@ -19,8 +19,10 @@ from ._util import dtype_of, ndim_of, shape_of, unbroadcast
 
 def _real(name, *xs):
     if any(dtype_of(x).kind == "c" for x in xs):
-        raise GradtapeError(f"np.{name} of complex values cannot be traced (it conjugates; "
-                            "gradtape differentiates real functions).")
+        raise GradtapeError(
+            f"np.{name} of complex values cannot be traced (it conjugates; "
+            "gradtape differentiates real functions)."
+        )
 
 
 def _vecdot_impl(x1, x2):
@@ -52,37 +54,50 @@ def _sum_of(*terms):
 
 if hasattr(np, "vecdot") and isinstance(np.vecdot, np.ufunc):
     vecdot_p = Primitive(
-        "vecdot", _vecdot_impl,
-        vjps=(lambda g, ans, x1, x2: unbroadcast(_expand(g) * x2, shape_of(x1)),
-              lambda g, ans, x1, x2: unbroadcast(_expand(g) * x1, shape_of(x2))),
+        "vecdot",
+        _vecdot_impl,
+        vjps=(
+            lambda g, ans, x1, x2: unbroadcast(_expand(g) * x2, shape_of(x1)),
+            lambda g, ans, x1, x2: unbroadcast(_expand(g) * x1, shape_of(x2)),
+        ),
         jvp=lambda ts, ans, x1, x2: _sum_of(
             None if ts[0] is None else np.vecdot(ts[0], x2),
-            None if ts[1] is None else np.vecdot(x1, ts[1])),
+            None if ts[1] is None else np.vecdot(x1, ts[1]),
+        ),
     )
     UFUNCS[np.vecdot] = vecdot_p
 
 if hasattr(np, "matvec") and isinstance(np.matvec, np.ufunc):
     matvec_p = Primitive(
-        "matvec", _matvec_impl,
-        vjps=(lambda g, ans, a, v: unbroadcast(_expand(g) * np.expand_dims(v, -2), shape_of(a)),
-              lambda g, ans, a, v: unbroadcast(np.vecmat(g, a), shape_of(v))),
+        "matvec",
+        _matvec_impl,
+        vjps=(
+            lambda g, ans, a, v: unbroadcast(_expand(g) * np.expand_dims(v, -2), shape_of(a)),
+            lambda g, ans, a, v: unbroadcast(np.vecmat(g, a), shape_of(v)),
+        ),
         jvp=lambda ts, ans, a, v: _sum_of(
             None if ts[0] is None else np.matvec(ts[0], v),
-            None if ts[1] is None else np.matvec(a, ts[1])),
+            None if ts[1] is None else np.matvec(a, ts[1]),
+        ),
     )
     UFUNCS[np.matvec] = matvec_p
     vecmat_p = Primitive(
-        "vecmat", _vecmat_impl,
-        vjps=(lambda g, ans, v, a: unbroadcast(np.matvec(a, g), shape_of(v)),
-              lambda g, ans, v, a: unbroadcast(_expand(v) * np.expand_dims(g, -2), shape_of(a))),
+        "vecmat",
+        _vecmat_impl,
+        vjps=(
+            lambda g, ans, v, a: unbroadcast(np.matvec(a, g), shape_of(v)),
+            lambda g, ans, v, a: unbroadcast(_expand(v) * np.expand_dims(g, -2), shape_of(a)),
+        ),
         jvp=lambda ts, ans, v, a: _sum_of(
             None if ts[0] is None else np.vecmat(ts[0], a),
-            None if ts[1] is None else np.vecmat(v, ts[1])),
+            None if ts[1] is None else np.vecmat(v, ts[1]),
+        ),
     )
     UFUNCS[np.vecmat] = vecmat_p
 
 
 if hasattr(np, "astype"):
+
     @implements(np.astype)
     def astype(x, dtype, /, *, copy=True, device=None):
         """np.astype (NumPy 2): the method."""
@@ -90,6 +105,7 @@ if hasattr(np, "astype"):
 
 
 if hasattr(np, "unstack"):
+
     @implements(np.unstack)
     def unstack(x, /, *, axis=0):
         """np.unstack (NumPy 2): the slices along an axis, as a tuple."""
@@ -110,12 +126,15 @@ for _f in (getattr(np, "matrix_transpose", None), getattr(np.linalg, "matrix_tra
         implements(_f)(lambda x, /: _matrix_transpose(x))
 
 if hasattr(np.linalg, "vecdot"):
+
     @implements(np.linalg.vecdot)
     def linalg_vecdot(x1, x2, /, *, axis=-1):
         """np.linalg.vecdot: np.vecdot along `axis`."""
         return np.vecdot(np.moveaxis(x1, axis, -1), np.moveaxis(x2, axis, -1))
 
+
 if hasattr(np.linalg, "diagonal"):
     implements(np.linalg.diagonal)(lambda x, /, *, offset=0: np.diagonal(x, offset, -2, -1))
-    implements(np.linalg.trace)(lambda x, /, *, offset=0, dtype=None: np.trace(
-        x, offset, -2, -1, dtype=dtype))
+    implements(np.linalg.trace)(
+        lambda x, /, *, offset=0, dtype=None: np.trace(x, offset, -2, -1, dtype=dtype)
+    )

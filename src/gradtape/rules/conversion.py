@@ -35,8 +35,9 @@ def _unwrapped(f):
 
 def _nested_to_traced(seq, name: str):
     """A list or tuple holding Tracers, as one Tracer (NumPy's stacking and promotion rules)."""
-    items = [_nested_to_traced(e, name) if isinstance(e, (list, tuple)) and _holds(e) else e
-             for e in seq]
+    items = [
+        _nested_to_traced(e, name) if isinstance(e, (list, tuple)) and _holds(e) else e for e in seq
+    ]
     dtypes = []
     for i, e in enumerate(items):
         if type(e) is Tracer:
@@ -46,16 +47,20 @@ def _nested_to_traced(seq, name: str):
         else:
             items[i] = e = _unwrapped(_asarray)(e)
             if e.dtype.kind not in "biufc":
-                raise GradtapeError(f"{name}: a traced value cannot be stacked with values of "
-                                    f"dtype {e.dtype}.")
+                raise GradtapeError(
+                    f"{name}: a traced value cannot be stacked with values of dtype {e.dtype}."
+                )
             dtypes.append(e.dtype)
     dtype = np.result_type(*dtypes)
     shapes = {np.shape(e) for e in items}
     if len(shapes) != 1:
-        raise ValueError(f"{name}: the elements have different shapes {sorted(shapes)}; "
-                         "NumPy builds no array from them (an inhomogeneous shape).")
-    items = [astype(e, dtype) if type(e) is Tracer else _unwrapped(_asarray)(e, dtype)
-             for e in items]
+        raise ValueError(
+            f"{name}: the elements have different shapes {sorted(shapes)}; "
+            "NumPy builds no array from them (an inhomogeneous shape)."
+        )
+    items = [
+        astype(e, dtype) if type(e) is Tracer else _unwrapped(_asarray)(e, dtype) for e in items
+    ]
     return stack(items)
 
 
@@ -80,12 +85,15 @@ def to_array(obj, dtype=None, *, copy=None, ndmin: int = 0, name: str = "np.asar
     if dtype is not None:
         dt = np.dtype(dtype)
         if dt.kind not in "biufc":
-            raise GradtapeError(f"{name}(..., dtype={dt}) on a traced value: only numeric "
-                                "dtypes can carry a derivative.")
+            raise GradtapeError(
+                f"{name}(..., dtype={dt}) on a traced value: only numeric "
+                "dtypes can carry a derivative."
+            )
         if dt.kind == "c" and x.dtype.kind != "c":
             raise GradtapeError(
                 f"{name}(..., dtype={dt}) turns a traced real value complex: gradtape does not "
-                "differentiate complex intermediates. Keep the computation real.")
+                "differentiate complex intermediates. Keep the computation real."
+            )
         if dt != x.dtype:
             if copy is False:
                 raise ValueError("Unable to avoid copy while creating an array as requested.")

@@ -51,18 +51,21 @@ def _scale(g, d):
 
 def _make_vjp(i: int, partial, safe: bool, name: str):
     if partial is None:
+
         def undefined(g, ans, *args):
             raise GradtapeError(
                 f"the derivative of {name} with respect to argument {i} is not implemented; "
                 "wrap that argument in gradtape.stop_gradient, or define the function with "
                 "gradtape.custom_vjp."
             )
+
         return undefined
     if isinstance(partial, (int, float)):
         return lambda g, ans, *args: unbroadcast(_scale(g, partial), shape_of(args[i]))
     if safe:
-        return lambda g, ans, *args: unbroadcast(_times_safe(g, partial, ans, args),
-                                                 shape_of(args[i]))
+        return lambda g, ans, *args: unbroadcast(
+            _times_safe(g, partial, ans, args), shape_of(args[i])
+        )
     return lambda g, ans, *args: unbroadcast(g * partial(ans, *args), shape_of(args[i]))
 
 
@@ -82,6 +85,7 @@ def _times_safe(g, partial, ans, args):
 
 def _make_jvp(partials, safe: bool, name: str):
     """`sum_i t_i * partial_i`; the tangents may carry leading batch axes (jvp_batched)."""
+
     def jvp(tangents, ans, *args):
         out = None
         lead = None
@@ -109,22 +113,35 @@ def _make_jvp(partials, safe: bool, name: str):
         if shape_of(out) != lead + shape_of(ans):
             out = np.broadcast_to(out, lead + shape_of(ans))
         return out
+
     return jvp
 
 
-def elementwise(name: str, impl, partials, *, safe: bool = False, ufunc=None,
-                scipy_name: str | None = None, native=None) -> Primitive:
+def elementwise(
+    name: str,
+    impl,
+    partials,
+    *,
+    safe: bool = False,
+    ufunc=None,
+    scipy_name: str | None = None,
+    native=None,
+) -> Primitive:
     """Declare an elementwise primitive from its local derivatives.
 
     `native`: its scalar expression in the native backend's fused loops (Primitive.native;
     the forms are described in compile/numba/scalar.py); None: it runs through NumPy there.
     """
     prim = Primitive(
-        name, impl,
+        name,
+        impl,
         vjps=tuple(_make_vjp(i, p, safe, name) for i, p in enumerate(partials)),
-        jvp=_make_jvp(partials, safe, name), jvp_batched=True,
-        partials=partials, safe=safe,
-        linear=all(isinstance(p, (int, float)) for p in partials), native=native,
+        jvp=_make_jvp(partials, safe, name),
+        jvp_batched=True,
+        partials=partials,
+        safe=safe,
+        linear=all(isinstance(p, (int, float)) for p in partials),
+        native=native,
     )
     if ufunc is not None:
         UFUNCS[ufunc] = prim
@@ -149,8 +166,14 @@ def _np(name: str, partials, safe: bool = False, native=None) -> Primitive:
 
 def _spec(name: str, partials, safe: bool = False, native=None) -> Primitive:
     """A scipy.special ufunc: scipy is imported only when the function is first called."""
-    return elementwise(name, lambda *a: getattr(_sp(), name)(*a), partials, safe=safe,
-                       scipy_name=name, native=native)
+    return elementwise(
+        name,
+        lambda *a: getattr(_sp(), name)(*a),
+        partials,
+        safe=safe,
+        scipy_name=name,
+        native=native,
+    )
 
 
 def _power_dx(ans, x, y):
@@ -199,18 +222,29 @@ def _fmin_dx(ans, x, y):
 # --- arithmetic -------------------------------------------------------------------------
 add = _np("add", (1, 1), native=("signed:({0} + {1})", "np.add"))
 subtract = _np("subtract", (1, -1), native=("signed:({0} - {1})", "np.subtract"))
-multiply = _np("multiply", (lambda ans, x, y: y, lambda ans, x, y: x),
-               native=("signed:({0} * {1})", "np.multiply"))
-divide = _np("divide", (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y), safe=True,
-             native=("@invariant_divisor", "float:({0} / {1})", "np.divide"))
+multiply = _np(
+    "multiply",
+    (lambda ans, x, y: y, lambda ans, x, y: x),
+    native=("signed:({0} * {1})", "np.multiply"),
+)
+divide = _np(
+    "divide",
+    (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y),
+    safe=True,
+    native=("@invariant_divisor", "float:({0} / {1})", "np.divide"),
+)
 UFUNCS[np.true_divide] = divide
 negative = _np("negative", (-1,), native=("signed:(-{0})", "np.negative"))
 positive = _np("positive", (1,), native=("signed:(+{0})", "np.positive"))
 power = _np("power", (_power_dx, _power_dy), safe=True, native=("@small_power", "np.power"))
 float_power = _np("float_power", (_power_dx, _power_dy), safe=True, native="({0} ** {1})")
 square = _np("square", (lambda ans, x: 2 * x,), native=("signed:({0} * {0})", "np.square"))
-reciprocal = _np("reciprocal", (lambda ans, x: -ans * ans,), safe=True,
-                 native=("float:({one} / {0})", "np.reciprocal"))
+reciprocal = _np(
+    "reciprocal",
+    (lambda ans, x: -ans * ans,),
+    safe=True,
+    native=("float:({one} / {0})", "np.reciprocal"),
+)
 absolute = _np("absolute", (_abs_partial,), native=("float:abs({0})", "np.absolute"))
 UFUNCS[np.fabs] = absolute
 remainder = _np("remainder", (1, lambda ans, x, y: -np.floor_divide(x, y)), native="np.remainder")
@@ -219,16 +253,28 @@ maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)), native
 minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)), native="np.minimum")
 fmax = _np("fmax", (_fmax_dx, lambda ans, x, y: _fmax_dx(ans, y, x)), native="np.fmax")
 fmin = _np("fmin", (_fmin_dx, lambda ans, x, y: _fmin_dx(ans, y, x)), native="np.fmin")
-copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None),
-               native="np.copysign")
-hypot = _np("hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True,
-            native="np.hypot")
-arctan2 = _np("arctan2", (lambda ans, y, x: x / (x * x + y * y),
-                          lambda ans, y, x: -y / (x * x + y * y)), safe=True, native="np.arctan2")
-logaddexp = _np("logaddexp", (lambda ans, x, y: np.exp(x - ans), lambda ans, x, y: np.exp(y - ans)),
-                native="float:fast_logaddexp")
-logaddexp2 = _np("logaddexp2", (lambda ans, x, y: np.exp2(x - ans),
-                                lambda ans, x, y: np.exp2(y - ans)), native="np.logaddexp2")
+copysign = _np(
+    "copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None), native="np.copysign"
+)
+hypot = _np(
+    "hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True, native="np.hypot"
+)
+arctan2 = _np(
+    "arctan2",
+    (lambda ans, y, x: x / (x * x + y * y), lambda ans, y, x: -y / (x * x + y * y)),
+    safe=True,
+    native="np.arctan2",
+)
+logaddexp = _np(
+    "logaddexp",
+    (lambda ans, x, y: np.exp(x - ans), lambda ans, x, y: np.exp(y - ans)),
+    native="float:fast_logaddexp",
+)
+logaddexp2 = _np(
+    "logaddexp2",
+    (lambda ans, x, y: np.exp2(x - ans), lambda ans, x, y: np.exp2(y - ans)),
+    native="np.logaddexp2",
+)
 
 # --- exponentials and logarithms ----------------------------------------------------------
 exp = _np("exp", (lambda ans, x: ans,), native="float:fast_exp")
@@ -263,22 +309,36 @@ UFUNCS[np.degrees] = rad2deg
 # (name, native form); NumPy's sign of -0.0 is +0.0 (Numba's keeps the sign)
 _SIGN = "float:({one} if {0} > 0 else (-{one} if {0} < 0 else ({0} if {0} != {0} else {zero})))"
 for _name, _native in (
-        ("floor", "np.floor"), ("ceil", "np.ceil"), ("trunc", "np.trunc"), ("rint", "np.rint"),
-        ("sign", (_SIGN, "np.sign")), ("floor_divide", "np.floor_divide"),
-        ("signbit", "np.signbit"), ("greater", ("signed:({0} > {1})", "np.greater")),
-        ("greater_equal", ("signed:({0} >= {1})", "np.greater_equal")),
-        ("less", ("signed:({0} < {1})", "np.less")),
-        ("less_equal", ("signed:({0} <= {1})", "np.less_equal")),
-        ("equal", ("signed:({0} == {1})", "np.equal")),
-        ("not_equal", ("signed:({0} != {1})", "np.not_equal")),
-        ("logical_and", "np.logical_and"), ("logical_or", "np.logical_or"),
-        ("logical_xor", "np.logical_xor"), ("logical_not", "np.logical_not"),
-        ("isnan", "np.isnan"), ("isinf", "np.isinf"), ("isfinite", "np.isfinite"),
-        ("bitwise_and", "np.bitwise_and"), ("bitwise_or", "np.bitwise_or"),
-        ("bitwise_xor", "np.bitwise_xor"), ("invert", "np.invert"),
-        ("left_shift", "np.left_shift"), ("right_shift", "np.right_shift"),
-        ("spacing", "np.spacing"), ("gcd", "np.gcd"),
-        ("lcm", "np.lcm")):
+    ("floor", "np.floor"),
+    ("ceil", "np.ceil"),
+    ("trunc", "np.trunc"),
+    ("rint", "np.rint"),
+    ("sign", (_SIGN, "np.sign")),
+    ("floor_divide", "np.floor_divide"),
+    ("signbit", "np.signbit"),
+    ("greater", ("signed:({0} > {1})", "np.greater")),
+    ("greater_equal", ("signed:({0} >= {1})", "np.greater_equal")),
+    ("less", ("signed:({0} < {1})", "np.less")),
+    ("less_equal", ("signed:({0} <= {1})", "np.less_equal")),
+    ("equal", ("signed:({0} == {1})", "np.equal")),
+    ("not_equal", ("signed:({0} != {1})", "np.not_equal")),
+    ("logical_and", "np.logical_and"),
+    ("logical_or", "np.logical_or"),
+    ("logical_xor", "np.logical_xor"),
+    ("logical_not", "np.logical_not"),
+    ("isnan", "np.isnan"),
+    ("isinf", "np.isinf"),
+    ("isfinite", "np.isfinite"),
+    ("bitwise_and", "np.bitwise_and"),
+    ("bitwise_or", "np.bitwise_or"),
+    ("bitwise_xor", "np.bitwise_xor"),
+    ("invert", "np.invert"),
+    ("left_shift", "np.left_shift"),
+    ("right_shift", "np.right_shift"),
+    ("spacing", "np.spacing"),
+    ("gcd", "np.gcd"),
+    ("lcm", "np.lcm"),
+):
     nondiff(_name, getattr(np, _name), getattr(np, _name), native=_native)
 
 # --- scipy.special ------------------------------------------------------------------------------
@@ -294,16 +354,26 @@ erfinv = _spec("erfinv", (lambda ans, x: (_SQRT_PI / 2) * np.exp(ans * ans),))
 expit = _spec("expit", (lambda ans, x: ans * (1 - ans),), native="float:fast_expit")
 logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True)
 log_expit = _spec("log_expit", (lambda ans, x: _sp().expit(-x),), native="float:fast_log_expit")
-xlogy = _spec("xlogy", (lambda ans, x, y: _sp().xlogy(1, y), lambda ans, x, y: x / y), safe=True,
-               native="float64:xlogy")
-xlog1py = _spec("xlog1py", (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)),
-                safe=True)
+xlogy = _spec(
+    "xlogy",
+    (lambda ans, x, y: _sp().xlogy(1, y), lambda ans, x, y: x / y),
+    safe=True,
+    native="float64:xlogy",
+)
+xlog1py = _spec(
+    "xlog1py", (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)), safe=True
+)
 ndtr = _spec("ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI),), native="float64:ndtr")
 log_ndtr = _spec("log_ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),))
 ndtri = _spec("ndtri", (lambda ans, x: np.exp(0.5 * ans * ans + _LOG_SQRT_2PI),), safe=True)
 entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True)
-betaln = _spec("betaln", (lambda ans, a, b: _sp().digamma(a) - _sp().digamma(a + b),
-                          lambda ans, a, b: _sp().digamma(b) - _sp().digamma(a + b)))
+betaln = _spec(
+    "betaln",
+    (
+        lambda ans, a, b: _sp().digamma(a) - _sp().digamma(a + b),
+        lambda ans, a, b: _sp().digamma(b) - _sp().digamma(a + b),
+    ),
+)
 for _alias in ("expm1", "log1p", "exp2", "cbrt"):
     SCIPY_UFUNCS[_alias] = globals()[_alias]
 SCIPY_UFUNCS["exp10"] = _spec("exp10", (lambda ans, x: ans * _LN10,))
@@ -315,11 +385,14 @@ SCIPY_UFUNCS["exp10"] = _spec("exp10", (lambda ans, x: ans * _LN10,))
 # differentiating those arguments raises an error naming them.
 def _no_derivative(name: str, argument: str, why: str):
     """A partial that refuses: the derivative in `argument` of scipy.special.`name` is unknown."""
+
     def partial(ans, *args):
         raise GradtapeError(
             f"scipy.special.{name}: no derivative with respect to {argument} ({why}). If it is "
             "a constant, pass it through gradtape.stop_gradient; otherwise give the function a "
-            "rule with gradtape.custom_vjp.")
+            "rule with gradtape.custom_vjp."
+        )
+
     return partial
 
 
@@ -353,8 +426,9 @@ yv = _bessel("yv", lambda ans, v, z: 0.5 * (_sp().yv(v - 1, z) - _sp().yv(v + 1,
 iv = _bessel("iv", lambda ans, v, z: 0.5 * (_sp().iv(v - 1, z) + _sp().iv(v + 1, z)))
 kv = _bessel("kv", lambda ans, v, z: -0.5 * (_sp().kv(v - 1, z) + _sp().kv(v + 1, z)))
 # ive = iv exp(-|z|), kve = kv exp(z) (real z)
-ive = _bessel("ive", lambda ans, v, z: 0.5 * (_sp().ive(v - 1, z) + _sp().ive(v + 1, z))
-              - np.sign(z) * ans)
+ive = _bessel(
+    "ive", lambda ans, v, z: 0.5 * (_sp().ive(v - 1, z) + _sp().ive(v + 1, z)) - np.sign(z) * ans
+)
 kve = _bessel("kve", lambda ans, v, z: ans - 0.5 * (_sp().kve(v - 1, z) + _sp().kve(v + 1, z)))
 yn = _bessel("yn", lambda ans, n, x: 0.5 * (_sp().yn(n - 1, x) - _sp().yn(n + 1, x)))
 kn = _bessel("kn", lambda ans, n, x: -0.5 * (_sp().kn(n - 1, x) + _sp().kn(n + 1, x)))
@@ -381,18 +455,42 @@ def _betainc_dx(ans, a, b, x):
     return np.exp(_sp().xlogy(a - 1, x) + _sp().xlog1py(b - 1, -x) - _sp().betaln(a, b))
 
 
-gammainc = _spec("gammainc", (_no_derivative("gammainc", "a (argument 0)", _SHAPE),
-                              _gammainc_dx), safe=True)
-gammaincc = _spec("gammaincc", (_no_derivative("gammaincc", "a (argument 0)", _SHAPE),
-                                lambda ans, a, x: -_gammainc_dx(ans, a, x)), safe=True)
-betainc = _spec("betainc", (_no_derivative("betainc", "a (argument 0)", _SHAPE),
-                            _no_derivative("betainc", "b (argument 1)", _SHAPE), _betainc_dx),
-                safe=True)
-betaincc = _spec("betaincc", (_no_derivative("betaincc", "a (argument 0)", _SHAPE),
-                              _no_derivative("betaincc", "b (argument 1)", _SHAPE),
-                              lambda ans, a, b, x: -_betainc_dx(ans, a, b, x)), safe=True)
-beta = _spec("beta", (lambda ans, a, b: ans * (_sp().digamma(a) - _sp().digamma(a + b)),
-                      lambda ans, a, b: ans * (_sp().digamma(b) - _sp().digamma(a + b))))
+gammainc = _spec(
+    "gammainc", (_no_derivative("gammainc", "a (argument 0)", _SHAPE), _gammainc_dx), safe=True
+)
+gammaincc = _spec(
+    "gammaincc",
+    (
+        _no_derivative("gammaincc", "a (argument 0)", _SHAPE),
+        lambda ans, a, x: -_gammainc_dx(ans, a, x),
+    ),
+    safe=True,
+)
+betainc = _spec(
+    "betainc",
+    (
+        _no_derivative("betainc", "a (argument 0)", _SHAPE),
+        _no_derivative("betainc", "b (argument 1)", _SHAPE),
+        _betainc_dx,
+    ),
+    safe=True,
+)
+betaincc = _spec(
+    "betaincc",
+    (
+        _no_derivative("betaincc", "a (argument 0)", _SHAPE),
+        _no_derivative("betaincc", "b (argument 1)", _SHAPE),
+        lambda ans, a, b, x: -_betainc_dx(ans, a, b, x),
+    ),
+    safe=True,
+)
+beta = _spec(
+    "beta",
+    (
+        lambda ans, a, b: ans * (_sp().digamma(a) - _sp().digamma(a + b)),
+        lambda ans, a, b: ans * (_sp().digamma(b) - _sp().digamma(a + b)),
+    ),
+)
 
 
 def _rgamma_dx(ans, x):
@@ -410,17 +508,26 @@ def _rgamma_dx(ans, x):
 rgamma = _spec("rgamma", (_rgamma_dx,))
 gammasgn = _sp_nondiff("gammasgn")
 erfcinv = _spec("erfcinv", (lambda ans, y: (-_SQRT_PI / 2) * np.exp(ans * ans),), safe=True)
-_zeta_in_x = _no_derivative("zeta", "x (argument 0)",
-                             "the derivative of zeta in its argument has no closed form")
+_zeta_in_x = _no_derivative(
+    "zeta", "x (argument 0)", "the derivative of zeta in its argument has no closed form"
+)
 SCIPY_UFUNCS["_riemann_zeta"] = Primitive(  # zeta(x) without q: no differentiable argument
-    "_riemann_zeta", lambda x: _sp()._ufuncs._riemann_zeta(x),
-    vjps=(lambda g, ans, x: _zeta_in_x(ans, x),), jvp=lambda ts, ans, x: _zeta_in_x(ans, x))
-rel_entr = _spec("rel_entr", (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y),
-                 safe=True)
-kl_div = _spec("kl_div", (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y),
-               safe=True)
-huber = _spec("huber", (lambda ans, d, r: np.where(np.abs(r) <= d, 0, np.abs(r) - d),
-                        lambda ans, d, r: np.where(np.abs(r) <= d, r, d * np.sign(r))))
+    "_riemann_zeta",
+    lambda x: _sp()._ufuncs._riemann_zeta(x),
+    vjps=(lambda g, ans, x: _zeta_in_x(ans, x),),
+    jvp=lambda ts, ans, x: _zeta_in_x(ans, x),
+)
+rel_entr = _spec(
+    "rel_entr", (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y), safe=True
+)
+kl_div = _spec("kl_div", (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y), safe=True)
+huber = _spec(
+    "huber",
+    (
+        lambda ans, d, r: np.where(np.abs(r) <= d, 0, np.abs(r) - d),
+        lambda ans, d, r: np.where(np.abs(r) <= d, r, d * np.sign(r)),
+    ),
+)
 
 
 # pseudo_huber = d sqrt(d^2 + r^2) - d^2 (d >= 0): with R = hypot(d, r), the partials are
@@ -461,10 +568,12 @@ def _maclaurin_impl(u, series, k):
 
 
 maclaurin = Primitive(
-    "maclaurin", _maclaurin_impl,
+    "maclaurin",
+    _maclaurin_impl,
     vjps=(lambda g, ans, u, series, k: g * maclaurin(u, series=series, k=k + 1),),
     jvp=lambda ts, ans, u, series, k: ts[0] * maclaurin(u, series=series, k=k + 1),
-    jvp_batched=True, constant_valued=True,
+    jvp_batched=True,
+    constant_valued=True,
 )
 
 
@@ -484,8 +593,9 @@ def _lambertw_impl(z, k):
 
 
 # the real branches only (rules/scipy_special.py checks the input): W' = exp(-W) / (1 + W)
-lambertw_real = elementwise("lambertw", _lambertw_impl,
-                            (lambda ans, z, k: np.exp(-ans) / (1 + ans), None), safe=True)
+lambertw_real = elementwise(
+    "lambertw", _lambertw_impl, (lambda ans, z, k: np.exp(-ans) / (1 + ans), None), safe=True
+)
 
 
 # --- the scipy.special functions behind scipy.stats' cdfs and ppfs ------------------------------
@@ -495,34 +605,65 @@ def _gammainc_inv_dq(ans, a, q):
     return np.exp(_sp().gammaln(a) + ans - _sp().xlogy(a - 1, ans))
 
 
-gammaincinv = _spec("gammaincinv", (_no_derivative("gammaincinv", "a (argument 0)", _SHAPE),
-                                    _gammainc_inv_dq), safe=True)
-gammainccinv = _spec("gammainccinv", (_no_derivative("gammainccinv", "a (argument 0)", _SHAPE),
-                                      lambda ans, a, q: -_gammainc_inv_dq(ans, a, q)), safe=True)
-betaincinv = _spec("betaincinv", (_no_derivative("betaincinv", "a (argument 0)", _SHAPE),
-                                  _no_derivative("betaincinv", "b (argument 1)", _SHAPE),
-                                  lambda ans, a, b, q: 1 / _betainc_dx(None, a, b, ans)),
-                   safe=True)
-betainccinv = _spec("betainccinv", (_no_derivative("betainccinv", "a (argument 0)", _SHAPE),
-                                    _no_derivative("betainccinv", "b (argument 1)", _SHAPE),
-                                    lambda ans, a, b, q: -1 / _betainc_dx(None, a, b, ans)),
-                    safe=True)
+gammaincinv = _spec(
+    "gammaincinv",
+    (_no_derivative("gammaincinv", "a (argument 0)", _SHAPE), _gammainc_inv_dq),
+    safe=True,
+)
+gammainccinv = _spec(
+    "gammainccinv",
+    (
+        _no_derivative("gammainccinv", "a (argument 0)", _SHAPE),
+        lambda ans, a, q: -_gammainc_inv_dq(ans, a, q),
+    ),
+    safe=True,
+)
+betaincinv = _spec(
+    "betaincinv",
+    (
+        _no_derivative("betaincinv", "a (argument 0)", _SHAPE),
+        _no_derivative("betaincinv", "b (argument 1)", _SHAPE),
+        lambda ans, a, b, q: 1 / _betainc_dx(None, a, b, ans),
+    ),
+    safe=True,
+)
+betainccinv = _spec(
+    "betainccinv",
+    (
+        _no_derivative("betainccinv", "a (argument 0)", _SHAPE),
+        _no_derivative("betainccinv", "b (argument 1)", _SHAPE),
+        lambda ans, a, b, q: -1 / _betainc_dx(None, a, b, ans),
+    ),
+    safe=True,
+)
 
 
 def t_logpdf(t, df):
     """The log-density of Student's t (the normal's for df = inf), written with primitives."""
     finite = np.isfinite(df)
     d = np.where(finite, df, 1.0)
-    log_t = (_sp().gammaln((d + 1) / 2) - _sp().gammaln(d / 2) - 0.5 * np.log(d * math.pi)
-             - (d + 1) / 2 * np.log1p(t * t / d))
+    log_t = (
+        _sp().gammaln((d + 1) / 2)
+        - _sp().gammaln(d / 2)
+        - 0.5 * np.log(d * math.pi)
+        - (d + 1) / 2 * np.log1p(t * t / d)
+    )
     return np.where(finite, log_t, -0.5 * t * t - _LOG_SQRT_2PI)
 
 
 _DF = "the derivative in the degrees of freedom has no closed form"
-stdtr = _spec("stdtr", (_no_derivative("stdtr", "df (argument 0)", _DF),
-                        lambda ans, df, t: np.exp(t_logpdf(t, df))))
-stdtrit = _spec("stdtrit", (_no_derivative("stdtrit", "df (argument 0)", _DF),
-                            lambda ans, df, p: np.exp(-t_logpdf(ans, df))), safe=True)
+stdtr = _spec(
+    "stdtr",
+    (_no_derivative("stdtr", "df (argument 0)", _DF), lambda ans, df, t: np.exp(t_logpdf(t, df))),
+)
+stdtrit = _spec(
+    "stdtrit",
+    (
+        _no_derivative("stdtrit", "df (argument 0)", _DF),
+        lambda ans, df, p: np.exp(-t_logpdf(ans, df)),
+    ),
+    safe=True,
+)
 
 _COUNT = "a count is an integer: the function is a step function of it"
 
@@ -535,10 +676,14 @@ def _poisson_pmf(k, m):
     return np.where(inside, np.exp(_sp().xlogy(k, m) - m - _sp().gammaln(k + 1)), 0.0)
 
 
-pdtr = _spec("pdtr", (_no_derivative("pdtr", "k (argument 0)", _COUNT),
-                      lambda ans, k, m: -_poisson_pmf(k, m)))
-pdtrc = _spec("pdtrc", (_no_derivative("pdtrc", "k (argument 0)", _COUNT),
-                        lambda ans, k, m: _poisson_pmf(k, m)))
+pdtr = _spec(
+    "pdtr",
+    (_no_derivative("pdtr", "k (argument 0)", _COUNT), lambda ans, k, m: -_poisson_pmf(k, m)),
+)
+pdtrc = _spec(
+    "pdtrc",
+    (_no_derivative("pdtrc", "k (argument 0)", _COUNT), lambda ans, k, m: _poisson_pmf(k, m)),
+)
 
 
 def _bdtr_dp(ans, k, n, p):
@@ -547,16 +692,32 @@ def _bdtr_dp(ans, k, n, p):
     inside = (k >= 0) & (k < n)
     k = np.where(inside, k, 0)
     m = np.where(inside, n, 1)
-    log_pmf = (_sp().gammaln(m) - _sp().gammaln(k + 1) - _sp().gammaln(m - k)
-               + _sp().xlogy(k, p) + _sp().xlog1py(m - k - 1, -p))
+    log_pmf = (
+        _sp().gammaln(m)
+        - _sp().gammaln(k + 1)
+        - _sp().gammaln(m - k)
+        + _sp().xlogy(k, p)
+        + _sp().xlog1py(m - k - 1, -p)
+    )
     return np.where(inside, -m * np.exp(log_pmf), 0.0)
 
 
-bdtr = _spec("bdtr", (_no_derivative("bdtr", "k (argument 0)", _COUNT),
-                      _no_derivative("bdtr", "n (argument 1)", _COUNT), _bdtr_dp))
-bdtrc = _spec("bdtrc", (_no_derivative("bdtrc", "k (argument 0)", _COUNT),
-                        _no_derivative("bdtrc", "n (argument 1)", _COUNT),
-                        lambda ans, k, n, p: -_bdtr_dp(ans, k, n, p)))
+bdtr = _spec(
+    "bdtr",
+    (
+        _no_derivative("bdtr", "k (argument 0)", _COUNT),
+        _no_derivative("bdtr", "n (argument 1)", _COUNT),
+        _bdtr_dp,
+    ),
+)
+bdtrc = _spec(
+    "bdtrc",
+    (
+        _no_derivative("bdtrc", "k (argument 0)", _COUNT),
+        _no_derivative("bdtrc", "n (argument 1)", _COUNT),
+        lambda ans, k, n, p: -_bdtr_dp(ans, k, n, p),
+    ),
+)
 
 
 # --- ufuncs with two outputs, an integer argument, or complex meaning -----------------------------
@@ -567,11 +728,16 @@ def _two_outputs(name: str, ufunc, vjps, jvp, batched: bool = True) -> Primitive
 
 
 # modf(x) = (x - trunc(x), trunc(x)): the fractional part has derivative 1, the integral part 0
-modf = _two_outputs("modf", np.modf, vjps=(lambda g, ans, x: g[0],),
-                    jvp=lambda ts, ans, x: (ts[0], None))
+modf = _two_outputs(
+    "modf", np.modf, vjps=(lambda g, ans, x: g[0],), jvp=lambda ts, ans, x: (ts[0], None)
+)
 # frexp(x) = (m, e) with x = m * 2**e: dm/dx = 2**-e (exact: ldexp), the exponent is an integer
-frexp = _two_outputs("frexp", np.frexp, vjps=(lambda g, ans, x: np.ldexp(g[0], -ans[1]),),
-                     jvp=lambda ts, ans, x: (np.ldexp(ts[0], -ans[1]), None))
+frexp = _two_outputs(
+    "frexp",
+    np.frexp,
+    vjps=(lambda g, ans, x: np.ldexp(g[0], -ans[1]),),
+    jvp=lambda ts, ans, x: (np.ldexp(ts[0], -ans[1]), None),
+)
 
 
 def _divmod_jvp(ts, ans, x, y):
@@ -585,18 +751,24 @@ def _divmod_jvp(ts, ans, x, y):
 
 # divmod(x, y) = (floor_divide(x, y), remainder(x, y)): the remainder's derivatives (1, -q)
 divmod_ = _two_outputs(
-    "divmod", np.divmod,
-    vjps=(lambda g, ans, x, y: unbroadcast(g[1], shape_of(x)),
-          lambda g, ans, x, y: unbroadcast(-g[1] * ans[0], shape_of(y))),
-    jvp=_divmod_jvp, batched=False)
+    "divmod",
+    np.divmod,
+    vjps=(
+        lambda g, ans, x, y: unbroadcast(g[1], shape_of(x)),
+        lambda g, ans, x, y: unbroadcast(-g[1] * ans[0], shape_of(y)),
+    ),
+    jvp=_divmod_jvp,
+    batched=False,
+)
 
 # ldexp(x, i) = x * 2**i; i is an integer (no derivative)
 ldexp = Primitive(
-    "ldexp", np.ldexp,
+    "ldexp",
+    np.ldexp,
     vjps=(lambda g, ans, x, i: unbroadcast(np.ldexp(g, i), shape_of(x)), None),
     jvp=lambda ts, ans, x, i: np.broadcast_to(
-        np.ldexp(lift_tangent(ts[0], x, ndim_of(ans)), i),
-        batch_shape(ts[0], x) + shape_of(ans)),
+        np.ldexp(lift_tangent(ts[0], x, ndim_of(ans)), i), batch_shape(ts[0], x) + shape_of(ans)
+    ),
     jvp_batched=True,
 )
 UFUNCS[np.ldexp] = ldexp
@@ -606,10 +778,18 @@ for _name in ("bitwise_count", "isnat"):  # integer and datetime predicates
 # nextafter(x, y) moves x by one ulp towards y: d/dx = 1, d/dy = 0 (declared above as having no
 # derivative at all, which gave a zero gradient in x)
 nextafter = Primitive(
-    "nextafter", np.nextafter, vjps=(lambda g, ans, x, y: unbroadcast(g, shape_of(x)), None),
-    jvp=lambda ts, ans, x, y: None if ts[0] is None else np.broadcast_to(
-        lift_tangent(ts[0], x, ndim_of(ans)), batch_shape(ts[0], x) + shape_of(ans)),
-    linear=False, jvp_batched=True,
+    "nextafter",
+    np.nextafter,
+    vjps=(lambda g, ans, x, y: unbroadcast(g, shape_of(x)), None),
+    jvp=lambda ts, ans, x, y: (
+        None
+        if ts[0] is None
+        else np.broadcast_to(
+            lift_tangent(ts[0], x, ndim_of(ans)), batch_shape(ts[0], x) + shape_of(ans)
+        )
+    ),
+    linear=False,
+    jvp_batched=True,
 )
 UFUNCS[np.nextafter] = nextafter
 
@@ -624,9 +804,11 @@ def _heaviside_jvp(ts, ans, x, h0):
 
 
 heaviside = Primitive(
-    "heaviside", np.heaviside,
+    "heaviside",
+    np.heaviside,
     vjps=(None, lambda g, ans, x, h0: unbroadcast(np.where(x == 0, g, 0), shape_of(h0))),
-    jvp=_heaviside_jvp, jvp_batched=True,
+    jvp=_heaviside_jvp,
+    jvp_batched=True,
 )
 UFUNCS[np.heaviside] = heaviside
 
@@ -644,25 +826,33 @@ def _as_complex(g, dtype):
 # Each is linear over the reals. Under the pairing Re(u * v) the transpose of conj is conj, that
 # of Re is "the real cotangent as a complex number", that of Im is -1j times the cotangent.
 conjugate = Primitive(
-    "conjugate", np.conjugate,
+    "conjugate",
+    np.conjugate,
     vjps=(lambda g, ans, x: np.conjugate(g),),
     jvp=lambda ts, ans, x: np.conjugate(ts[0]),
-    linear=True, jvp_batched=True,
+    linear=True,
+    jvp_batched=True,
 )
 UFUNCS[np.conjugate] = conjugate  # np.conj is np.conjugate
 
 # np.real(z) and np.imag(z) are views of a complex z: later writes into z are seen through them
 real = Primitive(
-    "real", np.real,
+    "real",
+    np.real,
     vjps=(lambda g, ans, x: _as_complex(g, dtype_of(x)),),
     jvp=lambda ts, ans, x: np.real(ts[0]),
-    linear=True, jvp_batched=True, aliases_input=True,
+    linear=True,
+    jvp_batched=True,
+    aliases_input=True,
 )
 imag = Primitive(
-    "imag", np.imag,
+    "imag",
+    np.imag,
     vjps=(lambda g, ans, x: _as_complex(g, dtype_of(x)) * -1j,),
     jvp=lambda ts, ans, x: np.imag(ts[0]),
-    linear=True, jvp_batched=True, aliases_input=True,
+    linear=True,
+    jvp_batched=True,
+    aliases_input=True,
 )
 
 
@@ -698,9 +888,45 @@ def angle(z, deg=False):
 # else here refuses complex values: maximum, minimum, fmax and fmin order complex numbers
 # lexicographically, digamma's derivative (polygamma) has no complex implementation in SciPy.
 complex_rules(
-    "add", "subtract", "multiply", "divide", "negative", "positive", "power", "float_power",
-    "square", "reciprocal", "exp", "expm1", "exp2", "log", "log1p", "log2", "log10", "sqrt",
-    "sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "arcsinh",
-    "arccosh", "arctanh", "gamma", "erf", "erfc", "ndtr", "log_ndtr", "xlogy", "xlog1py",
-    "absolute", "conjugate", "real", "imag",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "negative",
+    "positive",
+    "power",
+    "float_power",
+    "square",
+    "reciprocal",
+    "exp",
+    "expm1",
+    "exp2",
+    "log",
+    "log1p",
+    "log2",
+    "log10",
+    "sqrt",
+    "sin",
+    "cos",
+    "tan",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "arcsinh",
+    "arccosh",
+    "arctanh",
+    "gamma",
+    "erf",
+    "erfc",
+    "ndtr",
+    "log_ndtr",
+    "xlogy",
+    "xlog1py",
+    "absolute",
+    "conjugate",
+    "real",
+    "imag",
 )

@@ -72,8 +72,7 @@ def _fft_jvp(ts, ans, x, kind, axis, n, norm):
     return fft_p(t, kind=kind, axis=axis + len(batch_shape(t, x)), n=n, norm=norm)
 
 
-fft_p = Primitive("fft", _fft_impl, vjps=(_fft_vjp,), jvp=_fft_jvp, linear=True,
-                  jvp_batched=True)
+fft_p = Primitive("fft", _fft_impl, vjps=(_fft_vjp,), jvp=_fft_jvp, linear=True, jvp_batched=True)
 complex_rules("fft")
 
 
@@ -82,14 +81,16 @@ def _norm(norm) -> str:
     try:
         return _NORMS[norm]
     except (KeyError, TypeError):
-        raise ValueError(f'Invalid norm value {norm}; should be "backward", "ortho" or '
-                         '"forward".') from None
+        raise ValueError(
+            f'Invalid norm value {norm}; should be "backward", "ortho" or "forward".'
+        ) from None
 
 
 def _no_out(out, name: str) -> None:
     if out is not None:
-        raise GradtapeError(f"np.fft.{name}(..., out=...) cannot be traced; assign the result "
-                            "instead.")
+        raise GradtapeError(
+            f"np.fft.{name}(..., out=...) cannot be traced; assign the result instead."
+        )
 
 
 def _operand(a):
@@ -181,8 +182,12 @@ def _cook(a, s, axes, invreal: bool = False):
     s = list(s)
     if axes is None:
         if not shapeless:
-            warnings.warn("`axes` should not be `None` if `s` is not `None` (Deprecated in "
-                          "NumPy 2.0). Pass axes explicitly.", DeprecationWarning, stacklevel=4)
+            warnings.warn(
+                "`axes` should not be `None` if `s` is not `None` (Deprecated in "
+                "NumPy 2.0). Pass axes explicitly.",
+                DeprecationWarning,
+                stacklevel=4,
+            )
         axes = list(range(-len(s), 0))
     axes = list(axes)
     if len(s) != len(axes):
@@ -308,8 +313,9 @@ def ifftshift(x, axes=None):
 # never reaches NumPy's protocols there: these run instead when an argument is traced. -----------
 def _scipy_args(name: str, overwrite_x, workers, plan) -> None:
     if plan is not None:
-        raise GradtapeError(f"scipy.fft.{name}(..., plan=...) cannot be traced; call it without "
-                            "a plan.")
+        raise GradtapeError(
+            f"scipy.fft.{name}(..., plan=...) cannot be traced; call it without a plan."
+        )
 
 
 def _scipy_one_axis(function, name: str):
@@ -323,8 +329,9 @@ def _scipy_one_axis(function, name: str):
 
 
 def _scipy_nd(function, name: str, default_axes):
-    def traced(x, s=None, axes=default_axes, norm=None, overwrite_x=False, workers=None, *,
-               plan=None):
+    def traced(
+        x, s=None, axes=default_axes, norm=None, overwrite_x=False, workers=None, *, plan=None
+    ):
         _scipy_args(name, overwrite_x, workers, plan)
         if axes is None and s is not None:  # SciPy transforms the last len(s) axes
             axes = tuple(range(-len(s), 0))
@@ -335,13 +342,25 @@ def _scipy_nd(function, name: str, default_axes):
     return traced
 
 
-for _name, _function in (("fft", fft), ("ifft", ifft), ("rfft", rfft), ("irfft", irfft),
-                         ("hfft", hfft), ("ihfft", ihfft)):
+for _name, _function in (
+    ("fft", fft),
+    ("ifft", ifft),
+    ("rfft", rfft),
+    ("irfft", irfft),
+    ("hfft", hfft),
+    ("ihfft", ihfft),
+):
     implements_module_function("scipy.fft", _name)(_scipy_one_axis(_function, _name))
-for _name, _function, _axes in (("fftn", fftn, None), ("ifftn", ifftn, None),
-                                ("rfftn", rfftn, None), ("irfftn", irfftn, None),
-                                ("fft2", fft2, (-2, -1)), ("ifft2", ifft2, (-2, -1)),
-                                ("rfft2", rfft2, (-2, -1)), ("irfft2", irfft2, (-2, -1))):
+for _name, _function, _axes in (
+    ("fftn", fftn, None),
+    ("ifftn", ifftn, None),
+    ("rfftn", rfftn, None),
+    ("irfftn", irfftn, None),
+    ("fft2", fft2, (-2, -1)),
+    ("ifft2", ifft2, (-2, -1)),
+    ("rfft2", rfft2, (-2, -1)),
+    ("irfft2", irfft2, (-2, -1)),
+):
     implements_module_function("scipy.fft", _name)(_scipy_nd(_function, _name, _axes))
 implements_module_function("scipy.fft", "fftshift")(fftshift)
 implements_module_function("scipy.fft", "ifftshift")(ifftshift)
@@ -352,12 +371,27 @@ def _scipy_no_rule(name: str):
         raise GradtapeError(
             f"gradtape has no derivative rule for scipy.fft.{name}. Define one with "
             "gradtape.custom_vjp, or write it with the transforms gradtape differentiates "
-            "(np.fft.fft, rfft, irfft, ...).")
+            "(np.fft.fft, rfft, irfft, ...)."
+        )
 
     traced.__name__ = name
     return traced
 
 
-for _name in ("dct", "idct", "dst", "idst", "dctn", "idctn", "dstn", "idstn", "hfft2", "ihfft2",
-              "hfftn", "ihfftn", "fht", "ifht"):
+for _name in (
+    "dct",
+    "idct",
+    "dst",
+    "idst",
+    "dctn",
+    "idctn",
+    "dstn",
+    "idstn",
+    "hfft2",
+    "ihfft2",
+    "hfftn",
+    "ihfftn",
+    "fht",
+    "ifht",
+):
     implements_module_function("scipy.fft", _name)(_scipy_no_rule(_name))

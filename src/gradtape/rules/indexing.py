@@ -57,8 +57,9 @@ def normalize_index(idx) -> tuple:
     for i in idx:
         if type(i) is trace.Tracer:
             if i.dtype.kind not in "iub":
-                raise IndexError(f"arrays used as indices must be of integer or boolean type, "
-                                 f"not {i.dtype}")
+                raise IndexError(
+                    f"arrays used as indices must be of integer or boolean type, not {i.dtype}"
+                )
             i = _concrete(i)
         if isinstance(i, (bool, np.bool_)):
             out.append(np.asarray(i))
@@ -67,8 +68,14 @@ def normalize_index(idx) -> tuple:
         elif isinstance(i, (list, np.ndarray)):
             out.append(np.asarray(i))
         elif isinstance(i, slice):
-            out.append(slice(*(None if v is None else int(_concrete(v, "index"))
-                               for v in (i.start, i.stop, i.step))))
+            out.append(
+                slice(
+                    *(
+                        None if v is None else int(_concrete(v, "index"))
+                        for v in (i.start, i.stop, i.step)
+                    )
+                )
+            )
         else:
             out.append(i)
     return tuple(out)
@@ -81,12 +88,18 @@ def _getitem_vjp(g, ans, x, idx):
 # --- tangents with leading batch axes (jvp_batched) ---------------------------------------------
 def _explicit_index(idx: tuple, ndim: int) -> tuple:
     """`idx` naming every axis of an `ndim`-dimensional array (Ellipsis expanded)."""
-    used = sum(0 if i is None or i is Ellipsis else
-               i.ndim if isinstance(i, np.ndarray) and i.dtype == bool else 1 for i in idx)
+    used = sum(
+        0
+        if i is None or i is Ellipsis
+        else i.ndim
+        if isinstance(i, np.ndarray) and i.dtype == bool
+        else 1
+        for i in idx
+    )
     fill = (slice(None),) * (ndim - used)
     for k, i in enumerate(idx):
         if i is Ellipsis:
-            return idx[:k] + fill + idx[k + 1:]
+            return idx[:k] + fill + idx[k + 1 :]
     return idx + fill
 
 
@@ -128,8 +141,12 @@ def _write_jvp(prim, ts, ans, x, v, idx):
 
 
 getitem_p = Primitive(
-    "getitem", lambda x, idx: x[idx],
-    vjps=(_getitem_vjp,), jvp=_getitem_jvp, linear=True, jvp_batched=True,
+    "getitem",
+    lambda x, idx: x[idx],
+    vjps=(_getitem_vjp,),
+    jvp=_getitem_jvp,
+    linear=True,
+    jvp_batched=True,
 )
 
 
@@ -138,9 +155,10 @@ def getitem(x, idx):
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
         template, positions, index_values = dynamic
-        return bind(dyn_getitem_p, (x, *index_values),
-                    {"template": template, "positions": positions})
-    return bind(getitem_p, (x, ), {"idx": normalize_index(idx)})
+        return bind(
+            dyn_getitem_p, (x, *index_values), {"template": template, "positions": positions}
+        )
+    return bind(getitem_p, (x,), {"idx": normalize_index(idx)})
 
 
 # --- indices that are traced integers (a loop counter inside scan/fori_loop, compile) ----------
@@ -161,12 +179,12 @@ def _split_dynamic(idx):
     not force a new recording at every step.
     """
     parts = idx if isinstance(idx, tuple) else (idx,)
-    positions = tuple(k for k, e in enumerate(parts)
-                      if type(e) is trace.Tracer and e.dtype.kind in "iu")
+    positions = tuple(
+        k for k, e in enumerate(parts) if type(e) is trace.Tracer and e.dtype.kind in "iu"
+    )
     if not positions:
         return None
-    template = normalize_index(tuple(_SLOT if k in positions else e
-                                     for k, e in enumerate(parts)))
+    template = normalize_index(tuple(_SLOT if k in positions else e for k, e in enumerate(parts)))
     return template, positions, [parts[k] for k in positions]
 
 
@@ -178,10 +196,13 @@ def _fill(template, positions, values) -> tuple:
 
 
 dyn_getitem_p = Primitive(
-    "dyn_getitem", lambda x, *iv, template, positions: x[_fill(template, positions, iv)],
+    "dyn_getitem",
+    lambda x, *iv, template, positions: x[_fill(template, positions, iv)],
     vjps=lambda i, g, ans, x, *iv, template, positions: (
         SparseCotangent(shape_of(x), dtype_of(x), _fill(template, positions, iv), g, False)
-        if i == 0 else None),
+        if i == 0
+        else None
+    ),
     jvp=lambda ts, ans, x, *iv, template, positions: ts[0][_fill(template, positions, iv)],
     variadic=True,
 )
@@ -192,12 +213,18 @@ def _dyn_setitem_impl(x, v, *iv, template, positions):
 
 
 dyn_setitem_p = Primitive(
-    "dyn_setitem", _dyn_setitem_impl,
+    "dyn_setitem",
+    _dyn_setitem_impl,
     vjps=lambda i, g, ans, x, v, *iv, template, positions: (
-        _zero_at(g, _fill(template, positions, iv)) if i == 0 else
-        _written_vjp(g, x, v, _fill(template, positions, iv)) if i == 1 else None),
-    jvp=lambda ts, ans, x, v, *iv, template, positions: _dyn_set_jvp(ts, ans, x, v, iv, template,
-                                                                    positions),
+        _zero_at(g, _fill(template, positions, iv))
+        if i == 0
+        else _written_vjp(g, x, v, _fill(template, positions, iv))
+        if i == 1
+        else None
+    ),
+    jvp=lambda ts, ans, x, v, *iv, template, positions: _dyn_set_jvp(
+        ts, ans, x, v, iv, template, positions
+    ),
     variadic=True,
 )
 
@@ -221,11 +248,15 @@ def _scatter_add_impl(base, vals, idx):
 
 
 scatter_add_p = Primitive(
-    "scatter_add", _scatter_add_impl,
-    vjps=(lambda g, ans, base, vals, idx: g,
-          lambda g, ans, base, vals, idx: unbroadcast(g[idx], shape_of(vals))),
+    "scatter_add",
+    _scatter_add_impl,
+    vjps=(
+        lambda g, ans, base, vals, idx: g,
+        lambda g, ans, base, vals, idx: unbroadcast(g[idx], shape_of(vals)),
+    ),
     jvp=lambda ts, ans, base, vals, idx: _write_jvp(scatter_add_p, ts, ans, base, vals, idx),
-    linear=True, jvp_batched=True,
+    linear=True,
+    jvp_batched=True,
 )
 
 
@@ -260,11 +291,15 @@ def _written_vjp(g, x, v, idx):
 
 
 setitem_p = Primitive(
-    "setitem", _setitem_impl,
-    vjps=(lambda g, ans, x, v, idx: _zero_at(g, idx),
-          lambda g, ans, x, v, idx: _written_vjp(g, x, v, idx)),
+    "setitem",
+    _setitem_impl,
+    vjps=(
+        lambda g, ans, x, v, idx: _zero_at(g, idx),
+        lambda g, ans, x, v, idx: _written_vjp(g, x, v, idx),
+    ),
     jvp=lambda ts, ans, x, v, idx: _write_jvp(setitem_p, ts, ans, x, v, idx),
-    linear=True, jvp_batched=True,
+    linear=True,
+    jvp_batched=True,
 )
 
 
@@ -276,8 +311,9 @@ def setitem(x, idx, v):
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
         template, positions, index_values = dynamic
-        return bind(dyn_setitem_p, (x, v, *index_values),
-                    {"template": template, "positions": positions})
+        return bind(
+            dyn_setitem_p, (x, v, *index_values), {"template": template, "positions": positions}
+        )
     return bind(setitem_p, (x, v), {"idx": normalize_index(idx)})
 
 
@@ -300,14 +336,20 @@ def _has_tracer(idx) -> bool:
 dyn_scatter_add_p = Primitive(
     "dyn_scatter_add",
     lambda base, vals, *iv, template, positions: _scatter_add_impl(
-        base, vals, _fill(template, positions, iv)),
+        base, vals, _fill(template, positions, iv)
+    ),
     vjps=lambda i, g, ans, base, vals, *iv, template, positions: (
-        g if i == 0 else unbroadcast(g[_fill(template, positions, iv)], shape_of(vals))
-        if i == 1 else None),
+        g
+        if i == 0
+        else unbroadcast(g[_fill(template, positions, iv)], shape_of(vals))
+        if i == 1
+        else None
+    ),
     jvp=lambda ts, ans, base, vals, *iv, template, positions: _scatter_add_impl(
         ts[0] if ts[0] is not None else np.zeros(shape_of(ans), dtype_of(ans)),
         ts[1] if ts[1] is not None else np.zeros(shape_of(vals), dtype_of(ans)),
-        _fill(template, positions, iv)),
+        _fill(template, positions, iv),
+    ),
     variadic=True,
 )
 
@@ -324,8 +366,11 @@ def materialize(ct):
                 buf = bind(scatter_add_p, (buf, p.values), {"idx": p.index})
             else:
                 template, positions, index_values = dynamic
-                buf = bind(dyn_scatter_add_p, (buf, p.values, *index_values),
-                           {"template": template, "positions": positions})
+                buf = bind(
+                    dyn_scatter_add_p,
+                    (buf, p.values, *index_values),
+                    {"template": template, "positions": positions},
+                )
         return buf
     buf = np.zeros(shape, dtype)
     for p in pieces:
@@ -338,12 +383,17 @@ def materialize(ct):
 
 # --- where, select, take, sort ----------------------------------------------------------------
 where_p = Primitive(
-    "where", lambda c, x, y: np.where(c, x, y),
-    vjps=(None,
-          lambda g, ans, c, x, y: unbroadcast(np.where(c, g, 0), shape_of(x)),
-          lambda g, ans, c, x, y: unbroadcast(np.where(c, 0, g), shape_of(y))),
+    "where",
+    lambda c, x, y: np.where(c, x, y),
+    vjps=(
+        None,
+        lambda g, ans, c, x, y: unbroadcast(np.where(c, g, 0), shape_of(x)),
+        lambda g, ans, c, x, y: unbroadcast(np.where(c, 0, g), shape_of(y)),
+    ),
     jvp=lambda ts, ans, c, x, y: _where_jvp(ts, ans, c, x, y),
-    linear=True, jvp_batched=True, native="@select",
+    linear=True,
+    jvp_batched=True,
+    native="@select",
 )
 
 
@@ -370,8 +420,10 @@ def select(condlist, choicelist, default=0):
     out = default
     for c, ch in reversed(list(zip(condlist, choicelist))):
         out = where(c, ch, out)
-    return np.broadcast_to(out, np.broadcast_shapes(*(shape_of(c) for c in condlist),
-                                                    *(shape_of(ch) for ch in choicelist)))
+    return np.broadcast_to(
+        out,
+        np.broadcast_shapes(*(shape_of(c) for c in condlist), *(shape_of(ch) for ch in choicelist)),
+    )
 
 
 @implements(np.take)
@@ -469,8 +521,9 @@ def insert(arr, obj, values, axis=None):
     if dtype_of(values) != dtype_of(arr):
         values = values.astype(dtype_of(arr))
     n = int(np.prod(shape_of(arr)))
-    where_from = np.insert(_labels(shape_of(arr)), _concrete(obj),
-                           _labels(shape_of(values), n), axis=axis)
+    where_from = np.insert(
+        _labels(shape_of(arr)), _concrete(obj), _labels(shape_of(values), n), axis=axis
+    )
     pool = np.concatenate([np.ravel(arr), np.ravel(values)])
     return getitem(pool, where_from)
 
@@ -479,11 +532,14 @@ def insert(arr, obj, values, axis=None):
 def sliding_window_view(x, window_shape, axis=None, *, subok=False, writeable=False):
     """sliding_window_view: the windows as a gather (a copy: writing through it is refused)."""
     if writeable:
-        raise GradtapeError("sliding_window_view(..., writeable=True) writes through a view, "
-                            "which cannot be traced; build the result with np.stack instead.")
+        raise GradtapeError(
+            "sliding_window_view(..., writeable=True) writes through a view, "
+            "which cannot be traced; build the result with np.stack instead."
+        )
     x = _operand(x)
-    windows = np.lib.stride_tricks.sliding_window_view(_labels(shape_of(x)), window_shape,
-                                                       axis=axis)
+    windows = np.lib.stride_tricks.sliding_window_view(
+        _labels(shape_of(x)), window_shape, axis=axis
+    )
     return getitem(np.ravel(x), np.ascontiguousarray(windows))
 
 
@@ -511,8 +567,9 @@ partition_index_p = Primitive("partition_index", _partition_index_impl, nondiff=
 def partition(a, kth, axis=-1, kind="introselect", order=None):
     """np.partition: NumPy's arrangement of the values, gathered (the gradient follows them)."""
     if order is not None:
-        raise GradtapeError("np.partition(..., order=...) sorts structured arrays, which have "
-                            "no derivative.")
+        raise GradtapeError(
+            "np.partition(..., order=...) sorts structured arrays, which have no derivative."
+        )
     if axis is None:
         a, axis = np.ravel(a), 0
     axis = int(axis) % max(ndim_of(a), 1)
@@ -531,7 +588,8 @@ def _traced_destination(a, name):
         raise GradtapeError(
             f"np.{name} writes traced values into a plain ndarray, which would cut the "
             "gradient. Start from a traced array instead: y = np.zeros_like(x) (x traced), "
-            f"then np.{name}(y, ...).")
+            f"then np.{name}(y, ...)."
+        )
 
 
 def _cyclic(values, n):
@@ -623,8 +681,10 @@ def copyto(dst, src, casting="same_kind", where=True):
     _traced_destination(dst, "copyto")
     src = _operand(src)
     if not np.can_cast(dtype_of(src), dtype_of(dst), casting=casting):
-        raise TypeError(f"Cannot cast array data from {dtype_of(src)!r} to {dtype_of(dst)!r} "
-                        f"according to the rule {casting!r}")
+        raise TypeError(
+            f"Cannot cast array data from {dtype_of(src)!r} to {dtype_of(dst)!r} "
+            f"according to the rule {casting!r}"
+        )
     if dtype_of(src) != dtype_of(dst):
         src = src.astype(dtype_of(dst))
     _rebind(dst, np.where(where, src, dst))

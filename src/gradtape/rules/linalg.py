@@ -116,12 +116,27 @@ def _is_complex(x) -> bool:
     return dtype_of(x).kind == "c"
 
 
-_real_p = _primitive("linalg_real", np.real, vjps=(lambda g, ans, x: g,),
-                     jvp=lambda ts, ans, x: _re(ts[0]), jvp_batched=True)
-_imag_p = _primitive("linalg_imag", np.imag, vjps=(lambda g, ans, x: g * (-1j),),
-                     jvp=lambda ts, ans, x: _im(ts[0]), jvp_batched=True)
-_conj_p = _primitive("linalg_conj", np.conj, vjps=(lambda g, ans, x: _cj(g),),
-                     jvp=lambda ts, ans, x: _cj(ts[0]), jvp_batched=True)
+_real_p = _primitive(
+    "linalg_real",
+    np.real,
+    vjps=(lambda g, ans, x: g,),
+    jvp=lambda ts, ans, x: _re(ts[0]),
+    jvp_batched=True,
+)
+_imag_p = _primitive(
+    "linalg_imag",
+    np.imag,
+    vjps=(lambda g, ans, x: g * (-1j),),
+    jvp=lambda ts, ans, x: _im(ts[0]),
+    jvp_batched=True,
+)
+_conj_p = _primitive(
+    "linalg_conj",
+    np.conj,
+    vjps=(lambda g, ans, x: _cj(g),),
+    jvp=lambda ts, ans, x: _cj(ts[0]),
+    jvp_batched=True,
+)
 
 
 def _re(x):
@@ -151,7 +166,8 @@ def _refuse_complex(what: str, *xs) -> None:
         if x is not None and _is_complex(x):
             raise GradtapeError(
                 f"{what} of complex input has no derivative rule in gradtape yet. Split it into "
-                "real and imaginary parts, or use stop_gradient if no derivative is needed.")
+                "real and imaginary parts, or use stop_gradient if no derivative is needed."
+            )
 
 
 # --- degenerate spectra ---------------------------------------------------------------------------
@@ -191,7 +207,8 @@ def _inverse_gaps(gaps, pairs, undefined=None):
 def _poison(x, undefined):
     """x, with NaN in the matrices of the stack where `undefined` (shape (...,) or scalar)."""
     return x + np.expand_dims(np.where(undefined, np.nan, 0.0), (-2, -1)).astype(
-        _real_dtype(dtype_of(x)))
+        _real_dtype(dtype_of(x))
+    )
 
 
 def _spread_within_blocks(v, pairs):
@@ -269,7 +286,7 @@ def _matrix_stack(x, primal_ndim: int, left: bool, rank: int):
     matrices: a 1-D operand becomes a row (left) or a column (right), as matmul promotes it,
     and the stack axes are padded with ones to `rank`, so extra axes stay in front."""
     shape = shape_of(x)
-    lead, core = shape[:len(shape) - primal_ndim], shape[len(shape) - primal_ndim:]
+    lead, core = shape[: len(shape) - primal_ndim], shape[len(shape) - primal_ndim :]
     if primal_ndim == 1:
         core = (1,) + core if left else core + (1,)
     return np.reshape(x, lead + (1,) * (rank - len(core) + 2) + core)
@@ -283,7 +300,7 @@ def _matmul_jvp(ts, ans, a, b):
         if t is None:
             continue
         nd = na if left else nb
-        lead = shape_of(t)[:ndim_of(t) - nd]
+        lead = shape_of(t)[: ndim_of(t) - nd]
         t_stack = _matrix_stack(t, nd, left, rank)
         other = _matrix_stack(b if left else a, nb if left else na, not left, rank)
         prod = np.matmul(t_stack, other) if left else np.matmul(other, t_stack)
@@ -292,8 +309,9 @@ def _matmul_jvp(ts, ans, a, b):
 
 
 # the JVPs of this file take tangents with extra leading axes (a batch of directions)
-matmul_p = Primitive("matmul", np.matmul, vjps=(_matmul_vjp_a, _matmul_vjp_b), jvp=_matmul_jvp,
-                     jvp_batched=True)
+matmul_p = Primitive(
+    "matmul", np.matmul, vjps=(_matmul_vjp_a, _matmul_vjp_b), jvp=_matmul_jvp, jvp_batched=True
+)
 UFUNCS[np.matmul] = matmul_p  # np.matmul and `@` reach it through __array_ufunc__
 implements(np.linalg.matmul)(lambda x1, x2, /: np.matmul(x1, x2))
 
@@ -328,14 +346,15 @@ def _einsum_jvp(ts, ans, *operands, subscripts, optimize):
     for i, t in enumerate(ts):
         if t is not None:  # the ellipsis carries the tangent's extra leading axes, if any
             spec = ",".join("..." + s if k == i else s for k, s in enumerate(ins)) + "->..." + res
-            args = operands[:i] + (t,) + operands[i + 1:]
+            args = operands[:i] + (t,) + operands[i + 1 :]
             out = _add(out, np.einsum(spec, *args, optimize=optimize))
     return out
 
 
 # subscripts: explicit, no ellipsis, no label twice in one operand, one size per label
-einsum_p = Primitive("einsum", _einsum_impl, vjps=_einsum_vjp, jvp=_einsum_jvp, variadic=True,
-                     jvp_batched=True)
+einsum_p = Primitive(
+    "einsum", _einsum_impl, vjps=_einsum_vjp, jvp=_einsum_jvp, variadic=True, jvp_batched=True
+)
 
 
 def _sublist_to_str(sub) -> str:
@@ -347,10 +366,10 @@ def _einsum_args(args) -> tuple[str, list]:
     if isinstance(args[0], str):
         return args[0].replace(" ", ""), [_operand(x) for x in args[1:]]
     n = len(args) // 2
-    subs = ",".join(_sublist_to_str(s) for s in args[1:2 * n:2])
+    subs = ",".join(_sublist_to_str(s) for s in args[1 : 2 * n : 2])
     if len(args) % 2:
         subs += "->" + _sublist_to_str(args[-1])
-    return subs, [_operand(x) for x in args[0:2 * n:2]]
+    return subs, [_operand(x) for x in args[0 : 2 * n : 2]]
 
 
 def _take_diagonals(op, sub: str):
@@ -360,7 +379,7 @@ def _take_diagonals(op, sub: str):
             i = sub.index(c)
             j = sub.index(c, i + 1)
             op = np.diagonal(op, axis1=i, axis2=j)
-            sub = sub[:i] + sub[i + 1:j] + sub[j + 1:] + c
+            sub = sub[:i] + sub[i + 1 : j] + sub[j + 1 :] + c
     return op, sub
 
 
@@ -370,18 +389,21 @@ def _normalize_einsum(subs: str, ops: list) -> tuple[str, list]:
     lhs, arrow, out = subs.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(ops):
-        raise ValueError("more operands provided to einstein sum function than specified in the "
-                         "subscripts string" if len(ops) > len(ins) else
-                         "fewer operands provided to einstein sum function than specified in the "
-                         "subscripts string")
+        raise ValueError(
+            "more operands provided to einstein sum function than specified in the "
+            "subscripts string"
+            if len(ops) > len(ins)
+            else "fewer operands provided to einstein sum function than specified in the "
+            "subscripts string"
+        )
     spare = [c for c in string.ascii_letters if c not in subs]
     n_ell = [ndim_of(op) - (len(s) - 3) if "..." in s else 0 for s, op in zip(ins, ops)]
-    ell = "".join(spare[:max(n_ell, default=0)])
+    ell = "".join(spare[: max(n_ell, default=0)])
     if not arrow:
         counts = Counter("".join(s.replace("...", "") for s in ins))
         out = ell + "".join(sorted(c for c, k in counts.items() if k == 1))
     out = out.replace("...", ell)
-    ins = [s.replace("...", ell[len(ell) - k:] if k else "") for s, k in zip(ins, n_ell)]
+    ins = [s.replace("...", ell[len(ell) - k :] if k else "") for s, k in zip(ins, n_ell)]
     pairs = [_take_diagonals(op, s) for op, s in zip(ops, ins)]
     sizes: dict = {}
     for op, s in pairs:
@@ -545,7 +567,8 @@ def _check_square(a, what: str = "array") -> None:
     shape = shape_of(a)
     if len(shape) < 2:
         raise np.linalg.LinAlgError(
-            f"{len(shape)}-dimensional {what} given. Array must be at least two-dimensional")
+            f"{len(shape)}-dimensional {what} given. Array must be at least two-dimensional"
+        )
     if shape[-1] != shape[-2]:
         raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
 
@@ -590,12 +613,13 @@ def tensorsolve(a, b, axes=None):
             allaxes.remove(k)
             allaxes.insert(an, k)
         a = np.transpose(a, allaxes)
-    oldshape = shape_of(a)[-(an - ndim_of(b)):]
+    oldshape = shape_of(a)[-(an - ndim_of(b)) :]
     prod = int(np.prod(oldshape))
     if int(np.prod(shape_of(a))) != prod**2:
         raise np.linalg.LinAlgError(
             "Input arrays must satisfy the requirement prod(a.shape[b.ndim:]) == "
-            "prod(a.shape[:b.ndim])")
+            "prod(a.shape[:b.ndim])"
+        )
     x = np.linalg.solve(np.reshape(a, (prod, prod)), np.ravel(b))
     return np.reshape(x, oldshape)
 
@@ -614,8 +638,9 @@ def tensorinv(a, ind=2):
 
 
 if hasattr(np.linalg, "trace"):
-    implements(np.linalg.trace)(lambda x, /, *, offset=0, dtype=None: np.trace(
-        x, offset, axis1=-2, axis2=-1, dtype=dtype))
+    implements(np.linalg.trace)(
+        lambda x, /, *, offset=0, dtype=None: np.trace(x, offset, axis1=-2, axis2=-1, dtype=dtype)
+    )
 
 
 # --- inverse, determinants ------------------------------------------------------------------------
@@ -625,8 +650,11 @@ def _inv_vjp(g, ans, a):
 
 
 inv_p = Primitive(
-    "inv", lambda a: np.linalg.inv(a), vjps=(_inv_vjp,),
-    jvp=lambda ts, ans, a: -np.matmul(ans, np.matmul(ts[0], ans)), jvp_batched=True,
+    "inv",
+    lambda a: np.linalg.inv(a),
+    vjps=(_inv_vjp,),
+    jvp=lambda ts, ans, a: -np.matmul(ans, np.matmul(ts[0], ans)),
+    jvp_batched=True,
 )
 implements(np.linalg.inv)(lambda a: bind(inv_p, (a,), {}))
 
@@ -658,9 +686,11 @@ def _cofactor(a, ans):
 
 
 det_p = Primitive(
-    "det", lambda a: np.linalg.det(a),
+    "det",
+    lambda a: np.linalg.det(a),
     vjps=(lambda g, ans, a: _like_input(np.expand_dims(g, (-2, -1)) * _cofactor(a, ans), a),),
-    jvp=lambda ts, ans, a: np.sum(_cofactor(a, ans) * ts[0], axis=(-2, -1)), jvp_batched=True,
+    jvp=lambda ts, ans, a: np.sum(_cofactor(a, ans) * ts[0], axis=(-2, -1)),
+    jvp_batched=True,
 )
 implements(np.linalg.det)(lambda a: bind(det_p, (a,), {}))
 
@@ -681,8 +711,12 @@ def _slogdet_jvp(ts, ans, a):
 
 
 slogdet_p = Primitive(
-    "slogdet", lambda a: tuple(np.linalg.slogdet(a)),
-    vjps=(_slogdet_vjp,), jvp=_slogdet_jvp, multiple_results=True, jvp_batched=True,
+    "slogdet",
+    lambda a: tuple(np.linalg.slogdet(a)),
+    vjps=(_slogdet_vjp,),
+    jvp=_slogdet_jvp,
+    multiple_results=True,
+    jvp_batched=True,
 )
 implements(np.linalg.slogdet)(lambda a: _named(_SlogdetResult, *bind(slogdet_p, (a,), {})))
 
@@ -711,17 +745,21 @@ def _solve_jvp(ts, ans, a, b):
 
 # b is always a stack of matrices here: a vector right-hand side is made a column first
 solve_p = Primitive(
-    "solve", lambda a, b: np.linalg.solve(a, b),
-    vjps=(lambda g, ans, a, b: _solve_vjp_all(g, ans, (a, b), {}, (True, None))[0],
-          lambda g, ans, a, b: _solve_vjp_all(g, ans, (a, b), {}, (None, True))[1]),
-    jvp=_solve_jvp, jvp_batched=True,
+    "solve",
+    lambda a, b: np.linalg.solve(a, b),
+    vjps=(
+        lambda g, ans, a, b: _solve_vjp_all(g, ans, (a, b), {}, (True, None))[0],
+        lambda g, ans, a, b: _solve_vjp_all(g, ans, (a, b), {}, (None, True))[1],
+    ),
+    jvp=_solve_jvp,
+    jvp_batched=True,
 )
 solve_p.vjp_all = _solve_vjp_all
 
 
 def _getrf(a):
     """LU factors of one concrete matrix (LAPACK getrf); a singular matrix raises as NumPy."""
-    getrf, = _lapack(("getrf",), a.dtype)
+    (getrf,) = _lapack(("getrf",), a.dtype)
     lu, piv, info = getrf(a)
     if info > 0:
         raise np.linalg.LinAlgError("Singular matrix")
@@ -729,12 +767,11 @@ def _getrf(a):
 
 
 # the factors are a constant to every derivative: the rules below differentiate through `a`
-lu_factors_p = _primitive("lu_factors", lambda a: _getrf(a), nondiff=True,
-                          multiple_results=True)
+lu_factors_p = _primitive("lu_factors", lambda a: _getrf(a), nondiff=True, multiple_results=True)
 
 
 def _lu_solve_raw(a, lu, piv, b, trans):
-    getrs, = _lapack(("getrs",), lu.dtype)
+    (getrs,) = _lapack(("getrs",), lu.dtype)
     flat, undo = _columns(np.asarray(b, lu.dtype), lu.shape[-1])
     x, info = getrs(lu, piv, flat, trans=trans)
     return undo(x)
@@ -780,9 +817,11 @@ def solve(a, b):
     bm = np.expand_dims(b, -1) if vector else b
     n = shape_of(a)[-1]
     if ndim_of(bm) < 2 or shape_of(bm)[-2] != n:
-        raise ValueError(f"solve: Input operand 1 has a mismatch in its core dimension 0, with "
-                         f"gufunc signature (m,m),(m,n)->(m,n) (size {shape_of(bm)[-2]} is "
-                         f"different from {n})")
+        raise ValueError(
+            f"solve: Input operand 1 has a mismatch in its core dimension 0, with "
+            f"gufunc signature (m,m),(m,n)->(m,n) (size {shape_of(bm)[-2]} is "
+            f"different from {n})"
+        )
     dt = _solve_dtype(a, b)
     if ndim_of(a) == 2 and n and _lapack(("getrf",), dt) is not None:
         a, bm = (x if dtype_of(x) == dt else x.astype(dt) for x in (a, bm))
@@ -806,13 +845,14 @@ def _trisolve_raw(a, b, lower, trans, unit):
     n = a.shape[-1]
     trtrs = _lapack(("trtrs",), dt) if n else None
     if trtrs is not None and (a.ndim == 2 or n >= 16):
-        trtrs, = trtrs
+        (trtrs,) = trtrs
         if a.ndim == 2:
             flat, undo = _columns(np.asarray(b, dt), n)
             x, info = trtrs(np.asarray(a, dt), flat, lower=lower, trans=trans, unitdiag=unit)
             if info > 0:
                 raise np.linalg.LinAlgError(
-                    f"singular matrix: resolution failed at diagonal {info - 1}")
+                    f"singular matrix: resolution failed at diagonal {info - 1}"
+                )
             return undo(x)
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a_b = np.broadcast_to(a, shape + a.shape[-2:])
@@ -833,8 +873,9 @@ def _trisolve_vjp_all(g, ans, args, params, invars):
     if invars[0] is not None:
         outer = -np.matmul(gb, _mT(ans)) if trans == 0 else -np.matmul(ans, _mT(gb))
         n = shape_of(a)[-1]
-        ga = unbroadcast(outer * _tri(n, _real_dtype(dtype_of(a)), lower, k=1 if unit else 0),
-                         shape_of(a))
+        ga = unbroadcast(
+            outer * _tri(n, _real_dtype(dtype_of(a)), lower, k=1 if unit else 0), shape_of(a)
+        )
     return ga, (None if invars[1] is None else unbroadcast(gb, shape_of(b)))
 
 
@@ -846,14 +887,18 @@ def _trisolve_jvp(ts, ans, a, b, lower, trans, unit):
         ta = ta * _tri(n, _real_dtype(dtype_of(a)), lower, k=1 if unit else 0)
         ta = _stacked(ta if trans == 0 else _mT(ta), a, ndim_of(ans) - 2)
         rhs = -np.matmul(ta, ans) if rhs is None else rhs - np.matmul(ta, ans)
-    return None if rhs is None else triangular_solve_p.impl(a, rhs, lower=lower, trans=trans,
-                                                             unit=unit)
+    return (
+        None
+        if rhs is None
+        else triangular_solve_p.impl(a, rhs, lower=lower, trans=trans, unit=unit)
+    )
 
 
 # x = op(T)^-1 b, T the lower or upper triangle of a (with a unit diagonal if `unit`); b is a
 # stack of matrices; op: transposed if `trans`. Reads only that triangle, like LAPACK.
-triangular_solve_p = _primitive("triangular_solve", _trisolve_raw, jvp=_trisolve_jvp,
-                                jvp_batched=True)
+triangular_solve_p = _primitive(
+    "triangular_solve", _trisolve_raw, jvp=_trisolve_jvp, jvp_batched=True
+)
 triangular_solve_p.vjp_all = _trisolve_vjp_all
 
 
@@ -888,8 +933,8 @@ def _blas_funcs(names: tuple, dtype_char: str):
 def _cholesky_backward_lapack(low, low_bar):
     """phi(L^-T M L^-1) with M = P + P^T, P = phi(L^T Lbar), for one real matrix, from trmm and
     sygst (about 2 n^3 flops, against 4 n^3 for a product and two triangular solves)."""
-    trmm, = _blas_funcs(("trmm",), low.dtype.char)
-    sygst, = _lapack(("sygst",), low.dtype)
+    (trmm,) = _blas_funcs(("trmm",), low.dtype.char)
+    (sygst,) = _lapack(("sygst",), low.dtype)
     n = low.shape[-1]
     # the upper triangle of M is that of Q^T = Lbar^T L (diagonal included), the rest is not read
     qt = trmm(1.0, low, np.tril(low_bar).T, side=1, lower=1, overwrite_b=1)
@@ -905,9 +950,16 @@ def _cholesky_backward(low, low_bar):
     """The VJP of the lower Cholesky factor: abar = phi(S + S^T), S = L^-T phi(L^T Lbar) L^-1
     (Murray, 2016), on the lower triangle. One real matrix on concrete values: trmm and sygst;
     otherwise (stacks, Tracers) triangular solves, which are primitives themselves."""
-    if (type(low) is np.ndarray and type(low_bar) is np.ndarray and low.ndim == 2
-            and low_bar.ndim == 2 and low.dtype == low_bar.dtype and low.dtype.char in "fd"
-            and low.shape[-1] and _lapack(("sygst",), low.dtype) is not None):
+    if (
+        type(low) is np.ndarray
+        and type(low_bar) is np.ndarray
+        and low.ndim == 2
+        and low_bar.ndim == 2
+        and low.dtype == low_bar.dtype
+        and low.dtype.char in "fd"
+        and low.shape[-1]
+        and _lapack(("sygst",), low.dtype) is not None
+    ):
         return _cholesky_backward_lapack(low, low_bar)
     p = _phi(np.matmul(_mT(low), low_bar), lower=True)
     x = triangular_solve_p.impl(low, p, lower=True, trans=1, unit=False)  # L^-T P
@@ -937,8 +989,11 @@ def _cholesky_jvp(ts, ans, a, upper):
 
 
 cholesky_p = Primitive(
-    "cholesky", lambda a, upper: np.linalg.cholesky(a, upper=upper),
-    vjps=(_cholesky_vjp,), jvp=_cholesky_jvp, jvp_batched=True,
+    "cholesky",
+    lambda a, upper: np.linalg.cholesky(a, upper=upper),
+    vjps=(_cholesky_vjp,),
+    jvp=_cholesky_jvp,
+    jvp_batched=True,
 )
 
 
@@ -961,7 +1016,8 @@ def _hermitian_fold(s, lower: bool):
     """The transpose of _hermitian_read: a cotangent of the Hermitian matrix onto the triangle."""
     n = shape_of(s)[-1]
     return (s + _mH(s)) * _tri(n, _real_dtype(dtype_of(s)), lower, k=1) + _re(s) * _eye(
-        n, dtype_of(s))
+        n, dtype_of(s)
+    )
 
 
 def _eigh_vjp_all(g, ans, args, params, invars):
@@ -978,8 +1034,9 @@ def _eigh_vjp_all(g, ans, args, params, invars):
         # loss: the eigenvectors are not defined there, nor is the gradient
         basis = _nonzero_to_rounding(k - _mH(k), k)
         if _is_complex(k):
-            undefined = undefined | np.any(_nonzero_to_rounding(
-                _diag_embed(_im(_diag_part(k))), k), axis=(-2, -1))
+            undefined = undefined | np.any(
+                _nonzero_to_rounding(_diag_embed(_im(_diag_part(k))), k), axis=(-2, -1)
+            )
         gaps = np.expand_dims(w, -2) - np.expand_dims(w, -1)
         inner = inner + _inverse_gaps(gaps, pairs, basis) * k
     s = np.matmul(_cj(v), np.matmul(inner, _mT(v)))
@@ -997,8 +1054,11 @@ def _eigh_jvp(ts, ans, a, UPLO):
 
 
 eigh_p = Primitive(
-    "eigh", lambda a, UPLO: tuple(np.linalg.eigh(a, UPLO=UPLO)),
-    jvp=_eigh_jvp, multiple_results=True, jvp_batched=True,
+    "eigh",
+    lambda a, UPLO: tuple(np.linalg.eigh(a, UPLO=UPLO)),
+    jvp=_eigh_jvp,
+    multiple_results=True,
+    jvp_batched=True,
 )
 eigh_p.vjp_all = _eigh_vjp_all
 
@@ -1031,8 +1091,7 @@ def _largest_entries(v):
     """A one-hot mask of the entry of largest modulus of each eigenvector (LAPACK makes it real)."""
     k = np.argmax(np.abs(stop_gradient(v)), axis=-2)
     n = shape_of(v)[-2]
-    return (np.arange(n).reshape((n, 1)) == np.expand_dims(k, -2)).astype(_real_dtype(
-        dtype_of(v)))
+    return (np.arange(n).reshape((n, 1)) == np.expand_dims(k, -2)).astype(_real_dtype(dtype_of(v)))
 
 
 def _eig_vjp_all(g, ans, args, params, invars):
@@ -1049,8 +1108,11 @@ def _eig_vjp_all(g, ans, args, params, invars):
         s = np.sum(v_bar * v, axis=-2)
         mask = _largest_entries(v)
         v_top = _re(np.sum(mask * v, axis=-2))
-        u_bar = (v_bar - _cj(v) * np.expand_dims(_re(s), -2)
-                 - 1j * mask * np.expand_dims(_im(s) / v_top, -2))
+        u_bar = (
+            v_bar
+            - _cj(v) * np.expand_dims(_re(s), -2)
+            - 1j * mask * np.expand_dims(_im(s) / v_top, -2)
+        )
         k = np.matmul(_mT(v), u_bar)
         gaps = np.expand_dims(w, -2) - np.expand_dims(w, -1)
         p_bar = p_bar + _inverse_gaps(gaps, pairs, _nonzero_to_rounding(k, k)) * k
@@ -1068,7 +1130,8 @@ def _eig_jvp(ts, ans, a):
     u = np.matmul(v, _inverse_gaps(gaps, _coinciding(w)) * p)
     mask = _largest_entries(v)
     c = -_re(np.sum(_cj(v) * u, axis=-2)) - 1j * (
-        _im(np.sum(mask * u, axis=-2)) / _re(np.sum(mask * v, axis=-2)))
+        _im(np.sum(mask * u, axis=-2)) / _re(np.sum(mask * v, axis=-2))
+    )
     return dw, u + v * np.expand_dims(c, -2)
 
 
@@ -1142,9 +1205,14 @@ def _svd_vjp_all(g, ans, args, params, invars):
     inner = 0
     if gs is not None:
         inner = _diag_embed(gs)
-        undefined = undefined | _spread_within_blocks(gs, pairs) | np.any(
-            zero & _nonzero_to_rounding(np.expand_dims(gs, -1), np.expand_dims(gs, -1))[..., 0],
-            axis=-1)
+        undefined = (
+            undefined
+            | _spread_within_blocks(gs, pairs)
+            | np.any(
+                zero & _nonzero_to_rounding(np.expand_dims(gs, -1), np.expand_dims(gs, -1))[..., 0],
+                axis=-1,
+            )
+        )
     anti_u = anti_v = j = kv = None
     if gu is not None:
         j = np.matmul(_mT(uk), gu)
@@ -1162,16 +1230,19 @@ def _svd_vjp_all(g, ans, args, params, invars):
         within = _nonzero_to_rounding(anti, scale)
         apart = zero_pairs & _nonzero_to_rounding(diff, scale)  # two zeros: U and V turn freely
         row, col = np.expand_dims(s, -1), np.expand_dims(s, -2)
-        inner = inner + 0.5 * (_inverse_gaps(col - row, pairs, within) * anti
-                               + _inverse_gaps(col + row, zero_pairs, apart) * diff)
+        inner = inner + 0.5 * (
+            _inverse_gaps(col - row, pairs, within) * anti
+            + _inverse_gaps(col + row, zero_pairs, apart) * diff
+        )
         if cplx:  # the phase of each pair (u_j, v_j) is free: the loss must not see it
             row = np.max(np.abs(stop_gradient(scale)), axis=-2)
             phase = _im(_diag_part(j if kv is None else (kv if j is None else j + kv)))
             undefined = undefined | np.any(_nonzero_to_rounding(phase, row, (-1,)), -1)
             if j is not None:
                 inner = inner + _diag_embed(1j * _im(_diag_part(j)) * sinv)
-                undefined = undefined | np.any(zero & _nonzero_to_rounding(
-                    _im(_diag_part(j)), row, (-1,)), axis=-1)
+                undefined = undefined | np.any(
+                    zero & _nonzero_to_rounding(_im(_diag_part(j)), row, (-1,)), axis=-1
+                )
     abar = np.matmul(_cj(uk), np.matmul(inner, _cj(vhk)))
     if gu is not None and m > k:
         rest = gu - np.matmul(_cj(uk), j)
@@ -1220,8 +1291,13 @@ def _svd_jvp(ts, ans, a, full_matrices):
     return du, ds, _mH(dv)
 
 
-svd_p = _primitive("svd", lambda a, full_matrices: tuple(np.linalg.svd(
-    a, full_matrices=full_matrices)), jvp=_svd_jvp, multiple_results=True, jvp_batched=True)
+svd_p = _primitive(
+    "svd",
+    lambda a, full_matrices: tuple(np.linalg.svd(a, full_matrices=full_matrices)),
+    jvp=_svd_jvp,
+    multiple_results=True,
+    jvp_batched=True,
+)
 svd_p.vjp_all = _svd_vjp_all
 
 
@@ -1245,8 +1321,9 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     """U, S, Vh (reduced or full) or S alone; derivatives as the module docstring says."""
     a = _operand(a)
     if ndim_of(a) < 2:
-        raise np.linalg.LinAlgError(f"{ndim_of(a)}-dimensional array given. Array must be at "
-                                    "least two-dimensional")
+        raise np.linalg.LinAlgError(
+            f"{ndim_of(a)}-dimensional array given. Array must be at least two-dimensional"
+        )
     if hermitian:
         return _svd_hermitian(a, full_matrices, compute_uv)
     if not compute_uv:
@@ -1285,9 +1362,13 @@ def _pinv_jvp(ts, ans, a, rcond, hermitian):
     return -np.matmul(x, np.matmul(da, x)) + t2 + t3
 
 
-pinv_p = _primitive("pinv", lambda a, rcond, hermitian: np.linalg.pinv(
-    a, rcond=np.asarray(rcond), hermitian=hermitian), vjps=(_pinv_vjp,), jvp=_pinv_jvp,
-    jvp_batched=True)
+pinv_p = _primitive(
+    "pinv",
+    lambda a, rcond, hermitian: np.linalg.pinv(a, rcond=np.asarray(rcond), hermitian=hermitian),
+    vjps=(_pinv_vjp,),
+    jvp=_pinv_jvp,
+    jvp_batched=True,
+)
 
 
 @implements(np.linalg.pinv)
@@ -1324,8 +1405,9 @@ def lstsq(a, b, rcond=None):
     bm = np.expand_dims(b, -1) if is_1d else b
     if ndim_of(a) != 2 or ndim_of(bm) != 2:
         bad = a if ndim_of(a) != 2 else b
-        raise np.linalg.LinAlgError(f"{ndim_of(bad)}-dimensional array given. Array must be "
-                                    "two-dimensional")
+        raise np.linalg.LinAlgError(
+            f"{ndim_of(bad)}-dimensional array given. Array must be two-dimensional"
+        )
     m, n = shape_of(a)
     if shape_of(bm)[0] != m:
         raise np.linalg.LinAlgError("Incompatible dimensions")
@@ -1353,8 +1435,7 @@ def cond(x, p=None):
         s = np.linalg.svd(x, compute_uv=False)
         return s[..., -1] / s[..., 0] if p == -2 else s[..., 0] / s[..., -1]
     _check_square(x)
-    return np.linalg.norm(x, p, axis=(-2, -1)) * np.linalg.norm(np.linalg.inv(x), p,
-                                                                 axis=(-2, -1))
+    return np.linalg.norm(x, p, axis=(-2, -1)) * np.linalg.norm(np.linalg.inv(x), p, axis=(-2, -1))
 
 
 # --- qr ----------------------------------------------------------------------------------------
@@ -1386,8 +1467,7 @@ def _qr_vjp(g, ans, a, complete):
         z = _complement_factor(q_mn)
         # dQ_mp = dQ_mn Z^T - W (dQ_pn - Z dQ_nn)^T, W = Q_mn + Q_mp Z: transposed
         e = -np.matmul(_mT(g_mp), q_mn + np.matmul(q_mp, z))
-        q_bar = q_bar + np.matmul(g_mp, z) + np.concatenate(
-            [-np.matmul(_mT(z), e), e], axis=-2)
+        q_bar = q_bar + np.matmul(g_mp, z) + np.concatenate([-np.matmul(_mT(z), e), e], axis=-2)
         q = q_mn
     m = np.matmul(r, _mT(r_bar)) - np.matmul(_mT(q_bar), q)
     return _right_solve_transposed(q_bar + np.matmul(q, _symmetric_read(m, lower=True)), r)
@@ -1407,8 +1487,9 @@ def _qr_jvp(ts, ans, a, complete):
         q_mp = q[..., n:]
         z = _complement_factor(q_mn)
         w = q_mn + np.matmul(q_mp, z)
-        dq_mp = np.matmul(dq, _mT(z)) - np.matmul(w, _mT(dq[..., n:, :] - np.matmul(
-            z, dq[..., :n, :])))
+        dq_mp = np.matmul(dq, _mT(z)) - np.matmul(
+            w, _mT(dq[..., n:, :] - np.matmul(z, dq[..., :n, :]))
+        )
         dq = np.concatenate([dq, dq_mp], axis=-1)
         rows = shape_of(a)[-2] - n
         dr = np.concatenate([dr, np.zeros(shape_of(dr)[:-2] + (rows, n), dtype_of(dr))], axis=-2)
@@ -1416,9 +1497,14 @@ def _qr_jvp(ts, ans, a, complete):
 
 
 # QR of a tall (or square) matrix, reduced or complete; wide matrices are composed from it below
-qr_p = Primitive("qr", lambda a, complete: tuple(np.linalg.qr(
-    a, "complete" if complete else "reduced")), vjps=(_qr_vjp,), jvp=_qr_jvp,
-    multiple_results=True, jvp_batched=True)
+qr_p = Primitive(
+    "qr",
+    lambda a, complete: tuple(np.linalg.qr(a, "complete" if complete else "reduced")),
+    vjps=(_qr_vjp,),
+    jvp=_qr_jvp,
+    multiple_results=True,
+    jvp_batched=True,
+)
 
 
 @implements(np.linalg.qr)
@@ -1432,8 +1518,9 @@ def qr(a, mode="reduced"):
     a = _operand(a)
     _refuse_complex("np.linalg.qr", a)
     if mode not in ("reduced", "r", "complete"):
-        raise GradtapeError(f"np.linalg.qr(mode={mode!r}) has no derivative rule; use 'reduced', "
-                            "'complete' or 'r'.")
+        raise GradtapeError(
+            f"np.linalg.qr(mode={mode!r}) has no derivative rule; use 'reduced', 'complete' or 'r'."
+        )
     m, n = shape_of(a)[-2:]
     if m >= n:
         q, r = bind(qr_p, (a,), {"complete": mode == "complete" and m > n})
@@ -1510,8 +1597,11 @@ def norm(x, ord=None, axis=None, keepdims=False):
         if nd not in (1, 2):
             raise ValueError("Improper number of dimensions to norm.")
         axis = tuple(range(nd))
-    axes = (int(axis) % nd,) if isinstance(axis, (int, np.integer)) else tuple(
-        int(a) % nd for a in axis)
+    axes = (
+        (int(axis) % nd,)
+        if isinstance(axis, (int, np.integer))
+        else tuple(int(a) % nd for a in axis)
+    )
     if len(axes) == 1:
         return _vector_norm(x, ord, axes, keepdims)
     if len(axes) == 2 and axes[0] != axes[1]:
@@ -1529,7 +1619,8 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
 
 
 implements(np.linalg.matrix_norm)(
-    lambda x, /, *, keepdims=False, ord="fro": norm(x, ord, (-2, -1), keepdims))
+    lambda x, /, *, keepdims=False, ord="fro": norm(x, ord, (-2, -1), keepdims)
+)
 
 
 # scipy.linalg's functions are wrapped when SciPy's linalg is imported (see scipy_linalg.py)
@@ -1538,5 +1629,15 @@ implements(np.linalg.matrix_norm)(
 # complex values: these rules follow JAX's convention (transposes without conjugation under the
 # pairing Re(sum u * v)) and are tested on complex matrices against JAX and finite differences;
 # cholesky and qr are left out (refused on complex input)
-complex_rules("svd", "eig", "eigh", "pinv", "slogdet", "linalg_conj", "linalg_real",
-              "linalg_imag", "linalg_all_real", "cholesky_backward")
+complex_rules(
+    "svd",
+    "eig",
+    "eigh",
+    "pinv",
+    "slogdet",
+    "linalg_conj",
+    "linalg_real",
+    "linalg_imag",
+    "linalg_all_real",
+    "cholesky_backward",
+)

@@ -28,8 +28,9 @@ def _array(x):
 
 def _no_complex(name, *xs):
     if any(dtype_of(_array(x)).kind == "c" for x in xs):
-        raise GradtapeError(f"np.{name} of complex values cannot be traced: gradtape "
-                            "differentiates real functions.")
+        raise GradtapeError(
+            f"np.{name} of complex values cannot be traced: gradtape differentiates real functions."
+        )
 
 
 # --- np.polyval and the poly* functions ------------------------------------------------------
@@ -91,8 +92,9 @@ def _poly_combine(a1, a2, op):
 
 implements(np.polyadd)(lambda a1, a2: _poly_combine(a1, a2, np.add))
 implements(np.polysub)(lambda a1, a2: _poly_combine(a1, a2, np.subtract))
-implements(np.polymul)(lambda a1, a2: np.convolve(np.atleast_1d(_array(a1)),
-                                                  np.atleast_1d(_array(a2))))
+implements(np.polymul)(
+    lambda a1, a2: np.convolve(np.atleast_1d(_array(a1)), np.atleast_1d(_array(a2)))
+)
 
 
 @implements(np.polydiv)
@@ -102,7 +104,7 @@ def polydiv(u, v):
     u = np.atleast_1d(_array(u)) + 0.0
     v = np.atleast_1d(_array(v)) + 0.0
     m, n = shape_of(u)[0] - 1, shape_of(v)[0] - 1
-    scale = 1. / v[0]
+    scale = 1.0 / v[0]
     q = np.zeros((max(m - n + 1, 1),), np.result_type(dtype_of(u), dtype_of(v)))
     if _traced(u) or _traced(v):
         q = q + 0 * (u[0] + v[0])  # a traced array to write into
@@ -110,7 +112,7 @@ def polydiv(u, v):
     for k in range(m - n + 1):
         d = scale * r[k]
         q[k] = d
-        r = np.concatenate([r[:k], r[k:k + n + 1] - d * v, r[k + n + 1:]])
+        r = np.concatenate([r[:k], r[k : k + n + 1] - d * v, r[k + n + 1 :]])
     while bool(np.isclose(r[0], 0, rtol=1e-14)) and shape_of(r)[-1] > 1:
         r = r[1:]
     return q, r
@@ -121,8 +123,9 @@ def poly(seq_of_zeros):
     """np.poly of roots (1-D): the product of the factors (x - root), by convolution."""
     seq = np.atleast_1d(_array(seq_of_zeros))
     if ndim_of(seq) != 1:
-        raise GradtapeError("np.poly of a matrix uses its eigenvalues, which cannot be traced; "
-                            "pass the roots.")
+        raise GradtapeError(
+            "np.poly of a matrix uses its eigenvalues, which cannot be traced; pass the roots."
+        )
     _no_complex("poly", seq)
     a = np.ones((1,), dtype_of(seq) if dtype_of(seq).kind == "f" else np.float64)
     for k in range(shape_of(seq)[0]):
@@ -173,21 +176,41 @@ def _clenshaw(step, finish, prepare=None):
     return val
 
 
-implements_module_function("numpy.polynomial.chebyshev", "chebval")(_clenshaw(
-    lambda ci, c0, c1, x, x2, nd: (ci - c1, c0 + c1 * x2),
-    lambda c0, c1, x, x2: c0 + c1 * x, prepare=lambda x: 2 * x))
-implements_module_function("numpy.polynomial.legendre", "legval")(_clenshaw(
-    lambda ci, c0, c1, x, _, nd: (ci - c1 * ((nd - 1) / nd), c0 + c1 * x * ((2 * nd - 1) / nd)),
-    lambda c0, c1, x, _: c0 + c1 * x))
-implements_module_function("numpy.polynomial.hermite", "hermval")(_clenshaw(
-    lambda ci, c0, c1, x, x2, nd: (ci - c1 * (2 * (nd - 1)), c0 + c1 * x2),
-    lambda c0, c1, x, x2: c0 + c1 * x2, prepare=lambda x: x * 2))
-implements_module_function("numpy.polynomial.hermite_e", "hermeval")(_clenshaw(
-    lambda ci, c0, c1, x, _, nd: (ci - c1 * (nd - 1), c0 + c1 * x),
-    lambda c0, c1, x, _: c0 + c1 * x))
-implements_module_function("numpy.polynomial.laguerre", "lagval")(_clenshaw(
-    lambda ci, c0, c1, x, _, nd: (ci - (c1 * (nd - 1)) / nd, c0 + (c1 * ((2 * nd - 1) - x)) / nd),
-    lambda c0, c1, x, _: c0 + c1 * (1 - x)))
+implements_module_function("numpy.polynomial.chebyshev", "chebval")(
+    _clenshaw(
+        lambda ci, c0, c1, x, x2, nd: (ci - c1, c0 + c1 * x2),
+        lambda c0, c1, x, x2: c0 + c1 * x,
+        prepare=lambda x: 2 * x,
+    )
+)
+implements_module_function("numpy.polynomial.legendre", "legval")(
+    _clenshaw(
+        lambda ci, c0, c1, x, _, nd: (ci - c1 * ((nd - 1) / nd), c0 + c1 * x * ((2 * nd - 1) / nd)),
+        lambda c0, c1, x, _: c0 + c1 * x,
+    )
+)
+implements_module_function("numpy.polynomial.hermite", "hermval")(
+    _clenshaw(
+        lambda ci, c0, c1, x, x2, nd: (ci - c1 * (2 * (nd - 1)), c0 + c1 * x2),
+        lambda c0, c1, x, x2: c0 + c1 * x2,
+        prepare=lambda x: x * 2,
+    )
+)
+implements_module_function("numpy.polynomial.hermite_e", "hermeval")(
+    _clenshaw(
+        lambda ci, c0, c1, x, _, nd: (ci - c1 * (nd - 1), c0 + c1 * x),
+        lambda c0, c1, x, _: c0 + c1 * x,
+    )
+)
+implements_module_function("numpy.polynomial.laguerre", "lagval")(
+    _clenshaw(
+        lambda ci, c0, c1, x, _, nd: (
+            ci - (c1 * (nd - 1)) / nd,
+            c0 + (c1 * ((2 * nd - 1) - x)) / nd,
+        ),
+        lambda c0, c1, x, _: c0 + c1 * (1 - x),
+    )
+)
 
 
 @implements_module_function("numpy.polynomial.polyutils", "mapdomain")

@@ -35,7 +35,8 @@ reduce_sum = Primitive(
     lambda x, axes, keepdims: np.sum(x, axis=axes, keepdims=keepdims),
     vjps=(_sum_vjp,),
     jvp=lambda ts, ans, x, axes, keepdims: _sum_tangent(ts[0], x, axes, keepdims),
-    linear=True, jvp_batched=True,
+    linear=True,
+    jvp_batched=True,
 )
 
 
@@ -51,8 +52,11 @@ def sum_(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where
         return _sum_masked(a, axis, dtype, keepdims, initial, where)
     axes = normalize_axis(axis, ndim_of(a))
     r = bind(reduce_sum, (a,), {"axes": axes, "keepdims": bool(keepdims)})
-    return np.asarray(r, dtype) if dtype is not None and not hasattr(r, "_var") else (
-        r.astype(dtype) if dtype is not None else r)
+    return (
+        np.asarray(r, dtype)
+        if dtype is not None and not hasattr(r, "_var")
+        else (r.astype(dtype) if dtype is not None else r)
+    )
 
 
 @implements(np.mean)
@@ -72,8 +76,17 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False, where=True):
 
 
 @implements(np.var)
-def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, mean=None,
-        correction=None):
+def var(
+    a,
+    axis=None,
+    dtype=None,
+    out=None,
+    ddof=0,
+    keepdims=False,
+    where=True,
+    mean=None,
+    correction=None,
+):
     _no_out(out, "var")
     if correction is not None:
         ddof = correction
@@ -93,10 +106,30 @@ def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, 
 
 
 @implements(np.std)
-def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=True, mean=None,
-        correction=None):
-    return np.sqrt(var(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
-                       correction=correction, where=where, mean=mean))
+def std(
+    a,
+    axis=None,
+    dtype=None,
+    out=None,
+    ddof=0,
+    keepdims=False,
+    where=True,
+    mean=None,
+    correction=None,
+):
+    return np.sqrt(
+        var(
+            a,
+            axis=axis,
+            dtype=dtype,
+            out=out,
+            ddof=ddof,
+            keepdims=keepdims,
+            correction=correction,
+            where=where,
+            mean=mean,
+        )
+    )
 
 
 @implements(np.average)
@@ -116,8 +149,11 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
         bshape[axis] = wshape[0]
         weights = np.reshape(weights, bshape)
     num = sum_(a * weights, axis=axis, keepdims=keepdims)
-    den = sum_(np.broadcast_to(weights, shape_of(a)) if shape_of(weights) != shape_of(a)
-               else weights, axis=axis, keepdims=keepdims)
+    den = sum_(
+        np.broadcast_to(weights, shape_of(a)) if shape_of(weights) != shape_of(a) else weights,
+        axis=axis,
+        keepdims=keepdims,
+    )
     return (num / den, den) if returned else num / den
 
 
@@ -150,7 +186,9 @@ def _prod_jvp(ts, ans, x, axes, keepdims):
 reduce_prod = Primitive(
     "reduce_prod",
     lambda x, axes, keepdims: np.prod(x, axis=axes, keepdims=keepdims),
-    vjps=(_prod_vjp,), jvp=_prod_jvp, jvp_batched=True,
+    vjps=(_prod_vjp,),
+    jvp=_prod_jvp,
+    jvp_batched=True,
 )
 
 
@@ -173,20 +211,27 @@ def _extreme_weights(ans, x, axes, keepdims):
 
 
 def _extreme_vjp(g, ans, x, axes, keepdims):
-    return expand_reduced(g, shape_of(x), axes, keepdims) * _extreme_weights(ans, x, axes,
-                                                                             keepdims)
+    return expand_reduced(g, shape_of(x), axes, keepdims) * _extreme_weights(ans, x, axes, keepdims)
 
 
 def _extreme_jvp(ts, ans, x, axes, keepdims):
     return _sum_tangent(ts[0] * _extreme_weights(ans, x, axes, keepdims), x, axes, keepdims)
 
 
-reduce_max = Primitive("reduce_max", lambda x, axes, keepdims: np.max(x, axis=axes,
-                                                                      keepdims=keepdims),
-                       vjps=(_extreme_vjp,), jvp=_extreme_jvp, jvp_batched=True)
-reduce_min = Primitive("reduce_min", lambda x, axes, keepdims: np.min(x, axis=axes,
-                                                                      keepdims=keepdims),
-                       vjps=(_extreme_vjp,), jvp=_extreme_jvp, jvp_batched=True)
+reduce_max = Primitive(
+    "reduce_max",
+    lambda x, axes, keepdims: np.max(x, axis=axes, keepdims=keepdims),
+    vjps=(_extreme_vjp,),
+    jvp=_extreme_jvp,
+    jvp_batched=True,
+)
+reduce_min = Primitive(
+    "reduce_min",
+    lambda x, axes, keepdims: np.min(x, axis=axes, keepdims=keepdims),
+    vjps=(_extreme_vjp,),
+    jvp=_extreme_jvp,
+    jvp_batched=True,
+)
 
 
 @implements(np.max, np.amax)
@@ -194,8 +239,9 @@ def max_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
     _no_out(out, "max")
     if where is not True or initial is not None:
         return _extreme_masked(max_, np.maximum, a, axis, keepdims, initial, where)
-    r = bind(reduce_max, (a,), {"axes": normalize_axis(axis, ndim_of(a)),
-                                "keepdims": bool(keepdims)})
+    r = bind(
+        reduce_max, (a,), {"axes": normalize_axis(axis, ndim_of(a)), "keepdims": bool(keepdims)}
+    )
     return r if initial is None else np.maximum(r, initial)
 
 
@@ -204,8 +250,9 @@ def min_(a, axis=None, out=None, keepdims=False, initial=None, where=True):
     _no_out(out, "min")
     if where is not True or initial is not None:
         return _extreme_masked(min_, np.minimum, a, axis, keepdims, initial, where)
-    r = bind(reduce_min, (a,), {"axes": normalize_axis(axis, ndim_of(a)),
-                                "keepdims": bool(keepdims)})
+    r = bind(
+        reduce_min, (a,), {"axes": normalize_axis(axis, ndim_of(a)), "keepdims": bool(keepdims)}
+    )
     return r if initial is None else np.minimum(r, initial)
 
 
@@ -216,10 +263,12 @@ def _reverse_cumsum(g, axis):
 
 
 cumsum_p = Primitive(
-    "cumsum", lambda x, axis: np.cumsum(x, axis=axis),
+    "cumsum",
+    lambda x, axis: np.cumsum(x, axis=axis),
     vjps=(lambda g, ans, x, axis: _reverse_cumsum(g, axis),),
     jvp=lambda ts, ans, x, axis: cumsum_p(ts[0], axis=axis + len(batch_shape(ts[0], x))),
-    linear=True, jvp_batched=True,
+    linear=True,
+    jvp_batched=True,
 )
 
 
@@ -259,8 +308,11 @@ def _cumprod_jvp(ts, ans, x, axis):
 
 
 cumprod_p = Primitive(
-    "cumprod", lambda x, axis: np.cumprod(x, axis=axis),
-    vjps=(_cumprod_vjp,), jvp=_cumprod_jvp, jvp_batched=True,
+    "cumprod",
+    lambda x, axis: np.cumprod(x, axis=axis),
+    vjps=(_cumprod_vjp,),
+    jvp=_cumprod_jvp,
+    jvp_batched=True,
 )
 
 
@@ -295,12 +347,27 @@ def _nondiff_function(func, name, shape_from_data=False):
     return prim
 
 
-for _f in (np.argmax, np.argmin, np.argsort, np.any, np.all, np.count_nonzero, np.nonzero,
-           np.searchsorted, np.isclose, np.allclose, np.array_equal, np.argwhere, np.flatnonzero,
-           np.isnan, np.sign):
+for _f in (
+    np.argmax,
+    np.argmin,
+    np.argsort,
+    np.any,
+    np.all,
+    np.count_nonzero,
+    np.nonzero,
+    np.searchsorted,
+    np.isclose,
+    np.allclose,
+    np.array_equal,
+    np.argwhere,
+    np.flatnonzero,
+    np.isnan,
+    np.sign,
+):
     if hasattr(_f, "__name__") and not isinstance(_f, np.ufunc):
-        _nondiff_function(_f, _f.__name__,
-                          shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero))
+        _nondiff_function(
+            _f, _f.__name__, shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero)
+        )
 
 
 # --- ufunc methods: np.add.reduce is np.sum, np.multiply.accumulate is np.cumprod, ... ---------
@@ -313,11 +380,16 @@ def _ufunc_reduction(ufunc, function) -> None:
 
 def _ufunc_accumulation(ufunc, function) -> None:
     implements_ufunc_method(ufunc, "accumulate")(
-        lambda a, axis=0, dtype=None, out=None: function(a, axis=axis, dtype=dtype, out=out))
+        lambda a, axis=0, dtype=None, out=None: function(a, axis=axis, dtype=dtype, out=out)
+    )
 
 
-for _ufunc, _function in ((np.add, np.sum), (np.multiply, np.prod), (np.maximum, np.max),
-                          (np.minimum, np.min)):
+for _ufunc, _function in (
+    (np.add, np.sum),
+    (np.multiply, np.prod),
+    (np.maximum, np.max),
+    (np.minimum, np.min),
+):
     _ufunc_reduction(_ufunc, _function)
 for _ufunc, _function in ((np.add, np.cumsum), (np.multiply, np.cumprod)):
     _ufunc_accumulation(_ufunc, _function)
@@ -336,8 +408,10 @@ def _where_mask(a, where, fill):
     """`a` with the entries outside `where` replaced by `fill` (where= must broadcast to a)."""
     shape = shape_of(a)
     if np.broadcast_shapes(shape, shape_of(where)) != shape:
-        raise ValueError(f"where= of shape {shape_of(where)} does not broadcast to the "
-                         f"reduced array's shape {shape}")
+        raise ValueError(
+            f"where= of shape {shape_of(where)} does not broadcast to the "
+            f"reduced array's shape {shape}"
+        )
     return np.where(where, a, _astype(fill, dtype_of(a)) if hasattr(fill, "_var") else fill)
 
 
@@ -413,7 +487,8 @@ def _var_masked(a, axes, dtype, ddof, keepdims, where, mean):
         kcount = _reduced_count(a, axes, where, True)
         masked = a if where is True else _where_mask(a, where, 0)
         mean = bind(reduce_sum, (masked,), {"axes": axes, "keepdims": True}) / _count_as(
-            kcount, rdtype)
+            kcount, rdtype
+        )
     d = a - mean
     sq = d * d
     if where is not True:
@@ -426,8 +501,10 @@ def _extreme_masked(function, combine, a, axis, keepdims, initial, where):
     """np.max/np.min with where= (which needs initial=, as in NumPy) or initial=."""
     name = combine.__name__
     if initial is None:
-        raise ValueError(f"reduction operation '{name}' does not have an identity, so to use a "
-                         "where mask one has to specify 'initial'")
+        raise ValueError(
+            f"reduction operation '{name}' does not have an identity, so to use a "
+            "where mask one has to specify 'initial'"
+        )
     axes = normalize_axis(axis, ndim_of(a))
     if where is not True:
         a = _where_mask(a, where, initial)
@@ -435,10 +512,12 @@ def _extreme_masked(function, combine, a, axis, keepdims, initial, where):
     if any(shape[ax] == 0 for ax in axes):  # an empty reduction is `initial`
         kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
         oshape = kshape if keepdims else tuple(d for i, d in enumerate(shape) if i not in axes)
-        dt = np.result_type(dtype_of(a), dtype_of(initial) if hasattr(initial, "_var")
-                            else initial)
-        return combine(np.zeros(oshape, dt), initial) if not hasattr(initial, "_var") else (
-            np.broadcast_to(_astype(initial, dt), oshape))
+        dt = np.result_type(dtype_of(a), dtype_of(initial) if hasattr(initial, "_var") else initial)
+        return (
+            combine(np.zeros(oshape, dt), initial)
+            if not hasattr(initial, "_var")
+            else (np.broadcast_to(_astype(initial, dt), oshape))
+        )
     return combine(function(a, axis=axes, keepdims=keepdims), initial)
 
 
@@ -465,8 +544,7 @@ def _replace_nan(a, value):
     if not _inexact(a):
         return a, None
     mask = np.isnan(a)
-    return np.where(mask, _astype(value, dtype_of(a)) if hasattr(value, "_var") else value,
-                    a), mask
+    return np.where(mask, _astype(value, dtype_of(a)) if hasattr(value, "_var") else value, a), mask
 
 
 def _reduction_kwargs(initial, where):
@@ -519,9 +597,11 @@ def _nan_extreme(function, fill, a, axis, out, keepdims, initial, where, name):
     if not _inexact(a):
         return function(a, axis=axis, keepdims=keepdims, **kwargs)
     if where is not True and initial is None:
-        raise ValueError(f"reduction operation '{'fmax' if name == 'nanmax' else 'fmin'}' does "
-                         "not have an identity, so to use a where mask one has to specify "
-                         "'initial'")
+        raise ValueError(
+            f"reduction operation '{'fmax' if name == 'nanmax' else 'fmin'}' does "
+            "not have an identity, so to use a where mask one has to specify "
+            "'initial'"
+        )
     mask = np.isnan(a)
     if where is not True:
         mask = mask | ~np.broadcast_to(where, shape_of(a))
@@ -575,16 +655,34 @@ def nanmean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=True):
 
 
 @implements(np.nanvar)
-def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True,
-           mean=None, correction=None):
+def nanvar(
+    a,
+    axis=None,
+    dtype=None,
+    out=None,
+    ddof=0,
+    keepdims=False,
+    *,
+    where=True,
+    mean=None,
+    correction=None,
+):
     """np.nanvar: the variance of the non-NaN entries; NaN (warned) without degrees of freedom."""
     import warnings
 
     _no_out(out, "nanvar")
     arr, mask = _replace_nan(a, 0)
     if mask is None:
-        return var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where,
-                   mean=mean, correction=correction)
+        return var(
+            a,
+            axis=axis,
+            dtype=dtype,
+            ddof=ddof,
+            keepdims=keepdims,
+            where=where,
+            mean=mean,
+            correction=correction,
+        )
     if correction is not None:
         if ddof != 0:
             raise ValueError("ddof and correction can't be provided simultaneously.")
@@ -596,7 +694,8 @@ def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=
         if mean is None:
             kcount = _nan_count(mask, axes, where, True)
             mean = sum_(arr, axis=axes, keepdims=True, where=where) / _count_as(
-                kcount, dtype_of(arr))
+                kcount, dtype_of(arr)
+            )
         d = np.where(mask, 0, arr - mean)
         total = sum_(d * d, axis=axes, keepdims=keepdims, where=where)
         dof = np.subtract(_nan_count(mask, axes, where, keepdims), ddof)
@@ -609,19 +708,39 @@ def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=
 
 
 @implements(np.nanstd)
-def nanstd(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=True,
-           mean=None, correction=None):
+def nanstd(
+    a,
+    axis=None,
+    dtype=None,
+    out=None,
+    ddof=0,
+    keepdims=False,
+    *,
+    where=True,
+    mean=None,
+    correction=None,
+):
     """np.nanstd: the square root of np.nanvar."""
-    return np.sqrt(nanvar(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
-                          where=where, mean=mean, correction=correction))
+    return np.sqrt(
+        nanvar(
+            a,
+            axis=axis,
+            dtype=dtype,
+            out=out,
+            ddof=ddof,
+            keepdims=keepdims,
+            where=where,
+            mean=mean,
+            correction=correction,
+        )
+    )
 
 
 @implements(np.ptp)
 def ptp(a, axis=None, out=None, keepdims=False):
     """np.ptp: max - min (ties share the gradient, as for max and min)."""
     _no_out(out, "ptp")
-    return np.subtract(max_(a, axis=axis, keepdims=keepdims), min_(a, axis=axis,
-                                                                    keepdims=keepdims))
+    return np.subtract(max_(a, axis=axis, keepdims=keepdims), min_(a, axis=axis, keepdims=keepdims))
 
 
 for _f in (np.nanargmax, np.nanargmin):

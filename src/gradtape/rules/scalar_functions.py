@@ -21,8 +21,9 @@ from .elementwise import i1 as scipy_i1_p
 # --- sinc -----------------------------------------------------------------------------------------
 # d sinc/dx = (cos(pi x) - sinc(x)) / x, which cancels near 0: there, its Taylor series (odd,
 # five terms: exact to rounding for |x| < 0.1, and every derivative at 0 is right)
-_SINC_SERIES = tuple((-1) ** k * 2 * k * math.pi ** (2 * k) / math.factorial(2 * k + 1)
-                     for k in range(1, 6))
+_SINC_SERIES = tuple(
+    (-1) ** k * 2 * k * math.pi ** (2 * k) / math.factorial(2 * k + 1) for k in range(1, 6)
+)
 
 
 def _sinc_derivative(ans, x):
@@ -51,8 +52,10 @@ def _scipy_special(name):
     try:
         import scipy.special
     except ImportError:  # pragma: no cover - scipy is installed with the tests
-        raise GradtapeError(f"the derivative of np.i0 is scipy.special.{name}: install SciPy "
-                            "to differentiate np.i0.") from None
+        raise GradtapeError(
+            f"the derivative of np.i0 is scipy.special.{name}: install SciPy "
+            "to differentiate np.i0."
+        ) from None
     return getattr(scipy.special, name)
 
 
@@ -76,8 +79,10 @@ def i0(x):
 # --- replacing, rounding, complex parts -------------------------------------------------------
 def _real_only(name, x):
     if dtype_of(x).kind == "c":
-        raise GradtapeError(f"np.{name} of complex values cannot be traced: gradtape "
-                            "differentiates real functions. Split real and imaginary parts.")
+        raise GradtapeError(
+            f"np.{name} of complex values cannot be traced: gradtape "
+            "differentiates real functions. Split real and imaginary parts."
+        )
 
 
 @implements(np.nan_to_num)
@@ -116,10 +121,12 @@ def fix(x, out=None):
     return np.trunc(x)
 
 
-implements(np.isreal)(lambda x: np.ones(shape_of(x), bool) if dtype_of(x).kind != "c"
-                      else _real_only("isreal", x))
-implements(np.iscomplex)(lambda x: np.zeros(shape_of(x), bool) if dtype_of(x).kind != "c"
-                         else _real_only("iscomplex", x))
+implements(np.isreal)(
+    lambda x: np.ones(shape_of(x), bool) if dtype_of(x).kind != "c" else _real_only("isreal", x)
+)
+implements(np.iscomplex)(
+    lambda x: np.zeros(shape_of(x), bool) if dtype_of(x).kind != "c" else _real_only("iscomplex", x)
+)
 
 
 @implements(np.real_if_close)
@@ -137,11 +144,13 @@ def piecewise(x, condlist, funclist, *args, **kw):
     nd = ndim_of(x)
     n2 = len(funclist)
     if not isinstance(condlist, (list, tuple)) or (
-            condlist and np.isscalar(condlist[0]) and nd != 0):
+        condlist and np.isscalar(condlist[0]) and nd != 0
+    ):
         condlist = [condlist]
-    masks = [c if hasattr(c, "_var") else np.broadcast_to(np.asarray(c, dtype=bool),
-                                                          shape_of(x))
-             for c in condlist]
+    masks = [
+        c if hasattr(c, "_var") else np.broadcast_to(np.asarray(c, dtype=bool), shape_of(x))
+        for c in condlist
+    ]
     n = len(masks)
     if n == n2 - 1:
         masks.append(~np.any(np.stack(masks), axis=0))

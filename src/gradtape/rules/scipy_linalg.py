@@ -113,7 +113,7 @@ def cho_factor(a, lower=False, overwrite_a=False, check_finite=True):
 
 def _potrs_raw(c, b, lower):
     dt = np.result_type(c, b)
-    potrs, = _lapack(("potrs",), dt)
+    (potrs,) = _lapack(("potrs",), dt)
     shape = np.broadcast_shapes(c.shape[:-2], b.shape[:-2])
     if not shape:
         flat, undo = _columns(np.asarray(b, dt), c.shape[-1])
@@ -180,8 +180,9 @@ def cho_solve(c_and_lower, b, overwrite_b=False, check_finite=True):
 
 
 # --- solve_triangular ----------------------------------------------------------------------------
-def solve_triangular(a, b, trans=0, lower=False, unit_diagonal=False, overwrite_b=False,
-                     check_finite=True):
+def solve_triangular(
+    a, b, trans=0, lower=False, unit_diagonal=False, overwrite_b=False, check_finite=True
+):
     """One triangular solve (LAPACK trtrs); its backward pass is one more, with op(a)^T."""
     a, b = _operand(a), _operand(b)
     _refuse_complex("scipy.linalg.solve_triangular", a, b)
@@ -192,14 +193,15 @@ def solve_triangular(a, b, trans=0, lower=False, unit_diagonal=False, overwrite_
         raise ValueError(f"shapes of a {shape_of(a)} and b {shape_of(b)} are incompatible")
     dt = _solve_dtype(a, b)
     a, b = (x if dtype_of(x) == dt else x.astype(dt) for x in (a, b))
-    return triangular_solve(a, b, lower=bool(lower), trans=_trans_code(trans),
-                            unit=bool(unit_diagonal))
+    return triangular_solve(
+        a, b, lower=bool(lower), trans=_trans_code(trans), unit=bool(unit_diagonal)
+    )
 
 
 # --- LU: lu_factor, lu_solve, lu ------------------------------------------------------------------
 def _getrf_raw(a):
     """Packed LU factors and LAPACK's pivots of each matrix of a stack (any m x n)."""
-    getrf, = _lapack(("getrf",), a.dtype)
+    (getrf,) = _lapack(("getrf",), a.dtype)
     if a.ndim == 2:
         lu, piv, info = getrf(a)
         if info < 0:
@@ -233,8 +235,9 @@ def _rows(x, perm):
     if extra:
         idx = np.reshape(idx, (1,) * extra + shape_of(idx))
     # spelled out to x's shape: gradtape's take_along_axis does not broadcast the indices
-    idx = np.broadcast_to(idx, np.broadcast_shapes(shape_of(x)[:-1], shape_of(idx)[:-1])
-                          + shape_of(x)[-1:])
+    idx = np.broadcast_to(
+        idx, np.broadcast_shapes(shape_of(x)[:-1], shape_of(idx)[:-1]) + shape_of(x)[-1:]
+    )
     return np.take_along_axis(x, idx, axis=-2)
 
 
@@ -294,15 +297,17 @@ def lu_factor(a, overwrite_a=False, check_finite=True):
     a = _operand(a)
     _refuse_complex("scipy.linalg.lu_factor", a)
     if ndim_of(a) != 2:
-        raise GradtapeError("scipy.linalg.lu_factor of a stack of matrices: SciPy itself does "
-                            "not return one; use scipy.linalg.lu.")
+        raise GradtapeError(
+            "scipy.linalg.lu_factor of a stack of matrices: SciPy itself does "
+            "not return one; use scipy.linalg.lu."
+        )
     if dtype_of(a).kind != "f":
         a = a.astype(np.float64)
     return tuple(lu_p.impl(a))
 
 
 def _getrs_raw(lu, piv, b, trans):
-    getrs, = _lapack(("getrs",), lu.dtype)
+    (getrs,) = _lapack(("getrs",), lu.dtype)
     flat, undo = _columns(np.asarray(b, lu.dtype), lu.shape[-1])
     x, info = getrs(lu, piv, flat, trans=trans)
     return undo(x)
@@ -321,8 +326,9 @@ def _lu_solve_factors_vjp_all(g, ans, args, params, invars):
         low, up = _lu_parts(lu)
         pa = _rows(unbroadcast(abar, shape_of(lu)), _permutation_p.impl(piv, n))
         dt = _real_dtype(dtype_of(lu))
-        g_lu = (np.matmul(pa, _mT(up)) * _tri(n, dt, True, k=1)
-                + np.matmul(_mT(low), pa) * _tri(n, dt, False))
+        g_lu = np.matmul(pa, _mT(up)) * _tri(n, dt, True, k=1) + np.matmul(_mT(low), pa) * _tri(
+            n, dt, False
+        )
     return g_lu, None, (None if invars[2] is None else unbroadcast(gb, shape_of(b)))
 
 
@@ -337,18 +343,21 @@ def _lu_solve_factors_jvp(ts, ans, lu, piv, b, trans):
         du = _stacked(t_lu * _tri(n, dt, False), lu, ndim_of(ans) - 2)
         inverse = np.argsort(_permutation_p.impl(piv, n), axis=-1)
         if trans == 0:  # dA x = P (dL (U x) + L (dU x))
-            da_x = _rows(np.matmul(dl, np.matmul(up, ans)) + np.matmul(low, np.matmul(du, ans)),
-                         inverse)
+            da_x = _rows(
+                np.matmul(dl, np.matmul(up, ans)) + np.matmul(low, np.matmul(du, ans)), inverse
+            )
         else:  # dA^T x = U^T dL^T P^T x + dU^T L^T P^T x
             px = _rows(ans, _permutation_p.impl(piv, n))
-            da_x = (np.matmul(_mT(up), np.matmul(_mT(dl), px))
-                    + np.matmul(_mT(du), np.matmul(_mT(low), px)))
+            da_x = np.matmul(_mT(up), np.matmul(_mT(dl), px)) + np.matmul(
+                _mT(du), np.matmul(_mT(low), px)
+            )
         rhs = -da_x if rhs is None else rhs - da_x
     return lu_solve_factors_p.impl(lu, piv, rhs, trans=trans)
 
 
-lu_solve_factors_p = _primitive("lu_solve_factors", _getrs_raw, jvp=_lu_solve_factors_jvp,
-                                jvp_batched=True)
+lu_solve_factors_p = _primitive(
+    "lu_solve_factors", _getrs_raw, jvp=_lu_solve_factors_jvp, jvp_batched=True
+)
 lu_solve_factors_p.vjp_all = _lu_solve_factors_vjp_all
 
 
@@ -388,12 +397,11 @@ def lu(a, permute_l=False, overwrite_a=False, check_finite=True, p_indices=False
 
 # --- solve, inv, det ----------------------------------------------------------------------------
 def _potrf_raw(a, lower):
-    potrf, = _lapack(("potrf",), a.dtype)
+    (potrf,) = _lapack(("potrf",), a.dtype)
     if a.ndim == 2:
         c, info = potrf(a, lower=lower, clean=False)
         if info > 0:
-            raise np.linalg.LinAlgError(
-                "Matrix is singular or not positive definite.")
+            raise np.linalg.LinAlgError("Matrix is singular or not positive definite.")
         return c
     out = np.empty(a.shape, a.dtype)
     for i in np.ndindex(a.shape[:-2]):
@@ -425,14 +433,29 @@ def _pos_solve_jvp(ts, ans, a, c, b, lower):
 
 
 # x = S^-1 b, S the symmetric matrix read from one triangle of a, c its Cholesky factor
-_pos_solve_p = _primitive("pos_solve", lambda a, c, b, lower: _potrs_raw(c, b, lower),
-                          jvp=_pos_solve_jvp, jvp_batched=True)
+_pos_solve_p = _primitive(
+    "pos_solve",
+    lambda a, c, b, lower: _potrs_raw(c, b, lower),
+    jvp=_pos_solve_jvp,
+    jvp_batched=True,
+)
 _pos_solve_p.vjp_all = _pos_solve_vjp_all
 
-_ASSUME = {None: "gen", "gen": "gen", "general": "gen", "sym": "sym", "symmetric": "sym",
-           "her": "sym", "hermitian": "sym", "pos": "pos", "positive definite": "pos",
-           "diagonal": "diagonal", "tridiagonal": "tridiagonal",
-           "upper triangular": "upper", "lower triangular": "lower"}
+_ASSUME = {
+    None: "gen",
+    "gen": "gen",
+    "general": "gen",
+    "sym": "sym",
+    "symmetric": "sym",
+    "her": "sym",
+    "hermitian": "sym",
+    "pos": "pos",
+    "positive definite": "pos",
+    "diagonal": "diagonal",
+    "tridiagonal": "tridiagonal",
+    "upper triangular": "upper",
+    "lower triangular": "lower",
+}
 
 
 def _band(n: int, dt, lower: int, upper: int):
@@ -447,8 +470,16 @@ def _general_solve(a, b, trans: int):
     return np.linalg.solve(_mT(a) if trans else a, b)
 
 
-def solve(a, b, lower=False, overwrite_a=False, overwrite_b=False, check_finite=True,
-          assume_a=None, transposed=False):
+def solve(
+    a,
+    b,
+    lower=False,
+    overwrite_a=False,
+    overwrite_b=False,
+    check_finite=True,
+    assume_a=None,
+    transposed=False,
+):
     """assume_a: general (also None: the solution is the same whatever structure SciPy detects),
     'sym'/'her' and 'pos' (one triangle read, as SciPy reads it), the triangular ones,
     'diagonal' and 'tridiagonal' (the entries SciPy reads). 'banded' is refused."""
@@ -456,9 +487,11 @@ def solve(a, b, lower=False, overwrite_a=False, overwrite_b=False, check_finite=
     _refuse_complex("scipy.linalg.solve", a, b)
     kind = _ASSUME.get(assume_a)
     if kind is None:
-        raise GradtapeError(f"scipy.linalg.solve(assume_a={assume_a!r}) has no derivative rule; "
-                            "use 'general', 'sym', 'pos', a triangular one, 'diagonal' or "
-                            "'tridiagonal'.")
+        raise GradtapeError(
+            f"scipy.linalg.solve(assume_a={assume_a!r}) has no derivative rule; "
+            "use 'general', 'sym', 'pos', a triangular one, 'diagonal' or "
+            "'tridiagonal'."
+        )
     if ndim_of(a) < 2 or shape_of(a)[-1] != shape_of(a)[-2]:
         raise ValueError("Input a needs to be a square matrix.")
     bm, vector = _vector_rhs(b)
@@ -513,9 +546,13 @@ def _scipy_eigh_raw(a, UPLO, driver):
 
 
 # the standard problem with SciPy's drivers: the rules of NumPy's eigh
-scipy_eigh_p = _primitive("scipy_eigh", _scipy_eigh_raw,
-                          jvp=lambda ts, ans, a, UPLO, driver: _eigh_jvp(ts, ans, a, UPLO),
-                          multiple_results=True, jvp_batched=True)
+scipy_eigh_p = _primitive(
+    "scipy_eigh",
+    _scipy_eigh_raw,
+    jvp=lambda ts, ans, a, UPLO, driver: _eigh_jvp(ts, ans, a, UPLO),
+    multiple_results=True,
+    jvp_batched=True,
+)
 scipy_eigh_p.vjp_all = _eigh_vjp_all
 
 
@@ -540,8 +577,11 @@ def _eigh_general_vjp_all(g, ans, args, params, invars):
         gaps = np.expand_dims(w, -2) - np.expand_dims(w, -1)
         fk = _inverse_gaps(gaps, pairs, _nonzero_to_rounding(k - _mT(k), k)) * k
         q_bar = q_bar + fk
-        r_bar = r_bar - fk * np.expand_dims(w, -2) - 0.5 * _diag_embed(
-            np.diagonal(k, axis1=-2, axis2=-1))
+        r_bar = (
+            r_bar
+            - fk * np.expand_dims(w, -2)
+            - 0.5 * _diag_embed(np.diagonal(k, axis1=-2, axis2=-1))
+        )
     ga = gb = None
     if invars[0] is not None:
         ga = _poison(_hermitian_fold(np.matmul(v, np.matmul(q_bar, _mT(v))), lower), undefined)
@@ -565,35 +605,72 @@ def _eigh_general_jvp(ts, ans, a, b, lower, driver):
     return dw, np.matmul(v, c)
 
 
-scipy_eigh_general_p = _primitive("scipy_eigh_general", _eigh_general_raw,
-                                  jvp=_eigh_general_jvp, multiple_results=True,
-                                  jvp_batched=True)
+scipy_eigh_general_p = _primitive(
+    "scipy_eigh_general",
+    _eigh_general_raw,
+    jvp=_eigh_general_jvp,
+    multiple_results=True,
+    jvp_batched=True,
+)
 scipy_eigh_general_p.vjp_all = _eigh_general_vjp_all
 
 
-def eigh(a, b=None, *, lower=True, eigvals_only=False, overwrite_a=False, overwrite_b=False,
-         type=1, check_finite=True, subset_by_index=None, subset_by_value=None, driver=None):
+def eigh(
+    a,
+    b=None,
+    *,
+    lower=True,
+    eigvals_only=False,
+    overwrite_a=False,
+    overwrite_b=False,
+    type=1,
+    check_finite=True,
+    subset_by_index=None,
+    subset_by_value=None,
+    driver=None,
+):
     """Standard and generalized (type 1) symmetric problems; one triangle of each matrix read."""
     a = _real_square(a, "eigh")
     if subset_by_index is not None or subset_by_value is not None:
-        raise GradtapeError("scipy.linalg.eigh with a subset of the eigenvalues has no "
-                            "derivative rule; compute all of them and select.")
+        raise GradtapeError(
+            "scipy.linalg.eigh with a subset of the eigenvalues has no "
+            "derivative rule; compute all of them and select."
+        )
     if b is None:
         w, v = scipy_eigh_p.impl(a, UPLO="L" if lower else "U", driver=driver)
     else:
         b = _real_square(b, "eigh")
         if type != 1:
-            raise GradtapeError(f"scipy.linalg.eigh(type={type}) has no derivative rule; "
-                                "type 1 (a v = w b v) has.")
+            raise GradtapeError(
+                f"scipy.linalg.eigh(type={type}) has no derivative rule; type 1 (a v = w b v) has."
+            )
         w, v = scipy_eigh_general_p.impl(a, b, lower=bool(lower), driver=driver)
     return w if eigvals_only else (w, v)
 
 
-def eigvalsh(a, b=None, *, lower=True, overwrite_a=False, overwrite_b=False, type=1,
-             check_finite=True, subset_by_index=None, subset_by_value=None, driver=None):
-    return eigh(a, b, lower=lower, eigvals_only=True, type=type,
-                subset_by_index=subset_by_index, subset_by_value=subset_by_value,
-                driver=driver)
+def eigvalsh(
+    a,
+    b=None,
+    *,
+    lower=True,
+    overwrite_a=False,
+    overwrite_b=False,
+    type=1,
+    check_finite=True,
+    subset_by_index=None,
+    subset_by_value=None,
+    driver=None,
+):
+    return eigh(
+        a,
+        b,
+        lower=lower,
+        eigvals_only=True,
+        type=type,
+        subset_by_index=subset_by_index,
+        subset_by_value=subset_by_value,
+        driver=driver,
+    )
 
 
 # --- matrix functions: expm, sqrtm, logm (Frechet derivatives by the block identity), funm --------
@@ -637,15 +714,21 @@ def _matrix_function(name: str, frechet=None):
     def raw(a):
         out = _original(name)(a)
         if np.iscomplexobj(out) and not np.iscomplexobj(a):
-            raise GradtapeError(f"scipy.linalg.{name} of this real matrix is complex (negative "
-                                "real eigenvalues): gradtape differentiates real results only.")
+            raise GradtapeError(
+                f"scipy.linalg.{name} of this real matrix is complex (negative "
+                "real eigenvalues): gradtape differentiates real results only."
+            )
         return out
 
     def derivative(a, e):
         return frechet(a, e) if frechet is not None else _frechet(prim, a, e)
 
-    prim = _primitive(name, raw, vjps=(lambda g, ans, a: derivative(_mT(a), g),),
-                      jvp=lambda ts, ans, a: derivative(a, ts[0]))
+    prim = _primitive(
+        name,
+        raw,
+        vjps=(lambda g, ans, a: derivative(_mT(a), g),),
+        jvp=lambda ts, ans, a: derivative(a, ts[0]),
+    )
     return prim
 
 
@@ -675,8 +758,10 @@ def funm(A, func, disp=True):
     of eig); real when A is real and the result's imaginary part is rounding, as SciPy makes it."""
     a = _real_square(A, "funm")
     if not disp:
-        raise GradtapeError("scipy.linalg.funm(..., disp=False) (the error estimate) is not "
-                            "supported on traced values; use disp=True.")
+        raise GradtapeError(
+            "scipy.linalg.funm(..., disp=False) (the error estimate) is not "
+            "supported on traced values; use disp=True."
+        )
     w, v = eig_p.impl(a)
     fw = func(w)
     f = np.matmul(v * np.expand_dims(fw, -2), np.linalg.inv(v))
@@ -685,17 +770,21 @@ def funm(A, func, disp=True):
     tol = eps * (1e3 if _real_dtype(dtype_of(a)) == np.float32 else 1e6)
     if bool(np.all(np.abs(stop_gradient(_im(f))) <= tol)):
         return _re(f)
-    raise GradtapeError("scipy.linalg.funm of this real matrix is complex: gradtape "
-                        "differentiates real results only.")
+    raise GradtapeError(
+        "scipy.linalg.funm of this real matrix is complex: gradtape "
+        "differentiates real results only."
+    )
 
 
 # --- matrix equations -----------------------------------------------------------------------------
 def _sylvester_vjp_all(g, ans, args, params, invars):
     a, b, q = args
     y = sylvester_p.impl(_mT(a), _mT(b), g)
-    return (None if invars[0] is None else unbroadcast(-np.matmul(y, _mT(ans)), shape_of(a)),
-            None if invars[1] is None else unbroadcast(-np.matmul(_mT(ans), y), shape_of(b)),
-            None if invars[2] is None else unbroadcast(y, shape_of(q)))
+    return (
+        None if invars[0] is None else unbroadcast(-np.matmul(y, _mT(ans)), shape_of(a)),
+        None if invars[1] is None else unbroadcast(-np.matmul(_mT(ans), y), shape_of(b)),
+        None if invars[2] is None else unbroadcast(y, shape_of(q)),
+    )
 
 
 def _sylvester_jvp(ts, ans, a, b, q):
@@ -709,8 +798,9 @@ def _sylvester_jvp(ts, ans, a, b, q):
 
 
 # A X + X B = Q
-sylvester_p = _primitive("solve_sylvester", lambda a, b, q: _original("solve_sylvester")(a, b, q),
-                         jvp=_sylvester_jvp)
+sylvester_p = _primitive(
+    "solve_sylvester", lambda a, b, q: _original("solve_sylvester")(a, b, q), jvp=_sylvester_jvp
+)
 sylvester_p.vjp_all = _sylvester_vjp_all
 
 
@@ -725,8 +815,10 @@ def _clyap_vjp_all(g, ans, args, params, invars):
     a, q = args
     y = clyap_p.impl(_mT(a), g)
     ga = None if invars[0] is None else -(np.matmul(y, _mT(ans)) + np.matmul(_mT(y), ans))
-    return (None if ga is None else unbroadcast(ga, shape_of(a)),
-            None if invars[1] is None else unbroadcast(y, shape_of(q)))
+    return (
+        None if ga is None else unbroadcast(ga, shape_of(a)),
+        None if invars[1] is None else unbroadcast(y, shape_of(q)),
+    )
 
 
 def _clyap_jvp(ts, ans, a, q):
@@ -738,8 +830,11 @@ def _clyap_jvp(ts, ans, a, q):
 
 
 # A X + X A^T = Q
-clyap_p = _primitive("solve_continuous_lyapunov",
-                     lambda a, q: _original("solve_continuous_lyapunov")(a, q), jvp=_clyap_jvp)
+clyap_p = _primitive(
+    "solve_continuous_lyapunov",
+    lambda a, q: _original("solve_continuous_lyapunov")(a, q),
+    jvp=_clyap_jvp,
+)
 clyap_p.vjp_all = _clyap_vjp_all
 
 
@@ -769,9 +864,11 @@ def _dlyap_jvp(ts, ans, a, q, method):
 
 
 # A X A^T - X + Q = 0
-dlyap_p = _primitive("solve_discrete_lyapunov",
-                     lambda a, q, method: _original("solve_discrete_lyapunov")(a, q, method),
-                     jvp=_dlyap_jvp)
+dlyap_p = _primitive(
+    "solve_discrete_lyapunov",
+    lambda a, q, method: _original("solve_discrete_lyapunov")(a, q, method),
+    jvp=_dlyap_jvp,
+)
 dlyap_p.vjp_all = _dlyap_vjp_all
 
 
@@ -803,11 +900,13 @@ def _banded_times(ab, x, nl: int, nu: int):
         shift = d - nu
         piece = prods[..., d, :, :]
         if shift > 0:
-            piece = np.concatenate([np.zeros_like(piece[..., :shift, :]),
-                                    piece[..., :n - shift, :]], axis=-2)
+            piece = np.concatenate(
+                [np.zeros_like(piece[..., :shift, :]), piece[..., : n - shift, :]], axis=-2
+            )
         elif shift < 0:
-            piece = np.concatenate([piece[..., -shift:, :],
-                                    np.zeros_like(piece[..., :-shift, :])], axis=-2)
+            piece = np.concatenate(
+                [piece[..., -shift:, :], np.zeros_like(piece[..., :-shift, :])], axis=-2
+            )
         out = out + piece
     return out
 
@@ -821,7 +920,7 @@ def _banded_transpose(ab, nl: int, nu: int):
         shift = d - nu  # A^T[j, i] = A[i, j] = ab[d, j], stored at column i = j + shift
         row = ab[..., d, :]
         if shift > 0:
-            row = np.concatenate([np.zeros_like(row[..., :shift]), row[..., :n - shift]], -1)
+            row = np.concatenate([np.zeros_like(row[..., :shift]), row[..., : n - shift]], -1)
         elif shift < 0:
             row = np.concatenate([row[..., -shift:], np.zeros_like(row[..., :-shift])], -1)
         rows.append(row)
@@ -870,11 +969,14 @@ def solve_banded(l_and_u, ab, b, overwrite_ab=False, overwrite_b=False, check_fi
     ab, b = _operand(ab), _operand(b)
     _refuse_complex("scipy.linalg.solve_banded", ab, b)
     if ndim_of(ab) != 2:
-        raise GradtapeError("scipy.linalg.solve_banded of a stack of banded matrices has no "
-                            "derivative rule yet.")
+        raise GradtapeError(
+            "scipy.linalg.solve_banded of a stack of banded matrices has no derivative rule yet."
+        )
     if shape_of(ab)[0] != nl + nu + 1:
-        raise ValueError(f"invalid values for the number of lower and upper diagonals: l+u+1 "
-                         f"({nl + nu + 1}) does not equal ab.shape[0] ({shape_of(ab)[0]})")
+        raise ValueError(
+            f"invalid values for the number of lower and upper diagonals: l+u+1 "
+            f"({nl + nu + 1}) does not equal ab.shape[0] ({shape_of(ab)[0]})"
+        )
     bm, vector = _vector_rhs(b)
     dt = _solve_dtype(ab, b)
     ab, bm = (x if dtype_of(x) == dt else x.astype(dt) for x in (ab, bm))
@@ -897,17 +999,40 @@ def block_diag(*arrs):
     rows, col = [], 0
     for x in blocks:
         r, c = shape_of(x)
-        rows.append(np.pad(x.astype(dt) if dtype_of(x) != dt else x,
-                           ((0, 0), (col, total - col - c))))
+        rows.append(
+            np.pad(x.astype(dt) if dtype_of(x) != dt else x, ((0, 0), (col, total - col - c)))
+        )
         col += c
     return np.concatenate(rows, axis=0)
 
 
 # --- installation -------------------------------------------------------------------------------
-_RULES = {f.__name__: f for f in (
-    cholesky, cho_factor, cho_solve, solve_triangular, lu_factor, lu_solve, lu, solve, inv, det,
-    eigh, eigvalsh, expm, sqrtm, logm, funm, solve_sylvester, solve_continuous_lyapunov,
-    solve_discrete_lyapunov, solve_banded, block_diag)}
+_RULES = {
+    f.__name__: f
+    for f in (
+        cholesky,
+        cho_factor,
+        cho_solve,
+        solve_triangular,
+        lu_factor,
+        lu_solve,
+        lu,
+        solve,
+        inv,
+        det,
+        eigh,
+        eigvalsh,
+        expm,
+        sqrtm,
+        logm,
+        funm,
+        solve_sylvester,
+        solve_continuous_lyapunov,
+        solve_discrete_lyapunov,
+        solve_banded,
+        block_diag,
+    )
+}
 
 
 for _name, _traced in _RULES.items():
@@ -916,7 +1041,23 @@ for _name, _traced in _RULES.items():
 
 # expm follows JAX's convention on complex matrices (tested against JAX); the other rules here
 # refuse complex input themselves, with a message naming the function
-complex_rules("expm", "cho_factors", "cho_solve", "lu", "lu_factors", "lu_permutation",
-              "lu_solve", "lu_solve_factors", "pos_solve", "scipy_eigh", "scipy_eigh_general",
-              "solve_banded", "solve_continuous_lyapunov", "solve_discrete_lyapunov",
-              "solve_sylvester", "sqrtm", "logm", "triangular_solve")
+complex_rules(
+    "expm",
+    "cho_factors",
+    "cho_solve",
+    "lu",
+    "lu_factors",
+    "lu_permutation",
+    "lu_solve",
+    "lu_solve_factors",
+    "pos_solve",
+    "scipy_eigh",
+    "scipy_eigh_general",
+    "solve_banded",
+    "solve_continuous_lyapunov",
+    "solve_discrete_lyapunov",
+    "solve_sylvester",
+    "sqrtm",
+    "logm",
+    "triangular_solve",
+)

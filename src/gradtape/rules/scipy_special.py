@@ -50,8 +50,9 @@ def polygamma(n, x):
         return (-1.0) ** (n + 1) * sp.gamma(n + 1.0) * sp.zeta(n + 1.0, x)
     n = np.asarray(n)
     m = np.where(n == 0, 1, n)  # the zeta branch at a finite point where n is 0
-    return np.where(n == 0, sp.digamma(x), (-1.0) ** (m + 1) * sp.gamma(m + 1.0)
-                    * sp.zeta(m + 1.0, x))
+    return np.where(
+        n == 0, sp.digamma(x), (-1.0) ** (m + 1) * sp.gamma(m + 1.0) * sp.zeta(m + 1.0, x)
+    )
 
 
 def softmax(x, axis=None):
@@ -70,8 +71,10 @@ def _concrete(v, what: str):
         w = v
         while type(w) is Tracer:
             if w._level.kind is LevelKind.DIFFERENTIATE:
-                raise GradtapeError(f"{what} has no derivative; pass it as a constant (or "
-                                    "through gradtape.stop_gradient).")
+                raise GradtapeError(
+                    f"{what} has no derivative; pass it as a constant (or "
+                    "through gradtape.stop_gradient)."
+                )
             w = w._value
         return np.asarray(v.tolist())  # a guard on its value when staging
     return v
@@ -91,14 +94,16 @@ def lambertw(z, k=0, tol=1e-8):
         raise GradtapeError(
             f"scipy.special.lambertw(z, k={k!r}) on a traced value: only the real branches k=0 "
             "and k=-1 are differentiated (the others are complex). Pass z through "
-            "gradtape.stop_gradient if it needs no derivative.")
+            "gradtape.stop_gradient if it needs no derivative."
+        )
     k = int(k)
     real = z >= _MINUS_INV_E if k == 0 else (z >= _MINUS_INV_E) & (z < 0)
     if not np.all(real):
         raise GradtapeError(
             f"scipy.special.lambertw(z, k={k}) would be complex for some z (branch 0 is real "
             "for z >= -1/e, branch -1 for -1/e <= z < 0): gradtape does not differentiate "
-            "complex values.")
+            "complex values."
+        )
     return lambertw_real(z, k)
 
 
@@ -118,7 +123,12 @@ def multigammaln(a, d):
     return res
 
 
-for _name, _traced in {"logsumexp": logsumexp, "polygamma": polygamma, "softmax": softmax,
-                       "log_softmax": log_softmax, "lambertw": lambertw,
-                       "multigammaln": multigammaln}.items():
+for _name, _traced in {
+    "logsumexp": logsumexp,
+    "polygamma": polygamma,
+    "softmax": softmax,
+    "log_softmax": log_softmax,
+    "lambertw": lambertw,
+    "multigammaln": multigammaln,
+}.items():
     implements_module_function("scipy.special", _name)(_traced)

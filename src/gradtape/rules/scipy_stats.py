@@ -54,7 +54,8 @@ def _refuse_derivative(value, what: str) -> None:
     if _carries_derivative(value):
         raise GradtapeError(
             f"{what} has no derivative (a count or an integer parameter: the function is a "
-            "step function of it). Pass it as a constant, or through gradtape.stop_gradient.")
+            "step function of it). Pass it as a constant, or through gradtape.stop_gradient."
+        )
 
 
 # --- the standardized distributions ---------------------------------------------------------
@@ -84,86 +85,135 @@ def _t_logcdf(z, df):
 
 CONTINUOUS = {
     "norm_gen": _Dist(
-        logpdf=_norm_logpdf, cdf=lambda z: _sp().ndtr(z), sf=lambda z: _sp().ndtr(-z),
-        logcdf=lambda z: _sp().log_ndtr(z), logsf=lambda z: _sp().log_ndtr(-z),
-        ppf=lambda q: _sp().ndtri(q), isf=lambda q: -_sp().ndtri(q)),
+        logpdf=_norm_logpdf,
+        cdf=lambda z: _sp().ndtr(z),
+        sf=lambda z: _sp().ndtr(-z),
+        logcdf=lambda z: _sp().log_ndtr(z),
+        logsf=lambda z: _sp().log_ndtr(-z),
+        ppf=lambda q: _sp().ndtri(q),
+        isf=lambda q: -_sp().ndtri(q),
+    ),
     "t_gen": _Dist(
-        logpdf=lambda z, df: _t_logpdf(z, df), cdf=lambda z, df: _sp().stdtr(df, z),
-        sf=lambda z, df: _sp().stdtr(df, -z), ppf=lambda q, df: _sp().stdtrit(df, q),
-        isf=lambda q, df: -_sp().stdtrit(df, q), safe_shapes=(1.0,)),
+        logpdf=lambda z, df: _t_logpdf(z, df),
+        cdf=lambda z, df: _sp().stdtr(df, z),
+        sf=lambda z, df: _sp().stdtr(df, -z),
+        ppf=lambda q, df: _sp().stdtrit(df, q),
+        isf=lambda q, df: -_sp().stdtrit(df, q),
+        safe_shapes=(1.0,),
+    ),
     "cauchy_gen": _Dist(
         logpdf=lambda z: -math.log(math.pi) - np.log1p(z * z),
-        cdf=lambda z: 0.5 + np.arctan(z) / math.pi, sf=lambda z: 0.5 - np.arctan(z) / math.pi,
+        cdf=lambda z: 0.5 + np.arctan(z) / math.pi,
+        sf=lambda z: 0.5 - np.arctan(z) / math.pi,
         ppf=lambda q: np.tan(math.pi * q - math.pi / 2),
-        isf=lambda q: np.tan(math.pi / 2 - math.pi * q)),
+        isf=lambda q: np.tan(math.pi / 2 - math.pi * q),
+    ),
     "laplace_gen": _Dist(
         logpdf=lambda z: -_LN2 - np.abs(z),
         cdf=lambda z: np.where(z > 0, 1.0 - 0.5 * np.exp(-np.abs(z)), 0.5 * np.exp(-np.abs(z))),
         sf=lambda z: np.where(z > 0, 0.5 * np.exp(-np.abs(z)), 1.0 - 0.5 * np.exp(-np.abs(z))),
-        logcdf=lambda z: np.where(z > 0, np.log1p(-0.5 * np.exp(-np.abs(z))),
-                                  -_LN2 - np.abs(z)),
-        logsf=lambda z: np.where(z > 0, -_LN2 - np.abs(z),
-                                 np.log1p(-0.5 * np.exp(-np.abs(z)))),
+        logcdf=lambda z: np.where(z > 0, np.log1p(-0.5 * np.exp(-np.abs(z))), -_LN2 - np.abs(z)),
+        logsf=lambda z: np.where(z > 0, -_LN2 - np.abs(z), np.log1p(-0.5 * np.exp(-np.abs(z)))),
         ppf=lambda q: np.where(q > 0.5, -np.log(2 * (1 - q)), np.log(2 * q)),
-        isf=lambda q: np.where(q < 0.5, -np.log(2 * q), np.log(2 * (1 - q)))),
+        isf=lambda q: np.where(q < 0.5, -np.log(2 * q), np.log(2 * (1 - q))),
+    ),
     "logistic_gen": _Dist(
         logpdf=lambda z: -np.abs(z) - 2 * np.log1p(np.exp(-np.abs(z))),
-        cdf=lambda z: _sp().expit(z), sf=lambda z: _sp().expit(-z),
-        logcdf=lambda z: _sp().log_expit(z), logsf=lambda z: _sp().log_expit(-z),
-        ppf=lambda q: _sp().logit(q), isf=lambda q: -_sp().logit(q)),
+        cdf=lambda z: _sp().expit(z),
+        sf=lambda z: _sp().expit(-z),
+        logcdf=lambda z: _sp().log_expit(z),
+        logsf=lambda z: _sp().log_expit(-z),
+        ppf=lambda q: _sp().logit(q),
+        isf=lambda q: -_sp().logit(q),
+    ),
     "expon_gen": _Dist(
-        logpdf=lambda z: -z, cdf=lambda z: -np.expm1(-z), sf=lambda z: np.exp(-z),
-        logcdf=lambda z: np.log(-np.expm1(-z)), logsf=lambda z: -z,
-        ppf=lambda q: -np.log1p(-q), isf=lambda q: -np.log(q)),
+        logpdf=lambda z: -z,
+        cdf=lambda z: -np.expm1(-z),
+        sf=lambda z: np.exp(-z),
+        logcdf=lambda z: np.log(-np.expm1(-z)),
+        logsf=lambda z: -z,
+        ppf=lambda q: -np.log1p(-q),
+        isf=lambda q: -np.log(q),
+    ),
     "gamma_gen": _Dist(
-        logpdf=_gamma_logpdf, cdf=lambda z, a: _sp().gammainc(a, z),
-        sf=lambda z, a: _sp().gammaincc(a, z), ppf=lambda q, a: _sp().gammaincinv(a, q),
-        isf=lambda q, a: _sp().gammainccinv(a, q), safe_shapes=(1.0,)),
+        logpdf=_gamma_logpdf,
+        cdf=lambda z, a: _sp().gammainc(a, z),
+        sf=lambda z, a: _sp().gammaincc(a, z),
+        ppf=lambda q, a: _sp().gammaincinv(a, q),
+        isf=lambda q, a: _sp().gammainccinv(a, q),
+        safe_shapes=(1.0,),
+    ),
     "invgamma_gen": _Dist(
         logpdf=lambda z, a: -(a + 1) * np.log(z) - _sp().gammaln(a) - 1.0 / z,
-        cdf=lambda z, a: _sp().gammaincc(a, 1.0 / z), sf=lambda z, a: _sp().gammainc(a, 1.0 / z),
+        cdf=lambda z, a: _sp().gammaincc(a, 1.0 / z),
+        sf=lambda z, a: _sp().gammainc(a, 1.0 / z),
         ppf=lambda q, a: 1.0 / _sp().gammainccinv(a, q),
-        isf=lambda q, a: 1.0 / _sp().gammaincinv(a, q), safe_shapes=(1.0,)),
+        isf=lambda q, a: 1.0 / _sp().gammaincinv(a, q),
+        safe_shapes=(1.0,),
+    ),
     "beta_gen": _Dist(
-        logpdf=lambda z, a, b: (_sp().xlog1py(b - 1.0, -z) + _sp().xlogy(a - 1.0, z)
-                                - _sp().betaln(a, b)),
-        cdf=lambda z, a, b: _sp().betainc(a, b, z), sf=lambda z, a, b: _sp().betaincc(a, b, z),
+        logpdf=lambda z, a, b: (
+            _sp().xlog1py(b - 1.0, -z) + _sp().xlogy(a - 1.0, z) - _sp().betaln(a, b)
+        ),
+        cdf=lambda z, a, b: _sp().betainc(a, b, z),
+        sf=lambda z, a, b: _sp().betaincc(a, b, z),
         ppf=lambda q, a, b: _sp().betaincinv(a, b, q),
-        isf=lambda q, a, b: _sp().betainccinv(a, b, q), safe_shapes=(2.0, 2.0)),
+        isf=lambda q, a, b: _sp().betainccinv(a, b, q),
+        safe_shapes=(2.0, 2.0),
+    ),
     "lognorm_gen": _Dist(
-        logpdf=lambda z, s: (-np.log(z) - np.log(s) - _LOG_SQRT_2PI
-                             - 0.5 * (np.log(z) / s) ** 2),
-        cdf=lambda z, s: _sp().ndtr(np.log(z) / s), sf=lambda z, s: _sp().ndtr(-np.log(z) / s),
+        logpdf=lambda z, s: -np.log(z) - np.log(s) - _LOG_SQRT_2PI - 0.5 * (np.log(z) / s) ** 2,
+        cdf=lambda z, s: _sp().ndtr(np.log(z) / s),
+        sf=lambda z, s: _sp().ndtr(-np.log(z) / s),
         logcdf=lambda z, s: _sp().log_ndtr(np.log(z) / s),
         logsf=lambda z, s: _sp().log_ndtr(-np.log(z) / s),
-        ppf=lambda q, s: np.exp(s * _sp().ndtri(q)), isf=lambda q, s: np.exp(-s * _sp().ndtri(q)),
-        safe_shapes=(1.0,)),
+        ppf=lambda q, s: np.exp(s * _sp().ndtri(q)),
+        isf=lambda q, s: np.exp(-s * _sp().ndtri(q)),
+        safe_shapes=(1.0,),
+    ),
     "chi2_gen": _Dist(
         logpdf=lambda z, df: _gamma_logpdf(z / 2, df / 2) - _LN2,
         cdf=lambda z, df: _sp().gammainc(df / 2, z / 2),
         sf=lambda z, df: _sp().gammaincc(df / 2, z / 2),
         ppf=lambda q, df: 2 * _sp().gammaincinv(df / 2, q),
-        isf=lambda q, df: 2 * _sp().gammainccinv(df / 2, q), safe_shapes=(1.0,)),
+        isf=lambda q, df: 2 * _sp().gammainccinv(df / 2, q),
+        safe_shapes=(1.0,),
+    ),
     "halfnorm_gen": _Dist(
         logpdf=lambda z: 0.5 * math.log(2.0 / math.pi) - 0.5 * z * z,
-        cdf=lambda z: _sp().erf(z / math.sqrt(2)), sf=lambda z: 2.0 * _sp().ndtr(-z),
+        cdf=lambda z: _sp().erf(z / math.sqrt(2)),
+        sf=lambda z: 2.0 * _sp().ndtr(-z),
         logcdf=lambda z: np.log(_sp().erf(z / math.sqrt(2))),
         logsf=lambda z: _LN2 + _sp().log_ndtr(-z),
-        ppf=lambda q: _sp().ndtri((1 + q) / 2.0), isf=lambda q: -_sp().ndtri(q / 2.0)),
+        ppf=lambda q: _sp().ndtri((1 + q) / 2.0),
+        isf=lambda q: -_sp().ndtri(q / 2.0),
+    ),
     "uniform_gen": _Dist(
-        logpdf=lambda z: np.zeros_like(z), cdf=lambda z: z, sf=lambda z: 1.0 - z,
-        ppf=lambda q: q, isf=lambda q: 1.0 - q),
+        logpdf=lambda z: np.zeros_like(z),
+        cdf=lambda z: z,
+        sf=lambda z: 1.0 - z,
+        ppf=lambda q: q,
+        isf=lambda q: 1.0 - q,
+    ),
     "weibull_min_gen": _Dist(
-        logpdf=lambda z, c: np.log(c) + _sp().xlogy(c - 1, z) - z ** c,
-        cdf=lambda z, c: -np.expm1(-z ** c), sf=lambda z, c: np.exp(-z ** c),
-        logcdf=lambda z, c: np.log1p(-np.exp(-z ** c)),
-        logsf=lambda z, c: -z ** c, ppf=lambda q, c: (-np.log1p(-q)) ** (1.0 / c),
-        isf=lambda q, c: (-np.log(q)) ** (1.0 / c), safe_shapes=(1.0,)),
+        logpdf=lambda z, c: np.log(c) + _sp().xlogy(c - 1, z) - z**c,
+        cdf=lambda z, c: -np.expm1(-(z**c)),
+        sf=lambda z, c: np.exp(-(z**c)),
+        logcdf=lambda z, c: np.log1p(-np.exp(-(z**c))),
+        logsf=lambda z, c: -(z**c),
+        ppf=lambda q, c: (-np.log1p(-q)) ** (1.0 / c),
+        isf=lambda q, c: (-np.log(q)) ** (1.0 / c),
+        safe_shapes=(1.0,),
+    ),
     "pareto_gen": _Dist(
         logpdf=lambda z, b: np.log(b) - (b + 1) * np.log(z),
-        cdf=lambda z, b: -np.expm1(-b * np.log(z)), sf=lambda z, b: np.exp(-b * np.log(z)),
-        logsf=lambda z, b: -b * np.log(z), ppf=lambda q, b: np.power(1 - q, -1.0 / b),
-        isf=lambda q, b: np.power(q, -1.0 / b), safe_shapes=(1.0,)),
+        cdf=lambda z, b: -np.expm1(-b * np.log(z)),
+        sf=lambda z, b: np.exp(-b * np.log(z)),
+        logsf=lambda z, b: -b * np.log(z),
+        ppf=lambda q, b: np.power(1 - q, -1.0 / b),
+        isf=lambda q, b: np.power(q, -1.0 / b),
+        safe_shapes=(1.0,),
+    ),
 }
 
 
@@ -174,32 +224,53 @@ def _t_logpdf(z, df):
 
 
 def _binom_logpmf(k, n, p):
-    return (_sp().gammaln(n + 1) - (_sp().gammaln(k + 1) + _sp().gammaln(n - k + 1))
-            + _sp().xlogy(k, p) + _sp().xlog1py(n - k, -p))
+    return (
+        _sp().gammaln(n + 1)
+        - (_sp().gammaln(k + 1) + _sp().gammaln(n - k + 1))
+        + _sp().xlogy(k, p)
+        + _sp().xlog1py(n - k, -p)
+    )
 
 
 DISCRETE = {
     "poisson_gen": _Dist(
         logpmf=lambda k, mu: _sp().xlogy(k, mu) - _sp().gammaln(k + 1) - mu,
         cdf=lambda k, mu: _sp().pdtr(np.floor(k), mu),
-        sf=lambda k, mu: _sp().pdtrc(np.floor(k), mu), safe_shapes=(1.0,)),
+        sf=lambda k, mu: _sp().pdtrc(np.floor(k), mu),
+        safe_shapes=(1.0,),
+    ),
     "binom_gen": _Dist(
-        logpmf=_binom_logpmf, cdf=lambda k, n, p: _sp().bdtr(np.floor(k), n, p),
-        sf=lambda k, n, p: _sp().bdtrc(np.floor(k), n, p), safe_shapes=(1.0, 0.5), counts=(0,)),
+        logpmf=_binom_logpmf,
+        cdf=lambda k, n, p: _sp().bdtr(np.floor(k), n, p),
+        sf=lambda k, n, p: _sp().bdtrc(np.floor(k), n, p),
+        safe_shapes=(1.0, 0.5),
+        counts=(0,),
+    ),
     "bernoulli_gen": _Dist(
         logpmf=lambda k, p: _binom_logpmf(k, 1, p),
         cdf=lambda k, p: _sp().bdtr(np.floor(k), 1, p),
-        sf=lambda k, p: _sp().bdtrc(np.floor(k), 1, p), safe_shapes=(0.5,)),
+        sf=lambda k, p: _sp().bdtrc(np.floor(k), 1, p),
+        safe_shapes=(0.5,),
+    ),
     "nbinom_gen": _Dist(
-        logpmf=lambda k, n, p: (_sp().gammaln(n + k) - _sp().gammaln(k + 1) - _sp().gammaln(n)
-                                + n * np.log(p) + _sp().xlog1py(k, -p)),
+        logpmf=lambda k, n, p: (
+            _sp().gammaln(n + k)
+            - _sp().gammaln(k + 1)
+            - _sp().gammaln(n)
+            + n * np.log(p)
+            + _sp().xlog1py(k, -p)
+        ),
         cdf=lambda k, n, p: _sp().betainc(n, np.floor(k) + 1, p),
-        sf=lambda k, n, p: _sp().betaincc(n, np.floor(k) + 1, p), safe_shapes=(1.0, 0.5)),
+        sf=lambda k, n, p: _sp().betaincc(n, np.floor(k) + 1, p),
+        safe_shapes=(1.0, 0.5),
+    ),
     "geom_gen": _Dist(
         logpmf=lambda k, p: _sp().xlog1py(k - 1, -p) + np.log(p),
         cdf=lambda k, p: -np.expm1(np.log1p(-p) * np.floor(k)),
         sf=lambda k, p: np.exp(np.log1p(-p) * np.floor(k)),
-        logsf=lambda k, p: np.floor(k) * np.log1p(-p), safe_shapes=(0.5,)),
+        logsf=lambda k, p: np.floor(k) * np.log1p(-p),
+        safe_shapes=(0.5,),
+    ),
 }
 for _rule_of in DISCRETE.values():
     _rule_of.logpdf = _rule_of.logpmf
@@ -214,7 +285,8 @@ def _rule(dist, method: str, table: dict) -> _Dist:
         raise GradtapeError(
             f"scipy.stats.{dist.name}.{method} has no gradtape rule (distributions with "
             f"{kind} rules: {names}). Give the computation a rule with gradtape.custom_vjp, "
-            "or pass its traced inputs through gradtape.stop_gradient.")
+            "or pass its traced inputs through gradtape.stop_gradient."
+        )
     return rule
 
 
@@ -228,15 +300,19 @@ def _float_dtype(*xs):
 
 def _safe_shapes(rule, args, valid):
     """The shape parameters, with a valid value where they are not."""
-    return tuple(np.where(valid, a, s)
-                 for a, s in zip(args, rule.safe_shapes or (1.0,) * len(args)))
+    return tuple(
+        np.where(valid, a, s) for a, s in zip(args, rule.safe_shapes or (1.0,) * len(args))
+    )
 
 
 def _inside_point(a, b):
     """A point inside (a, b) for masked entries."""
     a_fin, b_fin = np.isfinite(a), np.isfinite(b)
-    return np.where(a_fin & b_fin, (np.where(a_fin, a, 0) + np.where(b_fin, b, 0)) / 2,
-                    np.where(a_fin, np.where(a_fin, a, 0) + 1, np.where(b_fin, b, 1) - 1))
+    return np.where(
+        a_fin & b_fin,
+        (np.where(a_fin, a, 0) + np.where(b_fin, b, 0)) / 2,
+        np.where(a_fin, np.where(a_fin, a, 0) + 1, np.where(b_fin, b, 1) - 1),
+    )
 
 
 def _std(rule, method, z, shapes):
@@ -258,8 +334,12 @@ def _std(rule, method, z, shapes):
 
 
 _OUTSIDE = {  # method: (value below the support, value above it)
-    "pdf": (0.0, 0.0), "logpdf": (-np.inf, -np.inf), "cdf": (0.0, 1.0), "sf": (1.0, 0.0),
-    "logcdf": (-np.inf, 0.0), "logsf": (0.0, -np.inf),
+    "pdf": (0.0, 0.0),
+    "logpdf": (-np.inf, -np.inf),
+    "cdf": (0.0, 1.0),
+    "sf": (1.0, 0.0),
+    "logcdf": (-np.inf, 0.0),
+    "logsf": (0.0, -np.inf),
 }
 
 
@@ -273,8 +353,9 @@ def _continuous_method(method: str):
         shapes_ok = _safe_shapes(rule, shapes, valid)
         dtype = _float_dtype(x, loc, scale, *shapes)
         if method in ("ppf", "isf"):
-            return _quantile(self, rule, method, x, shapes, shapes_ok, loc, scale, valid, _a,
-                             _b, dtype)
+            return _quantile(
+                self, rule, method, x, shapes, shapes_ok, loc, scale, valid, _a, _b, dtype
+            )
         z = (x - loc) / safe_scale
         if method in ("pdf", "logpdf"):
             inside = self._support_mask(z, *shapes)
@@ -291,8 +372,11 @@ def _continuous_method(method: str):
         if method in ("pdf", "logpdf"):
             outside = below
         else:
-            outside = np.where(z >= _b, above, below) if method in ("cdf", "logcdf") else \
-                np.where(z <= _a, below, above)
+            outside = (
+                np.where(z >= _b, above, below)
+                if method in ("cdf", "logcdf")
+                else np.where(z <= _a, below, above)
+            )
         out = np.where(good, value, outside)
         out = np.where(valid & ~np.isnan(z), out, np.nan)
         return _result(out, dtype)
@@ -328,8 +412,12 @@ def _result(out, dtype):
 
 
 _DISCRETE_OUTSIDE = {
-    "pmf": (0.0, 0.0), "logpmf": (-np.inf, -np.inf), "cdf": (0.0, 1.0), "sf": (1.0, 0.0),
-    "logcdf": (-np.inf, 0.0), "logsf": (0.0, -np.inf),
+    "pmf": (0.0, 0.0),
+    "logpmf": (-np.inf, -np.inf),
+    "cdf": (0.0, 1.0),
+    "sf": (1.0, 0.0),
+    "logcdf": (-np.inf, 0.0),
+    "logsf": (0.0, -np.inf),
 }
 
 
@@ -376,7 +464,8 @@ def _discrete_method(method: str):
 # a discrete ppf is a step function of q and of the parameters: recorded (when staging) as one
 # instruction that calls SciPy, with no derivative
 discrete_ppf_p = Primitive(
-    "discrete_ppf", lambda q, loc, *shapes, dist: dist.ppf(q, *shapes, loc=loc), nondiff=True)
+    "discrete_ppf", lambda q, loc, *shapes, dist: dist.ppf(q, *shapes, loc=loc), nondiff=True
+)
 
 
 def _discrete_ppf(self, q, *args, **kwds):
@@ -402,8 +491,9 @@ def _mvn_parameters(mean, cov):
     else:
         mean = np.asarray(mean, dtype=float)
         dim = int(np.size(mean))
-    mean = np.zeros(dim) if mean is None else np.reshape(mean, (-1,)) if np.ndim(mean) == 0 \
-        else mean
+    mean = (
+        np.zeros(dim) if mean is None else np.reshape(mean, (-1,)) if np.ndim(mean) == 0 else mean
+    )
     cov = np.asarray(1.0 if cov is None else cov, dtype=float)
     if np.ndim(cov) == 0:
         cov = cov * np.eye(dim)
@@ -412,10 +502,12 @@ def _mvn_parameters(mean, cov):
     if np.ndim(mean) != 1 or np.shape(mean)[0] != dim:
         raise ValueError(f"Array 'mean' must be a vector of length {dim}.")
     if np.shape(cov) != (dim, dim):
-        raise ValueError(f"Array 'cov' must be at most two-dimensional, but cov.ndim = "
-                         f"{np.ndim(cov)}" if np.ndim(cov) > 2 else
-                         f"Dimension mismatch: array 'cov' is of shape {np.shape(cov)}, but "
-                         f"'mean' is a vector of length {dim}.")
+        raise ValueError(
+            f"Array 'cov' must be at most two-dimensional, but cov.ndim = {np.ndim(cov)}"
+            if np.ndim(cov) > 2
+            else f"Dimension mismatch: array 'cov' is of shape {np.shape(cov)}, but "
+            f"'mean' is a vector of length {dim}."
+        )
     return dim, mean, cov
 
 
@@ -453,7 +545,8 @@ def _mvn_logpdf(x, mean, cov, allow_singular):
             raise GradtapeError(
                 "scipy.stats.multivariate_normal: the traced covariance is not positive "
                 "definite; gradtape differentiates only the positive definite case (SciPy "
-                "would use a pseudo-inverse with allow_singular=True, or raise).") from None
+                "would use a pseudo-inverse with allow_singular=True, or raise)."
+            ) from None
         white = np.linalg.solve(chol, np.transpose(flat))
         maha = np.sum(white * white, axis=0)
         log_det, rank = 2.0 * np.sum(np.log(np.diagonal(chol))), dim
@@ -476,7 +569,9 @@ def _mvn_refuse(name):
         raise GradtapeError(
             f"scipy.stats.multivariate_normal.{name} on traced values has no gradtape rule "
             "(it integrates numerically). Give it a rule with gradtape.custom_vjp, or pass "
-            "its inputs through gradtape.stop_gradient.")
+            "its inputs through gradtape.stop_gradient."
+        )
+
     return refuse
 
 
@@ -498,16 +593,20 @@ class TracedMultivariateNormal:
     def __getattr__(self, name):
         raise GradtapeError(
             f"multivariate_normal(...).{name} with traced parameters has no gradtape rule "
-            "(logpdf and pdf do).")
+            "(logpdf and pdf do)."
+        )
 
 
 implements_module_function(_MULTIVARIATE, "multivariate_normal_gen.logpdf")(mvn_logpdf)
 implements_module_function(_MULTIVARIATE, "multivariate_normal_gen.pdf")(mvn_pdf)
 implements_module_function(_MULTIVARIATE, "multivariate_normal_gen.__call__")(
-    lambda self, *args, **kwargs: TracedMultivariateNormal(*args, **kwargs))
+    lambda self, *args, **kwargs: TracedMultivariateNormal(*args, **kwargs)
+)
 implements_module_function(_MULTIVARIATE, "multivariate_normal_frozen.logpdf")(
-    lambda self, x: _mvn_logpdf(x, self.mean, self.cov, self.allow_singular))
+    lambda self, x: _mvn_logpdf(x, self.mean, self.cov, self.allow_singular)
+)
 implements_module_function(_MULTIVARIATE, "multivariate_normal_frozen.pdf")(
-    lambda self, x: np.exp(_mvn_logpdf(x, self.mean, self.cov, self.allow_singular)))
+    lambda self, x: np.exp(_mvn_logpdf(x, self.mean, self.cov, self.allow_singular))
+)
 for _m in ("cdf", "logcdf"):
     implements_module_function(_MULTIVARIATE, f"multivariate_normal_gen.{_m}")(_mvn_refuse(_m))

@@ -43,8 +43,10 @@ def _normalize_axis(axis, ndim):
 
 def _no_complex(name, *xs):
     if any(dtype_of(_array(x)).kind == "c" for x in xs if x is not None):
-        raise GradtapeError(f"np.{name} of complex values cannot be traced: gradtape "
-                            "differentiates real functions. Split real and imaginary parts.")
+        raise GradtapeError(
+            f"np.{name} of complex values cannot be traced: gradtape "
+            "differentiates real functions. Split real and imaginary parts."
+        )
 
 
 # --- differences ------------------------------------------------------------------------------
@@ -100,8 +102,10 @@ def ediff1d(ary, to_end=None, to_begin=None):
             continue
         extra = _array(extra)
         if not np.can_cast(dtype_of(extra), dtype, casting="same_kind"):
-            raise TypeError("dtype of `to_begin` must be compatible with input `ary` under "
-                            "the `same_kind` rule.")
+            raise TypeError(
+                "dtype of `to_begin` must be compatible with input `ary` under "
+                "the `same_kind` rule."
+            )
         parts.append(_astype(np.ravel(extra), dtype))
     return np.concatenate(parts)
 
@@ -115,8 +119,11 @@ def gradient(f, *varargs, axis=None, edge_order=1):
     """
     f = _array(f)
     nd = ndim_of(f)
-    axes = tuple(range(nd)) if axis is None else tuple(
-        _normalize_axis(ax, nd) for ax in ((axis,) if np.ndim(axis) == 0 else axis))
+    axes = (
+        tuple(range(nd))
+        if axis is None
+        else tuple(_normalize_axis(ax, nd) for ax in ((axis,) if np.ndim(axis) == 0 else axis))
+    )
     if len(set(axes)) != len(axes):
         raise ValueError("repeated axis")
     n = len(varargs)
@@ -134,8 +141,9 @@ def gradient(f, *varargs, axis=None, edge_order=1):
             if ndim_of(distances) != 1:
                 raise ValueError("distances must be either scalars or 1d")
             if shape_of(distances)[0] != shape_of(f)[axes[i]]:
-                raise ValueError("when 1d, distances must match the length of the "
-                                 "corresponding dimension")
+                raise ValueError(
+                    "when 1d, distances must match the length of the corresponding dimension"
+                )
             if dtype_of(distances).kind in "iub":
                 distances = _astype(distances, np.float64)
             diffx = diff(distances)
@@ -150,8 +158,10 @@ def gradient(f, *varargs, axis=None, edge_order=1):
     outvals = []
     for ax, ax_dx in zip(axes, dx):
         if shape_of(f)[ax] < edge_order + 1:
-            raise ValueError("Shape of array too small to calculate a numerical gradient, "
-                             "at least (edge_order + 1) elements are required.")
+            raise ValueError(
+                "Shape of array too small to calculate a numerical gradient, "
+                "at least (edge_order + 1) elements are required."
+            )
         if isinstance(ax_dx, tuple):
             _, diffx, uniform = ax_dx
             if not uniform:
@@ -161,8 +171,7 @@ def gradient(f, *varargs, axis=None, edge_order=1):
             else:  # NumPy's value (uniform formula), the derivative of the general one
                 general = _gradient_axis(f, ax, diffx, edge_order, False)
                 value = _gradient_axis(f, ax, diffx[0], edge_order, True)
-                out = np.where(np.isfinite(value), general + stop_gradient(value - general),
-                               value)
+                out = np.where(np.isfinite(value), general + stop_gradient(value - general), value)
         else:
             out = _gradient_axis(f, ax, ax_dx, edge_order, True)
         outvals.append(out)
@@ -181,14 +190,17 @@ def _gradient_axis(f, axis, ax_dx, edge_order, uniform):
         return np.reshape(c, tuple(shape))
 
     if uniform:
-        interior = (at(slice(2, None)) - at(slice(None, -2))) / (2. * ax_dx)
+        interior = (at(slice(2, None)) - at(slice(None, -2))) / (2.0 * ax_dx)
     else:
         dx1, dx2 = ax_dx[0:-1], ax_dx[1:]
         a = -(dx2) / (dx1 * (dx1 + dx2))
         b = (dx2 - dx1) / (dx1 * dx2)
         c = dx1 / (dx2 * (dx1 + dx2))
-        interior = (along(a) * at(slice(None, -2)) + along(b) * at(slice(1, -1))
-                    + along(c) * at(slice(2, None)))
+        interior = (
+            along(a) * at(slice(None, -2))
+            + along(b) * at(slice(1, -1))
+            + along(c) * at(slice(2, None))
+        )
     if edge_order == 1:
         dx_0 = ax_dx if uniform else ax_dx[0]
         dx_n = ax_dx if uniform else ax_dx[-1]
@@ -196,20 +208,20 @@ def _gradient_axis(f, axis, ax_dx, edge_order, uniform):
         last = (at(slice(-1, None)) - at(slice(-2, -1))) / dx_n
     else:
         if uniform:
-            a, b, c = -1.5 / ax_dx, 2. / ax_dx, -0.5 / ax_dx
+            a, b, c = -1.5 / ax_dx, 2.0 / ax_dx, -0.5 / ax_dx
         else:
             dx1, dx2 = ax_dx[0], ax_dx[1]
-            a = -(2. * dx1 + dx2) / (dx1 * (dx1 + dx2))
+            a = -(2.0 * dx1 + dx2) / (dx1 * (dx1 + dx2))
             b = (dx1 + dx2) / (dx1 * dx2)
-            c = - dx1 / (dx2 * (dx1 + dx2))
+            c = -dx1 / (dx2 * (dx1 + dx2))
         first = a * at(slice(0, 1)) + b * at(slice(1, 2)) + c * at(slice(2, 3))
         if uniform:
-            a, b, c = 0.5 / ax_dx, -2. / ax_dx, 1.5 / ax_dx
+            a, b, c = 0.5 / ax_dx, -2.0 / ax_dx, 1.5 / ax_dx
         else:
             dx1, dx2 = ax_dx[-2], ax_dx[-1]
             a = (dx2) / (dx1 * (dx1 + dx2))
-            b = - (dx2 + dx1) / (dx1 * dx2)
-            c = (2. * dx2 + dx1) / (dx2 * (dx1 + dx2))
+            b = -(dx2 + dx1) / (dx1 * dx2)
+            c = (2.0 * dx2 + dx1) / (dx2 * (dx1 + dx2))
         last = a * at(slice(-3, -2)) + b * at(slice(-2, -1)) + c * at(slice(-1, None))
     dt = dtype_of(f)
     return np.concatenate([_astype(p, dt) for p in (first, interior, last)], axis=axis)
@@ -245,8 +257,9 @@ def _cumulative(function, identity, x, axis, dtype, out, include_initial, name):
         raise ValueError("The input must be at least 1-D (got a 0-d array).")
     if axis is None:
         if ndim_of(x) > 1:
-            raise ValueError("For arrays which have more than one dimension ``axis`` argument "
-                             "is required.")
+            raise ValueError(
+                "For arrays which have more than one dimension ``axis`` argument is required."
+            )
         axis = 0
     axis = _normalize_axis(axis, ndim_of(x))
     r = function(x, axis=axis, dtype=dtype)
@@ -258,29 +271,28 @@ def _cumulative(function, identity, x, axis, dtype, out, include_initial, name):
 
 
 if hasattr(np, "cumulative_sum"):
+
     @implements(np.cumulative_sum)
     def cumulative_sum(x, /, *, axis=None, dtype=None, out=None, include_initial=False):
         """np.cumulative_sum (NumPy 2): np.cumsum with an optional leading zero."""
-        return _cumulative(np.cumsum, 0, x, axis, dtype, out, include_initial,
-                           "cumulative_sum")
+        return _cumulative(np.cumsum, 0, x, axis, dtype, out, include_initial, "cumulative_sum")
 
     @implements(np.cumulative_prod)
     def cumulative_prod(x, /, *, axis=None, dtype=None, out=None, include_initial=False):
         """np.cumulative_prod (NumPy 2): np.cumprod with an optional leading one."""
-        return _cumulative(np.cumprod, 1, x, axis, dtype, out, include_initial,
-                           "cumulative_prod")
+        return _cumulative(np.cumprod, 1, x, axis, dtype, out, include_initial, "cumulative_prod")
 
 
 # --- grids ------------------------------------------------------------------------------------
 def _result_inexact(*xs):
-    dt = np.result_type(*(dtype_of(x) if _is_traced(x) or isinstance(x, np.ndarray) else x
-                          for x in xs))
+    dt = np.result_type(
+        *(dtype_of(x) if _is_traced(x) or isinstance(x, np.ndarray) else x for x in xs)
+    )
     return dt if dt.kind in "fc" else np.result_type(dt, np.float64)
 
 
 @implements(np.linspace)
-def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0, *,
-             device=None):
+def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0, *, device=None):
     """np.linspace with traced endpoints: NumPy's arithmetic, differentiable in both ends."""
     num = operator.index(num)
     if num < 0:
@@ -317,8 +329,10 @@ def logspace(start, stop, num=50, endpoint=True, base=10.0, dtype=None, axis=0):
     """np.logspace: base ** linspace(start, stop), differentiable in the ends and the base."""
     if not isinstance(base, (float, int)) and np.ndim(base):
         ndmax = len(np.broadcast_shapes(shape_of(start), shape_of(stop), shape_of(base)))
-        start, stop, base = (np.reshape(_array(a), (1,) * (ndmax - ndim_of(a)) + shape_of(a))
-                             for a in (start, stop, base))
+        start, stop, base = (
+            np.reshape(_array(a), (1,) * (ndmax - ndim_of(a)) + shape_of(a))
+            for a in (start, stop, base)
+        )
         base = np.expand_dims(base, axis=axis)
     y = linspace(start, stop, num=num, endpoint=endpoint, axis=axis)
     r = np.power(base, y)
@@ -339,8 +353,9 @@ def geomspace(start, stop, num=50, endpoint=True, dtype=None, axis=0):
     out_sign = np.sign(start)
     start = start / out_sign
     stop = stop / out_sign
-    result = logspace(np.log10(start), np.log10(stop), num=num, endpoint=endpoint, base=10.0,
-                      dtype=dt)
+    result = logspace(
+        np.log10(start), np.log10(stop), num=num, endpoint=endpoint, base=10.0, dtype=dt
+    )
     if not _is_traced(result):
         result = np.array(result)
     if num > 0:
@@ -360,7 +375,7 @@ def meshgrid(*xi, copy=True, sparse=False, indexing="xy"):
     if indexing not in ["xy", "ij"]:
         raise ValueError("Valid values for `indexing` are 'xy' and 'ij'.")
     s0 = (1,) * ndim
-    output = [np.reshape(_array(x), s0[:i] + (-1,) + s0[i + 1:]) for i, x in enumerate(xi)]
+    output = [np.reshape(_array(x), s0[:i] + (-1,) + s0[i + 1 :]) for i, x in enumerate(xi)]
     if indexing == "xy" and ndim > 1:
         output[0] = np.reshape(output[0], (1, -1) + s0[2:])
         output[1] = np.reshape(output[1], (-1, 1) + s0[2:])
@@ -436,7 +451,7 @@ def _mode_offset(kind: str, n: int, m: int, mode: str) -> int:
     fn = np.convolve if kind == "convolve" else np.correlate
     full, part = fn(a, v, "full"), fn(a, v, mode)
     for s in range(len(full) - len(part) + 1):
-        if np.allclose(full[s:s + len(part)], part, rtol=1e-12, atol=0):
+        if np.allclose(full[s : s + len(part)], part, rtol=1e-12, atol=0):
             return s
     raise AssertionError(f"np.{kind} mode {mode!r} is not a slice of the full output")
 
@@ -470,8 +485,10 @@ def _conv_jvp(ts, ans, a, v, kind, mode):
 convolution_p = Primitive(
     "convolution",
     lambda a, v, kind, mode: (np.convolve if kind == "convolve" else np.correlate)(a, v, mode),
-    vjps=(lambda g, ans, a, v, kind, mode: _conv_vjp(0, g, ans, a, v, kind, mode),
-          lambda g, ans, a, v, kind, mode: _conv_vjp(1, g, ans, a, v, kind, mode)),
+    vjps=(
+        lambda g, ans, a, v, kind, mode: _conv_vjp(0, g, ans, a, v, kind, mode),
+        lambda g, ans, a, v, kind, mode: _conv_vjp(1, g, ans, a, v, kind, mode),
+    ),
     jvp=_conv_jvp,
 )
 
@@ -517,12 +534,14 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     b = np.moveaxis(b, _normalize_axis(axisb, ndim_of(b)), -1)
     na, nb = shape_of(a)[-1], shape_of(b)[-1]
     if na not in (2, 3) or nb not in (2, 3):
-        raise ValueError("incompatible dimensions for cross product\n"
-                         "(dimension must be 2 or 3)")
+        raise ValueError("incompatible dimensions for cross product\n(dimension must be 2 or 3)")
     if na == 2 or nb == 2:
-        warnings.warn("Arrays of 2-dimensional vectors are deprecated. Use arrays of "
-                      "3-dimensional vectors instead. (deprecated in NumPy 2.0)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "Arrays of 2-dimensional vectors are deprecated. Use arrays of "
+            "3-dimensional vectors instead. (deprecated in NumPy 2.0)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     dt = np.promote_types(dtype_of(a), dtype_of(b))
     a, b = _astype(a, dt), _astype(b, dt)
     a0, a1, b0, b1 = a[..., 0], a[..., 1], b[..., 0], b[..., 1]
@@ -543,11 +562,14 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
 
 
 if hasattr(np.linalg, "cross"):
+
     @implements(np.linalg.cross)
     def linalg_cross(x1, x2, /, *, axis=-1):
         """np.linalg.cross: 3-vectors only (as NumPy)."""
         if shape_of(x1)[axis] != 3 or shape_of(x2)[axis] != 3:
-            raise ValueError("Both input arrays must be (arrays of) 3-dimensional vectors, "
-                             f"but they are {shape_of(x1)[axis]} and {shape_of(x2)[axis]} "
-                             "dimensional instead.")
+            raise ValueError(
+                "Both input arrays must be (arrays of) 3-dimensional vectors, "
+                f"but they are {shape_of(x1)[axis]} and {shape_of(x2)[axis]} "
+                "dimensional instead."
+            )
         return cross(x1, x2, axis=axis)

@@ -11,17 +11,23 @@ from ..core.tracing import bind
 from ._util import batch_shape, dtype_of, lift_tangent, ndim_of, shape_of, unbroadcast
 
 reshape_p = Primitive(
-    "reshape", lambda x, shape: np.reshape(x, shape),
+    "reshape",
+    lambda x, shape: np.reshape(x, shape),
     vjps=(lambda g, ans, x, shape: np.reshape(g, shape_of(x)),),
     jvp=lambda ts, ans, x, shape: reshape_p(ts[0], shape=batch_shape(ts[0], x) + shape),
-    linear=True, jvp_batched=True, aliases_input=True,
+    linear=True,
+    jvp_batched=True,
+    aliases_input=True,
 )
 
 transpose_p = Primitive(
-    "transpose", lambda x, axes: np.transpose(x, axes),
+    "transpose",
+    lambda x, axes: np.transpose(x, axes),
     vjps=(lambda g, ans, x, axes: np.transpose(g, tuple(np.argsort(axes))),),
     jvp=lambda ts, ans, x, axes: _transpose_tangent(ts[0], x, axes),
-    linear=True, jvp_batched=True, aliases_input=True,
+    linear=True,
+    jvp_batched=True,
+    aliases_input=True,
 )
 
 
@@ -29,12 +35,18 @@ def _transpose_tangent(t, x, axes):
     k = len(batch_shape(t, x))
     return transpose_p(t, axes=tuple(range(k)) + tuple(a + k for a in axes))
 
+
 broadcast_p = Primitive(
-    "broadcast_to", lambda x, shape: np.broadcast_to(x, shape),
+    "broadcast_to",
+    lambda x, shape: np.broadcast_to(x, shape),
     vjps=(lambda g, ans, x, shape: unbroadcast(g, shape_of(x)),),
-    jvp=lambda ts, ans, x, shape: broadcast_p(lift_tangent(ts[0], x, len(shape)),
-                                              shape=batch_shape(ts[0], x) + shape),
-    linear=True, jvp_batched=True, native="@broadcast", aliases_input=True,
+    jvp=lambda ts, ans, x, shape: broadcast_p(
+        lift_tangent(ts[0], x, len(shape)), shape=batch_shape(ts[0], x) + shape
+    ),
+    linear=True,
+    jvp_batched=True,
+    native="@broadcast",
+    aliases_input=True,
 )
 
 
@@ -46,28 +58,41 @@ def _concat_vjp(i, g, ans, *args, axis):
 
 def _concat_jvp(ts, ans, *args, axis):
     lead = next(batch_shape(t, a) for t, a in zip(ts, args) if t is not None)
-    parts = [t if t is not None else np.zeros(lead + shape_of(a), dtype_of(ans))
-             for t, a in zip(ts, args)]
+    parts = [
+        t if t is not None else np.zeros(lead + shape_of(a), dtype_of(ans))
+        for t, a in zip(ts, args)
+    ]
     return concatenate_p(*parts, axis=axis + len(lead))
 
 
 concatenate_p = Primitive(
-    "concatenate", lambda *xs, axis: np.concatenate(xs, axis=axis),
-    vjps=_concat_vjp, jvp=_concat_jvp, linear=True, variadic=True, jvp_batched=True,
+    "concatenate",
+    lambda *xs, axis: np.concatenate(xs, axis=axis),
+    vjps=_concat_vjp,
+    jvp=_concat_jvp,
+    linear=True,
+    variadic=True,
+    jvp_batched=True,
 )
 
 astype_p = Primitive(
-    "astype", lambda x, dtype: x.astype(dtype),
+    "astype",
+    lambda x, dtype: x.astype(dtype),
     vjps=(lambda g, ans, x, dtype: g.astype(dtype_of(x)),),
-    jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype), linear=True, jvp_batched=True,
+    jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype),
+    linear=True,
+    jvp_batched=True,
     native="@convert",
 )
 
 # A fresh array shaped like a traced one: a Tracer with no derivative, so that functional
 # writes (y = np.zeros_like(x); y[1:] = ...) are recorded.
 full_like_p = Primitive(
-    "full_like", lambda x, fill, dtype: np.full_like(x, fill, dtype=dtype),
-    vjps=(None,), jvp=lambda ts, ans, x, fill, dtype: None, jvp_batched=True,
+    "full_like",
+    lambda x, fill, dtype: np.full_like(x, fill, dtype=dtype),
+    vjps=(None,),
+    jvp=lambda ts, ans, x, fill, dtype: None,
+    jvp_batched=True,
     constant_valued=True,
 )
 
@@ -103,8 +128,10 @@ def _resolve_shape(x, newshape):
 @implements(np.reshape)
 def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if order not in ("C", "A"):
-        raise GradtapeError("reshape with order='F' is not supported while tracing; "
-                            "use np.transpose and a C-order reshape.")
+        raise GradtapeError(
+            "reshape with order='F' is not supported while tracing; "
+            "use np.transpose and a C-order reshape."
+        )
     shape = _resolve_shape(a, shape if shape is not None else newshape)
     if shape == shape_of(a):
         return a
@@ -165,8 +192,9 @@ def squeeze(a, axis=None):
     if axis is None:
         axes = {i for i, d in enumerate(shape) if d == 1}
     else:
-        axes = {int(x) % len(shape) for x in ((axis,) if isinstance(axis, (int, np.integer))
-                                                else axis)}
+        axes = {
+            int(x) % len(shape) for x in ((axis,) if isinstance(axis, (int, np.integer)) else axis)
+        }
         if any(shape[i] != 1 for i in axes):
             raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
     return reshape(a, tuple(d for i, d in enumerate(shape) if i not in axes))
@@ -205,8 +233,9 @@ def atleast_2d(*arys):
     res = []
     for a in map(_as_operand, arys):
         nd = ndim_of(a)
-        res.append(reshape(a, (1, 1)) if nd == 0 else reshape(a, (1,) + shape_of(a)) if nd == 1
-                   else a)
+        res.append(
+            reshape(a, (1, 1)) if nd == 0 else reshape(a, (1,) + shape_of(a)) if nd == 1 else a
+        )
     return res[0] if len(res) == 1 else tuple(res)
 
 
@@ -215,8 +244,15 @@ def atleast_3d(*arys):
     res = []
     for a in map(_as_operand, arys):
         s = shape_of(a)
-        res.append(reshape(a, (1, 1, 1)) if len(s) == 0 else reshape(a, (1,) + s + (1,))
-                   if len(s) == 1 else reshape(a, s + (1,)) if len(s) == 2 else a)
+        res.append(
+            reshape(a, (1, 1, 1))
+            if len(s) == 0
+            else reshape(a, (1,) + s + (1,))
+            if len(s) == 1
+            else reshape(a, s + (1,))
+            if len(s) == 2
+            else a
+        )
     return res[0] if len(res) == 1 else tuple(res)
 
 
@@ -286,8 +322,11 @@ def repeat(a, repeats, axis=None):
 
 @implements(np.flip)
 def flip(m, axis=None):
-    axes = range(ndim_of(m)) if axis is None else (
-        [axis] if isinstance(axis, (int, np.integer)) else axis)
+    axes = (
+        range(ndim_of(m))
+        if axis is None
+        else ([axis] if isinstance(axis, (int, np.integer)) else axis)
+    )
     idx = [slice(None)] * ndim_of(m)
     for ax in axes:
         idx[ax] = slice(None, None, -1)
@@ -316,12 +355,14 @@ def _pad_vjp(g, ans, x, pad_width, value):
 
 
 pad_p = Primitive(
-    "pad", lambda x, pad_width, value: np.pad(x, pad_width, mode="constant",
-                                              constant_values=value),
+    "pad",
+    lambda x, pad_width, value: np.pad(x, pad_width, mode="constant", constant_values=value),
     vjps=(_pad_vjp, None),
     jvp=lambda ts, ans, x, pad_width, value: pad_p(
-        ts[0], pad_width=((0, 0),) * len(batch_shape(ts[0], x)) + pad_width, value=0),
-    linear=True, jvp_batched=True,
+        ts[0], pad_width=((0, 0),) * len(batch_shape(ts[0], x)) + pad_width, value=0
+    ),
+    linear=True,
+    jvp_batched=True,
 )
 
 
@@ -340,31 +381,51 @@ def _full_like(a, fill, dtype=None):
     return bind(full_like_p, (a,), {"fill": fill, "dtype": dtype})
 
 
-implements(np.zeros_like)(lambda a, dtype=None, order="K", subok=True, shape=None, **kw:
-                          _full_like(a, 0, dtype) if shape is None else np.zeros(shape, dtype or
-                                                                                dtype_of(a)))
-implements(np.ones_like)(lambda a, dtype=None, order="K", subok=True, shape=None, **kw:
-                         _full_like(a, 1, dtype) if shape is None else np.ones(shape, dtype or
-                                                                              dtype_of(a)))
-implements(np.empty_like)(lambda a, dtype=None, order="K", subok=True, shape=None, **kw:
-                          _full_like(a, 0, dtype) if shape is None else np.zeros(shape, dtype or
-                                                                                dtype_of(a)))
-implements(np.full_like)(lambda a, fill_value, dtype=None, order="K", subok=True, shape=None, **kw:
-                         _full_like(a, fill_value, dtype) if shape is None
-                         else np.full(shape, fill_value, dtype or dtype_of(a)))
+implements(np.zeros_like)(
+    lambda a, dtype=None, order="K", subok=True, shape=None, **kw: (
+        _full_like(a, 0, dtype) if shape is None else np.zeros(shape, dtype or dtype_of(a))
+    )
+)
+implements(np.ones_like)(
+    lambda a, dtype=None, order="K", subok=True, shape=None, **kw: (
+        _full_like(a, 1, dtype) if shape is None else np.ones(shape, dtype or dtype_of(a))
+    )
+)
+implements(np.empty_like)(
+    lambda a, dtype=None, order="K", subok=True, shape=None, **kw: (
+        _full_like(a, 0, dtype) if shape is None else np.zeros(shape, dtype or dtype_of(a))
+    )
+)
+implements(np.full_like)(
+    lambda a, fill_value, dtype=None, order="K", subok=True, shape=None, **kw: (
+        _full_like(a, fill_value, dtype)
+        if shape is None
+        else np.full(shape, fill_value, dtype or dtype_of(a))
+    )
+)
 implements(np.copy)(lambda a, order="K", subok=False: a.copy())
 implements(np.shape)(lambda a: shape_of(a))
 implements(np.ndim)(lambda a: ndim_of(a))
-implements(np.size)(lambda a, axis=None: int(np.prod(shape_of(a))) if axis is None
-                    else shape_of(a)[axis])
+implements(np.size)(
+    lambda a, axis=None: int(np.prod(shape_of(a))) if axis is None else shape_of(a)[axis]
+)
 implements(np.iscomplexobj)(lambda x: dtype_of(x).kind == "c")
 implements(np.isrealobj)(lambda x: dtype_of(x).kind != "c")
-implements(np.result_type)(lambda *arrays_and_dtypes: np.result_type(
-    *(dtype_of(a) if hasattr(a, "_var") else a for a in arrays_and_dtypes)))
-implements(np.around, np.round)(lambda a, decimals=0, out=None: np.rint(a) if decimals == 0
-                                else np.rint(a * 10.0**decimals) / 10.0**decimals)
-implements(np.clip)(lambda a, a_min=None, a_max=None, out=None, **kw: _clip(
-    a, kw.get("min", a_min), kw.get("max", a_max)))
+implements(np.result_type)(
+    lambda *arrays_and_dtypes: np.result_type(
+        *(dtype_of(a) if hasattr(a, "_var") else a for a in arrays_and_dtypes)
+    )
+)
+implements(np.around, np.round)(
+    lambda a, decimals=0, out=None: (
+        np.rint(a) if decimals == 0 else np.rint(a * 10.0**decimals) / 10.0**decimals
+    )
+)
+implements(np.clip)(
+    lambda a, a_min=None, a_max=None, out=None, **kw: _clip(
+        a, kw.get("min", a_min), kw.get("max", a_max)
+    )
+)
 
 
 def _clip(a, lo, hi):
@@ -419,12 +480,12 @@ class _Padded:
 
     def __init__(self, array, pad_width):
         self.array = bind(pad_p, (array,), {"pad_width": pad_width, "value": 0})
-        self.original = tuple(slice(lo, lo + d) for d, (lo, _) in zip(shape_of(array),
-                                                                       pad_width))
+        self.original = tuple(slice(lo, lo + d) for d, (lo, _) in zip(shape_of(array), pad_width))
 
     def index(self, axis, sl, roi=True):
-        rest = self.original[axis + 1:] if roi else (slice(None),) * (len(self.original)
-                                                                       - axis - 1)
+        rest = (
+            self.original[axis + 1 :] if roi else (slice(None),) * (len(self.original) - axis - 1)
+        )
         return (slice(None),) * axis + (sl,) + rest
 
     def get(self, axis, sl, roi=True):
@@ -451,8 +512,10 @@ def _pad_area(p, axis, width, values, roi=True):
 def _pad_ramps(p, axis, width, ends):
     edges = _pad_edges(p, axis, width)
     dt = dtype_of(p.array)
-    left, right = (np.linspace(end, np.squeeze(edge, axis), num=w, endpoint=False, dtype=dt,
-                               axis=axis) for end, edge, w in zip(ends, edges, width))
+    left, right = (
+        np.linspace(end, np.squeeze(edge, axis), num=w, endpoint=False, dtype=dt, axis=axis)
+        for end, edge, w in zip(ends, edges, width)
+    )
     return left, right[(slice(None),) * axis + (slice(None, None, -1),)]
 
 
@@ -532,11 +595,19 @@ def _pad_wrap(p, axis, width, period):
     return new_left, new_right
 
 
-_PAD_KWARGS = {"empty": [], "edge": [], "wrap": [], "constant": ["constant_values"],
-               "linear_ramp": ["end_values"], "maximum": ["stat_length"],
-               "mean": ["stat_length"], "median": ["stat_length"],
-               "minimum": ["stat_length"], "reflect": ["reflect_type"],
-               "symmetric": ["reflect_type"]}
+_PAD_KWARGS = {
+    "empty": [],
+    "edge": [],
+    "wrap": [],
+    "constant": ["constant_values"],
+    "linear_ramp": ["end_values"],
+    "maximum": ["stat_length"],
+    "mean": ["stat_length"],
+    "median": ["stat_length"],
+    "minimum": ["stat_length"],
+    "reflect": ["reflect_type"],
+    "symmetric": ["reflect_type"],
+}
 
 
 def _pad_modes(array, pad_width, mode, kwargs):
@@ -552,9 +623,11 @@ def _pad_modes(array, pad_width, mode, kwargs):
         raise TypeError("`pad_width` must be of integral type.")
     widths = tuple((int(lo), int(hi)) for lo, hi in _as_pairs(widths, nd, as_index=True))
     if callable(mode):
-        raise GradtapeError("np.pad with a function as mode writes into views of the padded "
-                            "array, which cannot be traced; pad with a named mode, or build "
-                            "the border with np.concatenate.")
+        raise GradtapeError(
+            "np.pad with a function as mode writes into views of the padded "
+            "array, which cannot be traced; pad with a named mode, or build "
+            "the border with np.concatenate."
+        )
     if mode not in _PAD_KWARGS:
         raise ValueError(f"mode '{mode}' is not supported")
     unsupported = set(kwargs) - set(_PAD_KWARGS[mode])
@@ -572,8 +645,9 @@ def _pad_modes(array, pad_width, mode, kwargs):
     elif size == 0:
         for axis, width in enumerate(widths):
             if shape[axis] == 0 and any(width):
-                raise ValueError(f"can't extend empty axis {axis} using modes other than "
-                                 "'constant' or 'empty'")
+                raise ValueError(
+                    f"can't extend empty axis {axis} using modes other than 'constant' or 'empty'"
+                )
     elif mode == "edge":
         for axis in range(nd):
             _pad_area(p, axis, widths[axis], _pad_edges(p, axis, widths[axis]))
@@ -582,8 +656,7 @@ def _pad_modes(array, pad_width, mode, kwargs):
         for axis in range(nd):
             _pad_area(p, axis, widths[axis], _pad_ramps(p, axis, widths[axis], ends[axis]))
     elif mode in ("maximum", "minimum", "mean", "median"):
-        func = {"maximum": np.amax, "minimum": np.amin, "mean": np.mean,
-                "median": np.median}[mode]
+        func = {"maximum": np.amax, "minimum": np.amin, "mean": np.mean, "median": np.median}[mode]
         lengths = _as_pairs(kwargs.get("stat_length"), nd, as_index=True)
         for axis in range(nd):
             stats = _pad_stats(p, axis, widths[axis], lengths[axis], func)
@@ -596,8 +669,9 @@ def _pad_modes(array, pad_width, mode, kwargs):
                 _pad_area(p, axis, (left, right), edges, roi=False)
                 continue
             while left > 0 or right > 0:
-                left, right = _pad_reflect(p, axis, (left, right), method, shape[axis],
-                                           mode == "symmetric")
+                left, right = _pad_reflect(
+                    p, axis, (left, right), method, shape[axis], mode == "symmetric"
+                )
     elif mode == "wrap":
         for axis, (left, right) in enumerate(widths):
             period = p.length(axis) - right - left
@@ -653,7 +727,8 @@ def rollaxis(a, axis, start=0):
         start += n
     if not 0 <= start < n + 1:
         raise np.exceptions.AxisError(
-            f"'start' arg requires {-n} <= start < {n + 1}, but {start} was passed in")
+            f"'start' arg requires {-n} <= start < {n + 1}, but {start} was passed in"
+        )
     if axis < start:
         start -= 1
     if axis == start:
@@ -668,7 +743,8 @@ def rollaxis(a, axis, start=0):
 def split_equal(ary, indices_or_sections, axis=0):
     """np.split: np.array_split that insists on equal sections (NumPy's error otherwise)."""
     if isinstance(indices_or_sections, (int, np.integer)) and (
-            shape_of(ary)[axis] % int(indices_or_sections)):
+        shape_of(ary)[axis] % int(indices_or_sections)
+    ):
         raise ValueError("array split does not result in an equal division")
     return split(ary, indices_or_sections, axis)
 
@@ -753,8 +829,7 @@ def vander(x, N=None, increasing=False):
         return np.zeros((n, 0), dt)
     cols = [np.ones((n, 1), dt)]
     if N > 1:
-        cols.append(np.cumprod(broadcast_to(reshape(astype(x, dt), (n, 1)), (n, N - 1)),
-                               axis=1))
+        cols.append(np.cumprod(broadcast_to(reshape(astype(x, dt), (n, 1)), (n, N - 1)), axis=1))
     v = concatenate(cols, axis=1) if len(cols) > 1 else cols[0]
     return v if increasing else flip(v, 1)
 
@@ -762,13 +837,15 @@ def vander(x, N=None, increasing=False):
 @implements(np.block)
 def block(arrays):
     """np.block: nested lists concatenated from the innermost, as NumPy assembles them."""
+
     def depth(x):
-        return 1 + depth(x[0]) if isinstance(x, list) and x else (1 if isinstance(x, list)
-                                                                  else 0)
+        return 1 + depth(x[0]) if isinstance(x, list) and x else (1 if isinstance(x, list) else 0)
 
     if isinstance(arrays, tuple):
-        raise TypeError("arrays is a tuple. Only lists can be used to arrange blocks, and "
-                        "np.block does not allow implicit conversion from tuple to ndarray.")
+        raise TypeError(
+            "arrays is a tuple. Only lists can be used to arrange blocks, and "
+            "np.block does not allow implicit conversion from tuple to ndarray."
+        )
     list_ndim = depth(arrays)
 
     def leaves(x):
@@ -795,7 +872,7 @@ def apply_along_axis(func1d, axis, arr, *args, **kwargs):
         raise np.exceptions.AxisError(axis, nd)
     axis %= nd
     dims = list(range(nd))
-    view = transpose(arr, dims[:axis] + dims[axis + 1:] + [axis])
+    view = transpose(arr, dims[:axis] + dims[axis + 1 :] + [axis])
     outer = shape_of(view)[:-1]
     if 0 in outer:
         raise ValueError("Cannot apply_along_axis when any iteration dimensions are 0")
@@ -803,5 +880,5 @@ def apply_along_axis(func1d, axis, arr, *args, **kwargs):
     res_nd = ndim_of(results[0])
     stacked = reshape(stack(results), outer + shape_of(results[0]))
     bdims = list(range(ndim_of(stacked)))
-    permute = bdims[:axis] + bdims[len(bdims) - res_nd:] + bdims[axis:len(bdims) - res_nd]
+    permute = bdims[:axis] + bdims[len(bdims) - res_nd :] + bdims[axis : len(bdims) - res_nd]
     return transpose(stacked, permute)

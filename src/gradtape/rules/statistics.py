@@ -26,13 +26,16 @@ from .reductions import _any_true, _astype, _nondiff_function
 
 def _no_out(out, name):
     if out is not None:
-        raise GradtapeError(f"np.{name}(..., out=...) writes into an array in place, which "
-                            "cannot be traced; assign the result instead.")
+        raise GradtapeError(
+            f"np.{name}(..., out=...) writes into an array in place, which "
+            "cannot be traced; assign the result instead."
+        )
 
 
 def _nondiff(name, impl, **facts):
     """A primitive with no derivative whose implementation is NumPy code on plain arrays; on
     the values of an outer level (Tracers, under compile(grad(f))) it is recorded there."""
+
     def run(*args, **params):
         if any(hasattr(a, "_var") for a in args):
             return bind(prim, args, params)
@@ -76,10 +79,11 @@ def _continuous(n, q, alpha, beta):
 # adjusts the interpolation weight (None: the index is an integer, no interpolation).
 _METHODS = {
     "inverted_cdf": (lambda n, q: _discrete(n * q - 1, lambda g, i: g == 0), None),
-    "averaged_inverted_cdf": (lambda n, q: n * q - 1,
-                              lambda g, i: np.where(g == 0, 0.5, 1.0)),
-    "closest_observation": (lambda n, q: _discrete(
-        n * q - 1 - 0.5, lambda g, i: (g == 0) & (np.floor(i) % 2 == 1)), None),
+    "averaged_inverted_cdf": (lambda n, q: n * q - 1, lambda g, i: np.where(g == 0, 0.5, 1.0)),
+    "closest_observation": (
+        lambda n, q: _discrete(n * q - 1 - 0.5, lambda g, i: (g == 0) & (np.floor(i) % 2 == 1)),
+        None,
+    ),
     "interpolated_inverted_cdf": (lambda n, q: _continuous(n, q, 0, 1), lambda g, i: g),
     "hazen": (lambda n, q: _continuous(n, q, 0.5, 0.5), lambda g, i: g),
     "weibull": (lambda n, q: _continuous(n, q, 0, 0), lambda g, i: g),
@@ -88,8 +92,10 @@ _METHODS = {
     "normal_unbiased": (lambda n, q: _continuous(n, q, 3 / 8.0, 3 / 8.0), lambda g, i: g),
     "lower": (lambda n, q: np.floor((n - 1) * q).astype(np.intp), None),
     "higher": (lambda n, q: np.ceil((n - 1) * q).astype(np.intp), None),
-    "midpoint": (lambda n, q: 0.5 * (np.floor((n - 1) * q) + np.ceil((n - 1) * q)),
-                 lambda g, i: np.where(i % 1 == 0, 0.0, 0.5)),
+    "midpoint": (
+        lambda n, q: 0.5 * (np.floor((n - 1) * q) + np.ceil((n - 1) * q)),
+        lambda g, i: np.where(i % 1 == 0, 0.0, 0.5),
+    ),
     "nearest": (lambda n, q: np.around((n - 1) * q).astype(np.intp), None),
 }
 
@@ -111,8 +117,11 @@ def _check_q(q, percent: bool):
         qv = qv._value
     qv = np.asarray(qv)
     if qv.dtype.kind == "c" or not (np.all(qv >= 0) and np.all(qv <= 1)):
-        raise ValueError("Percentiles must be in the range [0, 100]" if percent
-                         else "Quantiles must be in the range [0, 1]")
+        raise ValueError(
+            "Percentiles must be in the range [0, 100]"
+            if percent
+            else "Quantiles must be in the range [0, 1]"
+        )
 
 
 def _quantile(a, q, axis, method, keepdims, weights, ignore_nan, percent, weak_q):
@@ -135,8 +144,9 @@ def _quantile(a, q, axis, method, keepdims, weights, ignore_nan, percent, weak_q
     qv = np.reshape(q, (1,) * len(kept) + (-1,))
     inexact = dtype_of(a).kind == "f"
     if weights is not None:
-        return _weighted_quantile(a, flat, q, qv, axes, shape, kept, count, weights, keepdims,
-                                  axis, ignore_nan)
+        return _weighted_quantile(
+            a, flat, q, qv, axes, shape, kept, count, weights, keepdims, axis, ignore_nan
+        )
     order = np.argsort(flat, axis=-1)
     s = _gather_last(flat, order)
     if ignore_nan and inexact:
@@ -167,8 +177,7 @@ def _quantile(a, q, axis, method, keepdims, weights, ignore_nan, percent, weak_q
         previous = previous.astype(np.intp)
         following = following.astype(np.intp)
         lo = _gather_last(s, np.clip(np.where(previous < 0, previous + n, previous), 0, last))
-        hi = _gather_last(s, np.clip(np.where(following < 0, following + n, following), 0,
-                                     last))
+        hi = _gather_last(s, np.clip(np.where(following < 0, following + n, following), 0, last))
         result = _lerp(lo, hi, gamma)
     if inexact:
         if ignore_nan:
@@ -190,21 +199,26 @@ def _finish(result, qshape, kept, shape, axes, keepdims):
     return _with_keepdims(result, shape, axes, keepdims, lead=qshape)
 
 
-def _weighted_quantile(a, flat, q, qv, axes, shape, kept, count, weights, keepdims, axis,
-                       ignore_nan):
+def _weighted_quantile(
+    a, flat, q, qv, axes, shape, kept, count, weights, keepdims, axis, ignore_nan
+):
     """method='inverted_cdf' with weights: the first sorted value whose weighted CDF reaches q
     (zero derivative with respect to the weights, which only choose the element)."""
     if ignore_nan:
-        raise GradtapeError("np.nanquantile/np.nanpercentile with weights= cannot be traced; "
-                            "drop the NaNs first (np.quantile on the remaining values).")
+        raise GradtapeError(
+            "np.nanquantile/np.nanpercentile with weights= cannot be traced; "
+            "drop the NaNs first (np.quantile on the remaining values)."
+        )
     w = weights
     wshape = shape_of(w)
     if wshape != shape:
         if axis is None or wshape != tuple(shape[ax] for ax in axes):
-            raise ValueError("Shape of weights must be consistent with shape of a along "
-                             "specified axis.")
-        w = np.broadcast_to(np.reshape(w, tuple(shape[i] if i in axes else 1
-                                                for i in range(len(shape)))), shape)
+            raise ValueError(
+                "Shape of weights must be consistent with shape of a along specified axis."
+            )
+        w = np.broadcast_to(
+            np.reshape(w, tuple(shape[i] if i in axes else 1 for i in range(len(shape)))), shape
+        )
     if _any_true(np.less(w, 0)):
         raise ValueError("Weights must be non-negative.")
     wflat, _ = _last_axis(w, axis)
@@ -226,8 +240,11 @@ def _weighted_quantile(a, flat, q, qv, axes, shape, kept, count, weights, keepdi
 
 def _method(method, interpolation):
     if interpolation is not None:
-        warnings.warn("the `interpolation=` argument is deprecated; use `method=` instead",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            "the `interpolation=` argument is deprecated; use `method=` instead",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         return interpolation
     return method
 
@@ -241,46 +258,114 @@ def _weighted_method(method, interpolation, weights) -> str:
 
 
 @implements(np.quantile)
-def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear", keepdims=False,
-             *, weights=None, interpolation=None):
+def quantile(
+    a,
+    q,
+    axis=None,
+    out=None,
+    overwrite_input=False,
+    method="linear",
+    keepdims=False,
+    *,
+    weights=None,
+    interpolation=None,
+):
     """np.quantile: NumPy's interpolation of the sorted values (every method)."""
     _no_out(out, "quantile")
     weak = type(q) in (int, float)
     q = q if hasattr(q, "_var") else np.asarray(q)
-    return _quantile(a, q, axis, _weighted_method(method, interpolation, weights), keepdims,
-                     weights, False, False, weak)
+    return _quantile(
+        a,
+        q,
+        axis,
+        _weighted_method(method, interpolation, weights),
+        keepdims,
+        weights,
+        False,
+        False,
+        weak,
+    )
 
 
 @implements(np.percentile)
-def percentile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
-               keepdims=False, *, weights=None, interpolation=None):
+def percentile(
+    a,
+    q,
+    axis=None,
+    out=None,
+    overwrite_input=False,
+    method="linear",
+    keepdims=False,
+    *,
+    weights=None,
+    interpolation=None,
+):
     """np.percentile: np.quantile of q / 100."""
     _no_out(out, "percentile")
     weak = type(q) in (int, float)
     q = np.true_divide(q, 100)
-    return _quantile(a, q, axis, _weighted_method(method, interpolation, weights), keepdims,
-                     weights, False, True, weak)
+    return _quantile(
+        a,
+        q,
+        axis,
+        _weighted_method(method, interpolation, weights),
+        keepdims,
+        weights,
+        False,
+        True,
+        weak,
+    )
 
 
 @implements(np.nanquantile)
-def nanquantile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
-                keepdims=False, *, weights=None, interpolation=None):
+def nanquantile(
+    a,
+    q,
+    axis=None,
+    out=None,
+    overwrite_input=False,
+    method="linear",
+    keepdims=False,
+    *,
+    weights=None,
+    interpolation=None,
+):
     """np.nanquantile: the quantile of each slice's non-NaN values (NaN for an all-NaN slice)."""
     _no_out(out, "nanquantile")
     weak = type(q) in (int, float)
     q = q if hasattr(q, "_var") else np.asarray(q)
-    return _quantile(a, q, axis, _method(method, interpolation), keepdims, weights, True,
-                     False, weak)
+    return _quantile(
+        a, q, axis, _method(method, interpolation), keepdims, weights, True, False, weak
+    )
 
 
 @implements(np.nanpercentile)
-def nanpercentile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
-                  keepdims=False, *, weights=None, interpolation=None):
+def nanpercentile(
+    a,
+    q,
+    axis=None,
+    out=None,
+    overwrite_input=False,
+    method="linear",
+    keepdims=False,
+    *,
+    weights=None,
+    interpolation=None,
+):
     """np.nanpercentile: np.nanquantile of q / 100."""
     _no_out(out, "nanpercentile")
     weak = type(q) in (int, float)
-    return _quantile(a, np.true_divide(q, 100), axis, _method(method, interpolation), keepdims,
-                     weights, True, True, weak)
+    return _quantile(
+        a,
+        np.true_divide(q, 100),
+        axis,
+        _method(method, interpolation),
+        keepdims,
+        weights,
+        True,
+        True,
+        weak,
+    )
 
 
 def _median(a, axis, keepdims, ignore_nan):
@@ -304,8 +389,9 @@ def _median(a, axis, keepdims, ignore_nan):
         r = np.where(empty, np.nan, r)
     else:
         half = count // 2
-        r = np.mean(s[..., half - 1:half + 1] if count % 2 == 0 else s[..., half:half + 1],
-                    axis=-1)
+        r = np.mean(
+            s[..., half - 1 : half + 1] if count % 2 == 0 else s[..., half : half + 1], axis=-1
+        )
         if inexact:
             r = np.where(np.isnan(s[..., -1]), s[..., -1], r)
     return _with_keepdims(np.reshape(r, kept), shape, axes, keepdims)
@@ -331,21 +417,24 @@ def _as_float(x, dtype):
 
 
 @implements(np.cov)
-def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None, *,
-        dtype=None):
+def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None, *, dtype=None):
     """np.cov, with NumPy's operations in NumPy's order (weights may be traced)."""
     if ddof is not None and ddof != int(ddof):
         raise ValueError("ddof must be integer")
     if dtype_of(m).kind == "c" or (y is not None and dtype_of(y).kind == "c"):
-        raise GradtapeError("np.cov of complex values cannot be traced (gradtape differentiates "
-                            "real functions).")
+        raise GradtapeError(
+            "np.cov of complex values cannot be traced (gradtape differentiates real functions)."
+        )
     if ndim_of(m) > 2:
         raise ValueError("m has more than 2 dimensions")
     if y is not None and ndim_of(y) > 2:
         raise ValueError("y has more than 2 dimensions")
     if dtype is None:
-        dtype = np.result_type(dtype_of(m), np.float64) if y is None else np.result_type(
-            dtype_of(m), dtype_of(y), np.float64)
+        dtype = (
+            np.result_type(dtype_of(m), np.float64)
+            if y is None
+            else np.result_type(dtype_of(m), dtype_of(y), np.float64)
+        )
     X = np.atleast_2d(_as_float(m, dtype))
     if not rowvar and ndim_of(m) != 1:
         X = X.T
@@ -426,8 +515,9 @@ def _bin_index_impl(a, edges):
 
 
 _bin_index_p = _nondiff("histogram_bin_index", _bin_index_impl)
-_count_bins_p = _nondiff("histogram_bin_count",
-                         lambda a, bins, range: len(np.histogram_bin_edges(a, bins, range)) - 1)
+_count_bins_p = _nondiff(
+    "histogram_bin_count", lambda a, bins, range: len(np.histogram_bin_edges(a, bins, range)) - 1
+)
 
 
 def _concrete_bool(x) -> bool:
@@ -454,8 +544,9 @@ def _bin_edges(a, bins, range, weights):
         first, last = np.where(equal, first - 0.5, first), np.where(equal, last + 0.5, last)
         if isinstance(bins, str):
             if weights is not None:
-                raise TypeError("Automated estimation of the number of bins is not supported "
-                                "for weighted data")
+                raise TypeError(
+                    "Automated estimation of the number of bins is not supported for weighted data"
+                )
             nbins = int(bind(_count_bins_p, (a,), {"bins": bins, "range": range}))
         else:
             nbins = int(bins)
@@ -490,30 +581,37 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     edges = _bin_edges(a, bins, range, weights)
     nbins = shape_of(edges)[0] - 1
     if weights is None:
-        counts = bind(_bincount_p, (bind(_bin_index_p, (a, edges), {}),),
-                      {"minlength": nbins + 1})
+        counts = bind(_bincount_p, (bind(_bin_index_p, (a, edges), {}),), {"minlength": nbins + 1})
         n = counts[1:]
     else:
         idx = bind(_bin_index_p, (a, edges), {}) + 1
-        n = materialize(SparseCotangent((nbins + 1,), dtype_of(weights), (idx,), weights,
-                                        False))[1:]
+        n = materialize(SparseCotangent((nbins + 1,), dtype_of(weights), (idx,), weights, False))[
+            1:
+        ]
     if density:
         db = _astype(np.diff(edges), np.float64)
         return n / db / np.sum(n), edges
     return n, edges
 
 
-_bincount_p = _nondiff("bincount_shifted",
-                       lambda idx, minlength: np.bincount(idx + 1, minlength=minlength)[
-                           :minlength] if idx.size else np.zeros(minlength, np.intp))
+_bincount_p = _nondiff(
+    "bincount_shifted",
+    lambda idx, minlength: (
+        np.bincount(idx + 1, minlength=minlength)[:minlength]
+        if idx.size
+        else np.zeros(minlength, np.intp)
+    ),
+)
 
 
 @implements(np.bincount)
 def bincount(x, weights=None, minlength=0):
     """np.bincount: integer counts, or weighted sums differentiable in the weights."""
     if dtype_of(x).kind not in "iub":
-        raise TypeError("Cannot cast array data from dtype('float64') to dtype('int64') "
-                        "according to the rule 'safe'")
+        raise TypeError(
+            "Cannot cast array data from dtype('float64') to dtype('int64') "
+            "according to the rule 'safe'"
+        )
     if ndim_of(x) != 1:
         raise ValueError("object too deep for desired array")
     if _any_true(np.less(x, 0)):
@@ -528,8 +626,9 @@ def bincount(x, weights=None, minlength=0):
     return materialize(SparseCotangent((length,), np.dtype(np.float64), (x,), w, False))
 
 
-_plain_bincount_p = _nondiff("bincount", lambda x, w, minlength: np.bincount(
-    x, w, minlength=minlength))
+_plain_bincount_p = _nondiff(
+    "bincount", lambda x, w, minlength: np.bincount(x, w, minlength=minlength)
+)
 
 
 # --- unique: the values are the first occurrences (a gather), the rest has no derivative -------
@@ -552,8 +651,10 @@ def _unique_rank_impl(ar, axis, equal_nan, order):
 _unique_rank_p = _nondiff("unique_rank", _unique_rank_impl)
 _unique_inverse_p = _nondiff(
     "unique_inverse",
-    lambda ar, axis, equal_nan: np.unique(ar, return_inverse=True, axis=axis,
-                                          equal_nan=equal_nan)[1])
+    lambda ar, axis, equal_nan: np.unique(ar, return_inverse=True, axis=axis, equal_nan=equal_nan)[
+        1
+    ],
+)
 
 
 def _unique_index(ar, axis, equal_nan, order="sorted"):
@@ -563,8 +664,16 @@ def _unique_index(ar, axis, equal_nan, order="sorted"):
 
 
 @implements(np.unique)
-def unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None, *,
-           equal_nan=True, sorted=True):
+def unique(
+    ar,
+    return_index=False,
+    return_inverse=False,
+    return_counts=False,
+    axis=None,
+    *,
+    equal_nan=True,
+    sorted=True,
+):
     """np.unique: the unique values are gathered from their first occurrences."""
     if axis is None:
         flat = np.ravel(ar)
@@ -583,8 +692,9 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     if return_inverse:
         out.append(inverse)
     if return_counts:
-        out.append(bind(_plain_bincount_p, (np.ravel(inverse), None),
-                        {"minlength": shape_of(index)[0]}))
+        out.append(
+            bind(_plain_bincount_p, (np.ravel(inverse), None), {"minlength": shape_of(index)[0]})
+        )
     return out[0] if len(out) == 1 else tuple(out)
 
 
@@ -604,6 +714,7 @@ def _unique_values_index_impl(x):
 
 
 if hasattr(np, "unique_values"):
+
     @implements(np.unique_values)
     def unique_values(x, /):
         """np.unique_values: NumPy's unique values (in its order), gathered from x."""
@@ -614,20 +725,22 @@ if hasattr(np, "unique_values"):
     def unique_counts(x, /):
         """np.unique_counts: the sorted unique values (differentiable) and their counts."""
         return np.lib._arraysetops_impl.UniqueCountsResult(
-            *unique(x, return_counts=True, equal_nan=False))
+            *unique(x, return_counts=True, equal_nan=False)
+        )
 
     @implements(np.unique_inverse)
     def unique_inverse(x, /):
         """np.unique_inverse: the sorted unique values (differentiable) and the inverse."""
         return np.lib._arraysetops_impl.UniqueInverseResult(
-            *unique(x, return_inverse=True, equal_nan=False))
+            *unique(x, return_inverse=True, equal_nan=False)
+        )
 
     @implements(np.unique_all)
     def unique_all(x, /):
         """np.unique_all: values (differentiable), first indices, inverse and counts."""
         return np.lib._arraysetops_impl.UniqueAllResult(
-            *unique(x, return_index=True, return_inverse=True, return_counts=True,
-                    equal_nan=False))
+            *unique(x, return_index=True, return_inverse=True, return_counts=True, equal_nan=False)
+        )
 
 
 for _f in (np.digitize, np.argpartition):

@@ -35,17 +35,37 @@ _PIECEWISE_CONSTANT = "piecewise constant: its derivative is zero wherever it ex
 _BOOLEAN = "a boolean result"
 _INTEGER = "defined on integers only"
 NONDIFFERENTIABLE = {
-    "floor": _PIECEWISE_CONSTANT, "ceil": _PIECEWISE_CONSTANT, "trunc": _PIECEWISE_CONSTANT,
-    "rint": _PIECEWISE_CONSTANT, "sign": _PIECEWISE_CONSTANT,
-    "floor_divide": _PIECEWISE_CONSTANT, "spacing": _PIECEWISE_CONSTANT,
-    "signbit": _BOOLEAN, "greater": _BOOLEAN, "greater_equal": _BOOLEAN, "less": _BOOLEAN,
-    "less_equal": _BOOLEAN, "equal": _BOOLEAN, "not_equal": _BOOLEAN, "logical_and": _BOOLEAN,
-    "logical_or": _BOOLEAN, "logical_xor": _BOOLEAN, "logical_not": _BOOLEAN,
-    "isnan": _BOOLEAN, "isinf": _BOOLEAN, "isfinite": _BOOLEAN,
+    "floor": _PIECEWISE_CONSTANT,
+    "ceil": _PIECEWISE_CONSTANT,
+    "trunc": _PIECEWISE_CONSTANT,
+    "rint": _PIECEWISE_CONSTANT,
+    "sign": _PIECEWISE_CONSTANT,
+    "floor_divide": _PIECEWISE_CONSTANT,
+    "spacing": _PIECEWISE_CONSTANT,
+    "signbit": _BOOLEAN,
+    "greater": _BOOLEAN,
+    "greater_equal": _BOOLEAN,
+    "less": _BOOLEAN,
+    "less_equal": _BOOLEAN,
+    "equal": _BOOLEAN,
+    "not_equal": _BOOLEAN,
+    "logical_and": _BOOLEAN,
+    "logical_or": _BOOLEAN,
+    "logical_xor": _BOOLEAN,
+    "logical_not": _BOOLEAN,
+    "isnan": _BOOLEAN,
+    "isinf": _BOOLEAN,
+    "isfinite": _BOOLEAN,
     "isnat": "a boolean result (datetimes only)",
-    "bitwise_and": _INTEGER, "bitwise_or": _INTEGER, "bitwise_xor": _INTEGER,
-    "invert": _INTEGER, "left_shift": _INTEGER, "right_shift": _INTEGER, "gcd": _INTEGER,
-    "lcm": _INTEGER, "bitwise_count": _INTEGER,
+    "bitwise_and": _INTEGER,
+    "bitwise_or": _INTEGER,
+    "bitwise_xor": _INTEGER,
+    "invert": _INTEGER,
+    "left_shift": _INTEGER,
+    "right_shift": _INTEGER,
+    "gcd": _INTEGER,
+    "lcm": _INTEGER,
+    "bitwise_count": _INTEGER,
 }
 
 
@@ -64,8 +84,10 @@ def _numpy_checks(ufunc, method, a, *args, **kwargs):
 
 def _no_out(out, ufunc, method):
     if out is not None and not (isinstance(out, tuple) and all(o is None for o in out)):
-        raise GradtapeError(f"np.{ufunc.__name__}.{method}(..., out=...) writes into an array in "
-                            "place, which cannot be traced; assign the result instead.")
+        raise GradtapeError(
+            f"np.{ufunc.__name__}.{method}(..., out=...) writes into an array in "
+            "place, which cannot be traced; assign the result instead."
+        )
 
 
 def _array(x):
@@ -90,7 +112,7 @@ def _lanes(a, axes):
     order = keep + list(axes)
     if order != list(range(nd)):
         a = np.transpose(a, order)
-    kept = tuple(shape_of(a)[:len(keep)])
+    kept = tuple(shape_of(a)[: len(keep)])
     merged = int(np.prod([shape_of(a)[i] for i in range(len(keep), nd)], dtype=np.int64))
     return np.reshape(a, kept + (merged,)), kept
 
@@ -111,8 +133,11 @@ def _fold(ufunc, a, axis, keepdims, initial, where):
         step = x if r is None else ufunc(r, x)
         r = step if mask is None or r is None else np.where(mask[..., k], step, r)
     if r is None:  # an empty reduction: the identity (NumPy raised already if there is none)
-        dt = np.result_type(dtype_of(a), dtype_of(a)) if initial is None else np.result_type(
-            dtype_of(a), initial)
+        dt = (
+            np.result_type(dtype_of(a), dtype_of(a))
+            if initial is None
+            else np.result_type(dtype_of(a), initial)
+        )
         r = np.full(kept, ufunc.identity, dt)
     elif initial is not None and n == 0:
         r = _astype(r, np.result_type(dtype_of(a), dtype_of(r)))
@@ -140,7 +165,8 @@ def _refuse_broken(ufunc, method):
             f"fold np.{ufunc.__name__}.accumulate computes (it combines the first and the last "
             "element only), so gradtape refuses it rather than differentiate either number. "
             f"Write np.{ufunc.__name__}.accumulate(x, axis=...) and take its last element, or "
-            "a loop.")
+            "a loop."
+        )
 
 
 def _reduce(ufunc):
@@ -204,8 +230,10 @@ def _reduceat(ufunc):
         n = shape_of(a)[axis]
         idx = [int(i) for i in np.asarray(indices).ravel()]
         if any(not 0 <= i < n for i in idx):
-            raise IndexError(f"index {next(i for i in idx if not 0 <= i < n)} out-of-bounds "
-                             f"in {ufunc.__name__}.reduceat [0, {n})")
+            raise IndexError(
+                f"index {next(i for i in idx if not 0 <= i < n)} out-of-bounds "
+                f"in {ufunc.__name__}.reduceat [0, {n})"
+            )
         pre = (slice(None),) * axis
         parts = []
         for k, i in enumerate(idx):
@@ -226,7 +254,8 @@ def _at(ufunc):
             raise GradtapeError(
                 f"np.{ufunc.__name__}.at writes traced values into a plain ndarray, which would "
                 "cut the gradient. Start from a traced array instead: acc = np.zeros_like(x) "
-                f"(x traced), then np.{ufunc.__name__}.at(acc, idx, values).")
+                f"(x traced), then np.{ufunc.__name__}.at(acc, idx, values)."
+            )
         shape = shape_of(a)
         idx = normalize_index(indices)
         positions = np.arange(int(np.prod(shape))).reshape(shape)[idx]
@@ -258,9 +287,12 @@ def _at(ufunc):
 
 def _numpy_refuses(ufunc, method):
     """Unary ufuncs have no reduce, gufuncs no methods: raise NumPy's own error."""
+
     def refuse(*args, **kwargs):
-        dummy = [np.zeros((1,) * max(ndim_of(x), 1), dtype_of(x)) if hasattr(x, "_var") else x
-                 for x in args]
+        dummy = [
+            np.zeros((1,) * max(ndim_of(x), 1), dtype_of(x)) if hasattr(x, "_var") else x
+            for x in args
+        ]
         getattr(ufunc, method)(*dummy, **kwargs)
         raise GradtapeError(f"np.{ufunc.__name__}.{method} cannot be traced.")
 
@@ -287,16 +319,19 @@ def _logaddexp_reduce_jvp(ts, ans, x, axes, keepdims, base2):
 logaddexp_reduce_p = Primitive(
     "logaddexp_reduce",
     lambda x, axes, keepdims, base2: (np.logaddexp2 if base2 else np.logaddexp).reduce(
-        x, axis=axes, keepdims=keepdims),
-    vjps=(_logaddexp_reduce_vjp,), jvp=_logaddexp_reduce_jvp,
+        x, axis=axes, keepdims=keepdims
+    ),
+    vjps=(_logaddexp_reduce_vjp,),
+    jvp=_logaddexp_reduce_jvp,
 )
 
 
 def _logaddexp_reduce(base2):
     def special(a, axis, keepdims):
         axes = normalize_axis(axis, ndim_of(a))
-        return bind(logaddexp_reduce_p, (a,), {"axes": axes, "keepdims": bool(keepdims),
-                                              "base2": base2})
+        return bind(
+            logaddexp_reduce_p, (a,), {"axes": axes, "keepdims": bool(keepdims), "base2": base2}
+        )
 
     return special
 
@@ -305,8 +340,7 @@ def _running_source(ans, x, axis):
     """For each output of a running maximum/minimum, the index of the element it comes from."""
     n = shape_of(x)[axis]
     pre = (slice(None),) * axis
-    previous = np.concatenate([ans[pre + (slice(0, 1),)], ans[pre + (slice(None, -1),)]],
-                              axis=axis)
+    previous = np.concatenate([ans[pre + (slice(0, 1),)], ans[pre + (slice(None, -1),)]], axis=axis)
     changed = (ans != previous) & ~(np.isnan(ans) & np.isnan(previous))
     first = np.zeros(n, bool)
     first[0] = True
@@ -317,8 +351,9 @@ def _running_source(ans, x, axis):
 
 def _running_vjp(g, ans, x, ufunc_name, axis):
     source = _running_source(ans, x, axis)
-    return SparseCotangent(shape_of(x), dtype_of(x),
-                           _along_axis_index(shape_of(x), source, axis), g, False)
+    return SparseCotangent(
+        shape_of(x), dtype_of(x), _along_axis_index(shape_of(x), source, axis), g, False
+    )
 
 
 running_extreme_p = Primitive(
@@ -326,7 +361,8 @@ running_extreme_p = Primitive(
     lambda x, ufunc_name, axis: getattr(np, ufunc_name).accumulate(x, axis=axis),
     vjps=(_running_vjp,),
     jvp=lambda ts, ans, x, ufunc_name, axis: np.take_along_axis(
-        ts[0], _running_source(ans, x, axis), axis=axis),
+        ts[0], _running_source(ans, x, axis), axis=axis
+    ),
 )
 
 
@@ -345,8 +381,9 @@ _SPECIAL_ACCUMULATE = {uf: _running(uf) for uf in (np.maximum, np.minimum, np.fm
 
 def register_all() -> None:
     """Register the methods of every NumPy ufunc that has a rule and no method route yet."""
-    for ufunc in sorted({uf for uf in UFUNCS if isinstance(uf, np.ufunc)},
-                        key=lambda uf: uf.__name__):
+    for ufunc in sorted(
+        {uf for uf in UFUNCS if isinstance(uf, np.ufunc)}, key=lambda uf: uf.__name__
+    ):
         if getattr(np, ufunc.__name__, None) is not ufunc:
             continue  # scipy.special's: their methods stay unrouted (a clear error)
         binary = ufunc.nin == 2 and ufunc.nout == 1 and ufunc.signature is None
@@ -355,7 +392,8 @@ def register_all() -> None:
             "reduce": _reduce(ufunc) if binary else _numpy_refuses(ufunc, "reduce"),
             "accumulate": _accumulate(ufunc) if binary else _numpy_refuses(ufunc, "accumulate"),
             "reduceat": _reduceat(ufunc) if binary else _numpy_refuses(ufunc, "reduceat"),
-            "at": _at(ufunc) if ufunc.signature is None and ufunc.nout == 1
+            "at": _at(ufunc)
+            if ufunc.signature is None and ufunc.nout == 1
             else _numpy_refuses(ufunc, "at"),
         }
         for method, impl in methods.items():

@@ -33,8 +33,7 @@ _MAX_BATCH_ELEMENTS = 1 << 22
 
 
 # --- the forward interpreter ------------------------------------------------------------------
-def forward(tape: Tape, tangents: dict, keep: set | None = None,
-            batch: int | None = None) -> dict:
+def forward(tape: Tape, tangents: dict, keep: set | None = None, batch: int | None = None) -> dict:
     """Push tangents of input vars (var id -> tangent) through `tape`; returns var id -> tangent.
 
     A var with no tangent has a zero one, and an instruction with no input tangent is
@@ -86,32 +85,43 @@ def _apply_jvp(ins: Instruction, ts: list, batch: int | None):
             raise GradtapeError(
                 f"gradtape has no forward-mode (JVP) rule for {prim.name}. Use reverse mode "
                 "(grad, vjp, jacrev) for this function, or give it a rule with "
-                "gradtape.custom_jvp.")
+                "gradtape.custom_jvp."
+            )
         rule = _linear_jvp(prim)
     if batch is None or prim.jvp_batched:
         return rule(ts, ins.out, *ins.args, **ins.params)
     # a rule that takes one direction: the batch goes through it row by row (same tape)
-    cols = [rule([None if t is None else t[b] for t in ts], ins.out, *ins.args, **ins.params)
-            for b in range(batch)]
+    cols = [
+        rule([None if t is None else t[b] for t in ts], ins.out, *ins.args, **ins.params)
+        for b in range(batch)
+    ]
     if prim.multiple_results:
-        return tuple(_stack_rows([None if c is None else c[i] for c in cols], v)
-                     for i, v in enumerate(ins.outvars))
+        return tuple(
+            _stack_rows([None if c is None else c[i] for c in cols], v)
+            for i, v in enumerate(ins.outvars)
+        )
     return _stack_rows(cols, ins.outvars[0])
 
 
 def _stack_rows(rows: list, var: Var):
     if all(r is None for r in rows):
         return None
-    return np.stack([np.zeros(var.shape, var.dtype) if r is None else np.broadcast_to(r, var.shape)
-                     for r in rows])
+    return np.stack(
+        [
+            np.zeros(var.shape, var.dtype) if r is None else np.broadcast_to(r, var.shape)
+            for r in rows
+        ]
+    )
 
 
 def _linear_jvp(prim):
     """A linear primitive's JVP: the primitive itself applied to the tangents."""
 
     def jvp(ts, ans, *args, **params):
-        return prim(*(np.zeros(shape_of(a), dtype_of(ans)) if t is None else t
-                      for t, a in zip(ts, args)), **params)
+        return prim(
+            *(np.zeros(shape_of(a), dtype_of(ans)) if t is None else t for t, a in zip(ts, args)),
+            **params,
+        )
 
     return jvp
 
@@ -128,7 +138,8 @@ def _store(tangents: dict, var: Var, t, batch: int | None, ins: Instruction) -> 
             raise GradtapeError(
                 f"the JVP rule of {ins.prim.name} returned a tangent of shape {shape_of(t)}, "
                 f"but its output has shape {var.shape}"
-                + (f" (with the batch axis: {expected})" if batch is not None else "") + "."
+                + (f" (with the batch axis: {expected})" if batch is not None else "")
+                + "."
             ) from None
     if dtype_of(t) != var.dtype and var.dtype.kind in "fc":
         t = cast_to(t, var.dtype)
@@ -142,37 +153,49 @@ def _check_tangent(t, primal, where: str):
     if type(t) in (int, float) or (type(t) is complex and pdtype.kind == "c"):
         t = np.asarray(t, dtype=pdtype)  # a Python number takes the primal's dtype
     elif not (type(t) is Tracer or isinstance(t, (np.ndarray, np.generic))):
-        raise GradtapeError(f"{where} is a {type(t).__name__}; a tangent must be an array shaped "
-                            "like its primal.")
+        raise GradtapeError(
+            f"{where} is a {type(t).__name__}; a tangent must be an array shaped like its primal."
+        )
     if shape_of(t) != pshape:
-        raise GradtapeError(f"{where} has shape {shape_of(t)}, but its primal has shape "
-                            f"{pshape}.")
+        raise GradtapeError(f"{where} has shape {shape_of(t)}, but its primal has shape {pshape}.")
     if dtype_of(t) != pdtype:
-        raise GradtapeError(f"{where} has dtype {dtype_of(t)}, but its primal has dtype "
-                            f"{pdtype}: pass a tangent of the primal's dtype.")
+        raise GradtapeError(
+            f"{where} has dtype {dtype_of(t)}, but its primal has dtype "
+            f"{pdtype}: pass a tangent of the primal's dtype."
+        )
     return t
 
 
 def _tangent_leaves(primals: Sequence, tangents: Sequence, who: str) -> list:
     """One list of checked tangent leaves per primal argument."""
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
-        raise GradtapeError(f"{who} takes primals and tangents as tuples (or lists) of "
-                            f"arguments: {who}(f, (x,), (t,)), not "
-                            f"{type(primals).__name__} and {type(tangents).__name__}.")
+        raise GradtapeError(
+            f"{who} takes primals and tangents as tuples (or lists) of "
+            f"arguments: {who}(f, (x,), (t,)), not "
+            f"{type(primals).__name__} and {type(tangents).__name__}."
+        )
     if len(primals) != len(tangents):
-        raise GradtapeError(f"{who}: {len(primals)} primals but {len(tangents)} tangents; pass "
-                            "one tangent per primal.")
+        raise GradtapeError(
+            f"{who}: {len(primals)} primals but {len(tangents)} tangents; pass "
+            "one tangent per primal."
+        )
     out = []
     for a, (p, t) in enumerate(zip(primals, tangents)):
         p_leaves, p_td = tree_flatten(p)
         t_leaves, t_td = tree_flatten(t)
         if p_td != t_td:
-            raise GradtapeError(f"{who}: tangent {a} has structure {t_td}, but primal {a} has "
-                                f"structure {p_td}.")
+            raise GradtapeError(
+                f"{who}: tangent {a} has structure {t_td}, but primal {a} has structure {p_td}."
+            )
         p_leaves = [_check_differentiable(x, f"primal {a}") for x in p_leaves]
-        out.append([_check_tangent(tl, pl, f"{who}: tangent {a}" + (
-            f" (leaf {i})" if len(p_leaves) > 1 else ""))
-            for i, (pl, tl) in enumerate(zip(p_leaves, t_leaves))])
+        out.append(
+            [
+                _check_tangent(
+                    tl, pl, f"{who}: tangent {a}" + (f" (leaf {i})" if len(p_leaves) > 1 else "")
+                )
+                for i, (pl, tl) in enumerate(zip(p_leaves, t_leaves))
+            ]
+        )
     return out
 
 
@@ -182,18 +205,24 @@ def _output_vars(leaves: list, level: Level, who: str, need_float: bool) -> list
     for i, x in enumerate(leaves):
         if type(x) is Tracer:
             if need_float and x.dtype.kind not in "fc":
-                raise GradtapeError(f"{who}: output leaf {i} has dtype {x.dtype}, which has no "
-                                    "derivative; return float arrays.")
+                raise GradtapeError(
+                    f"{who}: output leaf {i} has dtype {x.dtype}, which has no "
+                    "derivative; return float arrays."
+                )
             out.append(x._var if x._level is level else None)
             continue
         if isinstance(x, bool) or not isinstance(x, (np.ndarray, np.generic, int, float, complex)):
-            raise GradtapeError(f"{who}: the function returned a {type(x).__name__}"
-                                + (f" (output leaf {i})" if len(leaves) > 1 else "")
-                                + ", which is not an array: return an array or a float, or a "
-                                "tuple, list or dict of them.")
+            raise GradtapeError(
+                f"{who}: the function returned a {type(x).__name__}"
+                + (f" (output leaf {i})" if len(leaves) > 1 else "")
+                + ", which is not an array: return an array or a float, or a "
+                "tuple, list or dict of them."
+            )
         if need_float and np.result_type(x).kind not in "fc":
-            raise GradtapeError(f"{who}: output leaf {i} has dtype {np.result_type(x)}, which "
-                                "has no derivative; return float arrays.")
+            raise GradtapeError(
+                f"{who}: output leaf {i} has dtype {np.result_type(x)}, which "
+                "has no derivative; return float arrays."
+            )
         out.append(None)
     return out
 
@@ -212,8 +241,9 @@ def _owned(t):
 
 def _split_aux(out, who: str):
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise GradtapeError(f"{who} with has_aux=True needs the function to return a pair "
-                            "(output, aux).")
+        raise GradtapeError(
+            f"{who} with has_aux=True needs the function to return a pair (output, aux)."
+        )
     return out
 
 
@@ -239,8 +269,10 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fals
     out_leaves, out_td = tree_flatten(out)
     outvars = _output_vars(out_leaves, level, "jvp", need_float=False)
     res = forward(level.tape, seeds, keep={v.id for v in outvars if v is not None})
-    t_out = [_zeros_like_output(x) if v is None or v.id not in res else _owned(res[v.id])
-             for x, v in zip(out_leaves, outvars)]
+    t_out = [
+        _zeros_like_output(x) if v is None or v.id not in res else _owned(res[v.id])
+        for x, v in zip(out_leaves, outvars)
+    ]
     value = tree_unflatten(out_td, [_lower(x, level) for x in out_leaves])
     if has_aux:
         return value, tree_unflatten(out_td, t_out), tree_map(lambda x: _lower(x, level), aux)
@@ -272,8 +304,15 @@ class Recording:
         return [shape_of(x) for x in self.out_leaves]
 
 
-def record(f: Callable, args: tuple, kwargs: dict, argnums, has_aux: bool,
-           who: str, holomorphic: bool = False) -> Recording:
+def record(
+    f: Callable,
+    args: tuple,
+    kwargs: dict,
+    argnums,
+    has_aux: bool,
+    who: str,
+    holomorphic: bool = False,
+) -> Recording:
     """Record f once with the arguments in argnums traced (the tape every Jacobian reads)."""
     nums, single = _normalize_argnums(argnums, len(args))
     with new_level(LevelKind.DIFFERENTIATE) as level:
@@ -284,8 +323,9 @@ def record(f: Callable, args: tuple, kwargs: dict, argnums, has_aux: bool,
     out_leaves, out_td = tree_flatten(out)
     outvars = _output_vars(out_leaves, level, who, need_float=True)
     aux = tree_map(lambda x: _lower(x, level), aux) if has_aux else None
-    return Recording(level, in_trees, single, out_leaves, out_td, outvars, has_aux, aux, who,
-                     holomorphic)
+    return Recording(
+        level, in_trees, single, out_leaves, out_td, outvars, has_aux, aux, who, holomorphic
+    )
 
 
 def complex_inputs(rec: Recording) -> bool:
@@ -302,12 +342,16 @@ def check_holomorphic(rec: Recording) -> None:
     """holomorphic=True: complex inputs and outputs (JAX's rule), the derivative is f'(z)."""
     for v in rec.invars:
         if v.dtype.kind != "c":
-            raise GradtapeError(f"{rec.who} with holomorphic=True needs inputs with a complex "
-                                f"dtype, but got {v.dtype}: pass x.astype(complex).")
+            raise GradtapeError(
+                f"{rec.who} with holomorphic=True needs inputs with a complex "
+                f"dtype, but got {v.dtype}: pass x.astype(complex)."
+            )
     for x in rec.out_leaves:
         if dtype_of(x).kind != "c":
-            raise GradtapeError(f"{rec.who} with holomorphic=True needs outputs with a complex "
-                                f"dtype, but got {dtype_of(x)}.")
+            raise GradtapeError(
+                f"{rec.who} with holomorphic=True needs outputs with a complex "
+                f"dtype, but got {dtype_of(x)}."
+            )
 
 
 def _check_forward_dtypes(rec: Recording) -> None:
@@ -322,13 +366,15 @@ def _check_forward_dtypes(rec: Recording) -> None:
                 f"hessian needs real inputs (a float dtype), but got {v.dtype}. For a "
                 "holomorphic function, pass holomorphic=True. For a real function of complex "
                 "z, differentiate with respect to its real and imaginary parts: pass x and y "
-                "and form z = x + 1j * y inside.")
+                "and form z = x + 1j * y inside."
+            )
         if v.dtype.kind == "c":
             raise GradtapeError(
                 f"{rec.who} by forward mode needs real inputs (a float dtype), but got "
                 f"{v.dtype}. For a holomorphic function, pass holomorphic=True. Otherwise use "
                 "reverse mode (jacrev, or grad for a scalar) when the outputs are real, or "
-                "gradtape.jvp directly.")
+                "gradtape.jvp directly."
+            )
 
 
 def num_elements(shape: tuple) -> int:
@@ -365,8 +411,9 @@ def basis_rows(vars_: list, lo: int, hi: int) -> list:
 
 def chunk_size(tape: Tape, n: int) -> int:
     """How many directions to push at once so that no batched tangent gets too large."""
-    largest = max((num_elements(v.shape) for ins in tape.instructions for v in ins.outvars),
-                  default=1)
+    largest = max(
+        (num_elements(v.shape) for ins in tape.instructions for v in ins.outvars), default=1
+    )
     return max(1, min(n, _MAX_BATCH_ELEMENTS // max(largest, 1)))
 
 
@@ -382,15 +429,17 @@ def batched_sweep(tape: Tape, seed_vars: list, read: list, zero_like: list) -> l
     step = chunk_size(tape, n)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        seeds = {v.id: r for v, r in zip(seed_vars, basis_rows(seed_vars, lo, hi))
-                 if r is not None}
+        seeds = {v.id: r for v, r in zip(seed_vars, basis_rows(seed_vars, lo, hi)) if r is not None}
         res = forward(tape, seeds, keep=keep, batch=hi - lo)
         for part, v, like in zip(parts, read, zero_like):
             t = None if v is None else res.get(v.id)
             part.append(_zeros_like_output(like, (hi - lo,)) if t is None else t)
-    return [p[0] if len(p) == 1 else (np.concatenate(p, axis=0) if p else
-                                       _zeros_like_output(like, (0,)))
-            for p, like in zip(parts, zero_like)]
+    return [
+        p[0]
+        if len(p) == 1
+        else (np.concatenate(p, axis=0) if p else _zeros_like_output(like, (0,)))
+        for p, like in zip(parts, zero_like)
+    ]
 
 
 def jacobian_by_columns(rec: Recording) -> list:
@@ -416,15 +465,16 @@ def assemble(rec: Recording, blocks: list):
     for row in blocks:
         per_arg, j = [], 0
         for td, invars, _ in rec.in_trees:
-            per_arg.append(tree_unflatten(td, [_owned(b) for b in row[j:j + len(invars)]]))
+            per_arg.append(tree_unflatten(td, [_owned(b) for b in row[j : j + len(invars)]]))
             j += len(invars)
         leaves.append(per_arg[0] if rec.single else tuple(per_arg))
     jac = tree_unflatten(rec.out_td, leaves)
     return (jac, rec.aux) if rec.has_aux else jac
 
 
-def jacfwd(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
-           holomorphic: bool = False) -> Callable:
+def jacfwd(
+    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+) -> Callable:
     """The Jacobian by forward mode: f recorded once, all input directions pushed as a batch.
 
     Shapes and structure follow JAX: out.shape + in.shape per (output leaf, input leaf).
@@ -434,8 +484,9 @@ def jacfwd(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
     return jacobian_transform(f, argnums, has_aux, jacobian_by_columns, "jacfwd", holomorphic)
 
 
-def jacobian_transform(f: Callable, argnums, has_aux: bool, method: Callable,
-                       who: str, holomorphic: bool = False) -> Callable:
+def jacobian_transform(
+    f: Callable, argnums, has_aux: bool, method: Callable, who: str, holomorphic: bool = False
+) -> Callable:
     """A Jacobian transform: record f once, compute the blocks with `method(recording)`."""
 
     @functools.wraps(f)

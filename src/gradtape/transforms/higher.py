@@ -40,8 +40,9 @@ def _uses_user_vjp(tape: Tape) -> bool:
     (custom_jvp's reverse rule is gradtape's transpose of the user's rule, which only ever
     sees traced tangents: it takes a batch of cotangents like any rule.)
     """
-    return any(ins.prim.user_rule and ins.prim.name.startswith("custom_vjp[")
-               for ins in tape.instructions)
+    return any(
+        ins.prim.user_rule and ins.prim.name.startswith("custom_vjp[") for ins in tape.instructions
+    )
 
 
 def _generic_seed(var: Var) -> np.ndarray:
@@ -68,7 +69,8 @@ def _check_reverse_dtypes(rec: Recording) -> None:
             raise GradtapeError(
                 f"{rec.who} by reverse mode needs real-valued outputs (a float dtype), but got "
                 f"{dt}. For a holomorphic function, pass holomorphic=True. Otherwise use "
-                "forward mode (jacfwd) when the inputs are real, or gradtape.vjp directly.")
+                "forward mode (jacfwd) when the inputs are real, or gradtape.vjp directly."
+            )
         check_output_dtype(dt, rec.who, False)
 
 
@@ -76,8 +78,7 @@ def jacobian_by_rows(rec: Recording) -> list:
     """blocks[i][j] = d out_i / d in_j, shape out_i.shape + in_j.shape, by reverse mode."""
     _check_reverse_dtypes(rec)
     invars = rec.invars
-    out_like = [Var(-1, tuple(s), _output_dtype(x)) for s, x in zip(rec.out_shapes,
-                                                                      rec.out_leaves)]
+    out_like = [Var(-1, tuple(s), _output_dtype(x)) for s, x in zip(rec.out_shapes, rec.out_leaves)]
     if sum(num_elements(v.shape) for v in out_like) == 1 or _uses_user_vjp(rec.level.tape):
         rows = _rows_one_by_one(rec, out_like)  # one backward pass per row
     else:
@@ -88,8 +89,10 @@ def jacobian_by_rows(rec: Recording) -> list:
         read = [c._var if type(c) is Tracer and c._level is level else None for c in in_cts]
         rows = batched_sweep(level.tape, [s._var for s in seeds], read, invars)
     offs = np.cumsum([0] + [num_elements(s) for s in rec.out_shapes])
-    return [[np.reshape(r[lo:hi], oshape + v.shape) for r, v in zip(rows, invars)]
-            for lo, hi, oshape in zip(offs[:-1], offs[1:], rec.out_shapes)]
+    return [
+        [np.reshape(r[lo:hi], oshape + v.shape) for r, v in zip(rows, invars)]
+        for lo, hi, oshape in zip(offs[:-1], offs[1:], rec.out_shapes)
+    ]
 
 
 def _output_dtype(x) -> np.dtype:
@@ -108,8 +111,10 @@ def _rows_one_by_one(rec: Recording, out_like: list) -> list:
         for row, v in zip(rows, rec.invars):
             ct = cts.get(v.id)
             row.append(np.zeros(v.shape, v.dtype) if ct is None else ct)
-    return [np.stack(row) if row else np.zeros((0,) + v.shape, v.dtype)
-            for row, v in zip(rows, rec.invars)]
+    return [
+        np.stack(row) if row else np.zeros((0,) + v.shape, v.dtype)
+        for row, v in zip(rows, rec.invars)
+    ]
 
 
 def _auto(rec: Recording) -> list:
@@ -125,8 +130,9 @@ def _auto(rec: Recording) -> list:
     return jacobian_by_columns(rec) if n <= m else jacobian_by_rows(rec)
 
 
-def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
-           holomorphic: bool = False) -> Callable:
+def jacrev(
+    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+) -> Callable:
     """The Jacobian by reverse mode: f and its backward pass recorded once, all output
     directions pushed as a batch. Best when the output is smaller than the input.
 
@@ -136,8 +142,13 @@ def jacrev(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
     return jacobian_transform(f, argnums, has_aux, jacobian_by_rows, "jacrev", holomorphic)
 
 
-def jacobian(f: Callable, argnums: int | Sequence[int] = 0, mode: str = "auto",
-             has_aux: bool = False, holomorphic: bool = False) -> Callable:
+def jacobian(
+    f: Callable,
+    argnums: int | Sequence[int] = 0,
+    mode: str = "auto",
+    has_aux: bool = False,
+    holomorphic: bool = False,
+) -> Callable:
     """The Jacobian of f; mode "forward", "reverse" or "auto" (by input and output sizes).
 
     Each block has shape out.shape + in.shape, laid out as JAX's jacfwd/jacrev do. Complex
@@ -165,22 +176,25 @@ def _scalar_checked(f: Callable, who: str, has_aux: bool = False) -> Callable:
             what = f"shape {shape}" if shape is not None else f"a {type(value).__name__}"
             raise GradtapeError(
                 f"{who} of {fname} needs a scalar output, but it returned {what}. Reduce it "
-                "to a scalar (np.sum), or use jacobian for the derivatives of every output.")
+                "to a scalar (np.sum), or use jacobian for the derivatives of every output."
+            )
         return out
 
     return checked
 
 
-def hessian(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
-            holomorphic: bool = False) -> Callable:
+def hessian(
+    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+) -> Callable:
     """The Hessian of a scalar function: forward over reverse (grad recorded once, then all
     input directions pushed through that tape as a batch). Layout as JAX's hessian.
 
     Inputs are real (intermediates may be complex), or, with holomorphic=True, f is a
     holomorphic function of complex inputs with a complex output, and the result is f''(z).
     """
-    g = grad(_scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux,
-             holomorphic=holomorphic)
+    g = grad(
+        _scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux, holomorphic=holomorphic
+    )
     return jacobian_transform(g, argnums, has_aux, jacobian_by_columns, "hessian", holomorphic)
 
 

@@ -41,8 +41,7 @@ class Linearized:
     def values(self) -> list:
         """The outputs as the caller sees them: the values one level below `level`."""
         level = self.level
-        return [o._value if type(o) is Tracer and o._level is level else o
-                for o in self.outputs]
+        return [o._value if type(o) is Tracer and o._level is level else o for o in self.outputs]
 
     def vjp(self, cotangents: Sequence) -> list:
         """The cotangent of each input given one cotangent per output (None: zero).
@@ -51,8 +50,9 @@ class Linearized:
         not reach a differentiated output).
         """
         level = self.level
-        outvars = [o._var if type(o) is Tracer and o._level is level else None
-                   for o in self.outputs]
+        outvars = [
+            o._var if type(o) is Tracer and o._level is level else None for o in self.outputs
+        ]
         if all(v is None for v in outvars):  # no output depends on a differentiated input
             return [None] * len(self.invars)
         got = backward(level.tape, outvars, cotangents)
@@ -65,15 +65,17 @@ class Linearized:
         tangent. Tangents of inputs that are not differentiated are ignored.
         """
         level = self.level
-        seeds = {v.id: t for v, t in zip(self.invars, tangents)
-                 if v is not None and t is not None}
+        seeds = {v.id: t for v, t in zip(self.invars, tangents) if v is not None and t is not None}
         got = forward(level.tape, seeds)
-        return [got.get(o._var.id) if type(o) is Tracer and o._level is level else None
-                for o in self.outputs]
+        return [
+            got.get(o._var.id) if type(o) is Tracer and o._level is level else None
+            for o in self.outputs
+        ]
 
 
-def linearize(fn: Callable, inputs: Sequence,
-              differentiate: Sequence[bool] | None = None) -> Linearized:
+def linearize(
+    fn: Callable, inputs: Sequence, differentiate: Sequence[bool] | None = None
+) -> Linearized:
     """Record `fn(*inputs)` on a new differentiating level.
 
     Args:
@@ -107,8 +109,9 @@ def _zero_cotangent(x) -> np.ndarray:
     return np.zeros(shape_of(x), dt if dt.kind in "fc" else np.float64)
 
 
-def record_step_vjp(tape: Tape, guards: dict, inputs: Sequence, caps: Sequence,
-                    cts: Sequence) -> Tape:
+def record_step_vjp(
+    tape: Tape, guards: dict, inputs: Sequence, caps: Sequence, cts: Sequence
+) -> Tape:
     """The VJP of one step of a loop body, recorded as a tape on a staging level.
 
     Args:
@@ -131,8 +134,11 @@ def record_step_vjp(tape: Tape, guards: dict, inputs: Sequence, caps: Sequence,
         s_cts = [stage.new_input(np.asarray(g)) for g in cts]
         n = len(s_in)
         step = linearize(lambda *a: eval_tape(tape, a[:n], a[n:], guards), s_in + s_caps)
-        results = [g if g is not None else _zero_cotangent(x)
-                   for g, x in zip(step.vjp(s_cts), s_in + s_caps)]
-    stage.tape.outputs = [o._var if type(o) is Tracer and o._level is stage else np.asarray(o)
-                          for o in results]
+        results = [
+            g if g is not None else _zero_cotangent(x)
+            for g, x in zip(step.vjp(s_cts), s_in + s_caps)
+        ]
+    stage.tape.outputs = [
+        o._var if type(o) is Tracer and o._level is stage else np.asarray(o) for o in results
+    ]
     return stage.tape

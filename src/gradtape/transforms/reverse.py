@@ -148,8 +148,10 @@ def _normalize_argnums(argnums, nargs: int) -> tuple[tuple, bool]:
     nums = (argnums,) if single else tuple(argnums)
     for a in nums:
         if not -nargs <= a < nargs:
-            raise GradtapeError(f"argnums={argnums!r} but the function was called with {nargs} "
-                                "positional arguments.")
+            raise GradtapeError(
+                f"argnums={argnums!r} but the function was called with {nargs} "
+                "positional arguments."
+            )
     return tuple(a % nargs for a in nums), single
 
 
@@ -187,8 +189,11 @@ def _fresh(g, like):
     """A gradient the caller owns: writable, with the argument's type for Python floats."""
     if isinstance(g, np.ndarray) and not g.flags.writeable:
         g = np.array(g)
-    if isinstance(like, (float, complex)) and not isinstance(like, np.ndarray) and isinstance(
-            g, (np.ndarray, np.generic)):
+    if (
+        isinstance(like, (float, complex))
+        and not isinstance(like, np.ndarray)
+        and isinstance(g, (np.ndarray, np.generic))
+    ):
         return np.float64(g) if g.dtype == np.float64 else g[()]
     return g
 
@@ -231,13 +236,15 @@ def check_output_dtype(dt: np.dtype, who: str, holomorphic: bool) -> None:
     has no gradient, only a vjp)."""
     if holomorphic:
         if dt.kind != "c":
-            raise GradtapeError(f"{who} with holomorphic=True needs outputs with a complex "
-                                f"dtype, but got {dt}.")
+            raise GradtapeError(
+                f"{who} with holomorphic=True needs outputs with a complex dtype, but got {dt}."
+            )
     elif dt.kind == "c":
         raise GradtapeError(
             f"{who} needs real-valued outputs (a float dtype), but got {dt}. For a holomorphic "
             f"function, pass holomorphic=True. Otherwise differentiate a real function of the "
-            "output (np.real(y), np.abs(y) ** 2), or use gradtape.vjp directly.")
+            "output (np.real(y), np.abs(y) ** 2), or use gradtape.vjp directly."
+        )
     elif dt.kind != "f":
         raise GradtapeError(f"{who} needs real-valued outputs (a float dtype), got dtype {dt}.")
 
@@ -250,12 +257,15 @@ def check_input_dtypes(in_trees, who: str, holomorphic: bool) -> None:
     for _, invars, _ in in_trees:
         for v in invars:
             if v.dtype.kind != "c":
-                raise GradtapeError(f"{who} with holomorphic=True needs inputs with a complex "
-                                    f"dtype, but got {v.dtype}: pass x.astype(complex).")
+                raise GradtapeError(
+                    f"{who} with holomorphic=True needs inputs with a complex "
+                    f"dtype, but got {v.dtype}: pass x.astype(complex)."
+                )
 
 
-def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
-                   has_aux: bool = False, holomorphic: bool = False) -> Callable:
+def value_and_grad(
+    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+) -> Callable:
     """`f(*args) -> (f(*args), gradient)`; the gradient has the structure of the argument(s).
 
     f returns a real scalar; the gradient with respect to a complex argument z follows JAX:
@@ -273,12 +283,14 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
             aux = None
             if has_aux:
                 if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                    raise GradtapeError("has_aux=True needs the function to return a pair "
-                                        "(scalar, aux).")
+                    raise GradtapeError(
+                        "has_aux=True needs the function to return a pair (scalar, aux)."
+                    )
                 out, aux = out
             outvar = _scalar_output(out, level, fname, holomorphic)
-        seed = np.ones(np.shape(out),
-                       dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out))
+        seed = np.ones(
+            np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out)
+        )
         cts = backward(level.tape, [outvar], [seed]) if outvar is not None else {}
         grads = _grads_for(in_trees, cts)
         value = _lower(out, level)
@@ -290,8 +302,9 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0,
     return value_and_grad_f
 
 
-def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
-         holomorphic: bool = False) -> Callable:
+def grad(
+    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+) -> Callable:
     """The gradient of a scalar function, with respect to argument(s) `argnums`.
 
     For complex arguments of a real function the gradient is JAX's, df/dx - i df/dy;
@@ -323,15 +336,20 @@ def vjp(f: Callable, *primals, has_aux: bool = False) -> tuple[Any, Callable]:
     def vjp_fn(cotangent):
         ct_leaves, ct_td = tree_flatten(cotangent)
         if ct_td != out_td:
-            raise GradtapeError(f"vjp: the cotangent has structure {ct_td}, but the output has "
-                                f"structure {out_td}.")
+            raise GradtapeError(
+                f"vjp: the cotangent has structure {ct_td}, but the output has structure {out_td}."
+            )
         for i, (c, o) in enumerate(zip(ct_leaves, out_leaves)):
             if np.shape(c) != np.shape(o):
-                raise GradtapeError(f"vjp: cotangent leaf {i} has shape {np.shape(c)}, but the "
-                                    f"output has shape {np.shape(o)}.")
+                raise GradtapeError(
+                    f"vjp: cotangent leaf {i} has shape {np.shape(c)}, but the "
+                    f"output has shape {np.shape(o)}."
+                )
             if dtype_of(c).kind == "c" and dtype_of(o).kind != "c":
-                raise GradtapeError(f"vjp: cotangent leaf {i} is complex, but the output is "
-                                    f"real ({dtype_of(o)}): pass a real cotangent.")
+                raise GradtapeError(
+                    f"vjp: cotangent leaf {i} is complex, but the output is "
+                    f"real ({dtype_of(o)}): pass a real cotangent."
+                )
         cts = backward(level.tape, outvars, ct_leaves)
         return tuple(_grads_for(in_trees, cts))
 

@@ -22,13 +22,24 @@ def trace_fn(f: Callable, *args, **kwargs) -> Tape:
         inputs = []
         for a in args:
             leaves, td = tree_flatten(a)
-            inputs.append((td, [level.new_input(np.asarray(x) if isinstance(
-                x, (int, float, complex)) else x) if hasattr(x, "dtype") or isinstance(
-                x, (int, float, complex)) else x for x in leaves]))
+            inputs.append(
+                (
+                    td,
+                    [
+                        level.new_input(
+                            np.asarray(x) if isinstance(x, (int, float, complex)) else x
+                        )
+                        if hasattr(x, "dtype") or isinstance(x, (int, float, complex))
+                        else x
+                        for x in leaves
+                    ],
+                )
+            )
 
         traced = [tree_unflatten(td, leaves) for td, leaves in inputs]
         out = f(*traced, **kwargs)
     leaves, _ = tree_flatten(out)
-    level.tape.outputs = [x._var if type(x) is trace.Tracer and x._level is level else x
-                          for x in leaves]
+    level.tape.outputs = [
+        x._var if type(x) is trace.Tracer and x._level is level else x for x in leaves
+    ]
     return level.tape

@@ -206,8 +206,9 @@ class _Compiler:
         self.idle = threading.Condition()
         self.busy = 0
         self.stopping = False
-        self.thread = threading.Thread(target=self._work, name="gradtape-numba-compiler",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._work, name="gradtape-numba-compiler", daemon=True
+        )
         self.thread.start()
         atexit.register(self._stop)
 
@@ -328,7 +329,8 @@ def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, 
         setattr(module, name, numba.njit(cache=use_cache, **_JIT_OPTIONS)(getattr(module, name)))
     for kernel in nk.kernels:
         dispatcher = numba.njit(cache=use_cache, parallel=nk.parallel, **_JIT_OPTIONS)(
-            getattr(module, kernel.name))
+            getattr(module, kernel.name)
+        )
         signature = tuple(_numba_type(a) for a in kernel.args)
         before = _cache_hits(dispatcher)
         dispatcher.compile(signature)
@@ -368,9 +370,11 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
                 nk.request()
 
     def slow(status, args, O):
-        if status != STATUS_LAYOUT or all(
-                type(a) is not np.ndarray or a.flags.c_contiguous for a in args) and (
-                O is None or all(o.flags.c_contiguous for o in O)):
+        if (
+            status != STATUS_LAYOUT
+            or all(type(a) is not np.ndarray or a.flags.c_contiguous for a in args)
+            and (O is None or all(o.flags.c_contiguous for o in O))
+        ):
             return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
         args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
         if O is None:
@@ -397,19 +401,24 @@ def _generated(program: Program, threads: int) -> codegen.Generated | None:
         warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
         return None
     if len(generated.plan.stages) > MAX_NATIVE_STAGES:
-        warn_once(f"numba backend: a program of {len(generated.plan.stages)} steps is too "
-                  "large to compile natively (Python loops are unrolled on the tape: "
-                  "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
-                  "backend")
+        warn_once(
+            f"numba backend: a program of {len(generated.plan.stages)} steps is too "
+            "large to compile natively (Python loops are unrolled on the tape: "
+            "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
+            "backend"
+        )
         return None
-    if not (generated.loops or any(s.kind in ("loop", "scalar", "op")
-                                   for s in generated.plan.stages)):
+    if not (
+        generated.loops or any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)
+    ):
         return None  # nothing native to do: the numpy backend's code is better
     for stage in generated.plan.stages:
         if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
             name = stage.members[0].prim.name
-            warn_once(f"numba backend: primitive {name!r} has no native translation; it "
-                      "runs through NumPy between the native kernels (exact, slower)")
+            warn_once(
+                f"numba backend: primitive {name!r} has no native translation; it "
+                "runs through NumPy between the native kernels (exact, slower)"
+            )
     return generated
 
 
@@ -463,17 +472,23 @@ class NumbaLowered:
         if nk.functions is not None:
             self._state.kernels = nk.functions
         else:
-            warn_once(f"numba backend: Numba could not compile a kernel ({nk.error}); "
-                      "that variant runs on the numpy backend")
+            warn_once(
+                f"numba backend: Numba could not compile a kernel ({nk.error}); "
+                "that variant runs on the numpy backend"
+            )
 
     def _build(self, source: str, extra: dict) -> Callable:
         """The wrapper's `run`, from its source and constants."""
         consts = dict(extra)
-        consts.update(state=self._state, empty=np.empty, array=np.array, asarray=np.asarray,
-                      ascontiguous=np.ascontiguousarray)
+        consts.update(
+            state=self._state,
+            empty=np.empty,
+            array=np.array,
+            asarray=np.asarray,
+            ascontiguous=np.ascontiguousarray,
+        )
         namespace: dict = {}
-        exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"),
-             namespace)
+        exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"), namespace)
         return namespace["_build"](consts)
 
     def use_threads(self, n: int) -> None:
@@ -484,15 +499,19 @@ class NumbaLowered:
         if generated.key == self.native.key:
             return
         if generated.wrapper != self.generated.wrapper:  # (not expected) keep the kernels
-            warn_once("numba backend: a variant's kernels for another thread count take other "
-                      "arguments; it keeps its thread count")
+            warn_once(
+                "numba backend: a variant's kernels for another thread count take other "
+                "arguments; it keeps its thread count"
+            )
             return
         nk = kernels_for(generated)
 
         def swap(nk: NativeKernels) -> None:
             if nk.functions is None:
-                warn_once(f"numba backend: Numba could not compile a kernel for {n} threads "
-                          f"({nk.error}); that variant keeps its kernels")
+                warn_once(
+                    f"numba backend: Numba could not compile a kernel for {n} threads "
+                    f"({nk.error}); that variant keeps its kernels"
+                )
                 return
             if self._threads_wanted != n:
                 return  # another count was set since
@@ -512,7 +531,7 @@ class NumbaLowered:
 
     @property
     def tier(self) -> str:
-        """"native" once the kernels run, else "numpy"."""
+        """ "native" once the kernels run, else "numpy"."""
         if self.native is None or getattr(self, "_state", None) is None:
             return "numpy"
         return "native" if self._state.kernels is not None else "numpy"
@@ -532,7 +551,8 @@ def _large_enough_for_threads(program: Program) -> bool:
     """Whether some value of `program` has enough elements for a loop in parallel chunks."""
     least = 2 * PARALLEL_MIN_CHUNK
     return any(math.prod(v.shape) >= least for v in program.inputs) or any(
-        math.prod(v.shape) >= least for ins in program.instructions for v in ins.outvars)
+        math.prod(v.shape) >= least for ins in program.instructions for v in ins.outvars
+    )
 
 
 def _rebind(run: Callable, kernels: tuple) -> None:

@@ -209,8 +209,12 @@ def entries(directory: Path) -> list[Entry]:
     return sorted(found.values(), key=lambda e: e.last_used)
 
 
-def prune(directory: Path, max_bytes: float | None = None, max_age_seconds: float | None = None,
-          keep: set[str] | frozenset = frozenset()) -> list[str]:
+def prune(
+    directory: Path,
+    max_bytes: float | None = None,
+    max_age_seconds: float | None = None,
+    keep: set[str] | frozenset = frozenset(),
+) -> list[str]:
     """Remove entries unused for `max_age_seconds`, then the least recently used ones until the
     rest take at most `max_bytes` (defaults: the environment, see gradtape.config); never
     the keys in `keep` nor entries used in the last minute. Returns the removed keys."""

@@ -32,8 +32,14 @@ from .matmul import blas_matmul, matrix_member
 from .scalar import BOOL, fusable
 from .wrapper import STATUS_LAYOUT, wrapper_text
 
-__all__ = ["GENERATOR_VERSION", "STATUS_LAYOUT", "Generated", "Generator", "arg_type_text",
-           "generate"]
+__all__ = [
+    "GENERATOR_VERSION",
+    "STATUS_LAYOUT",
+    "Generated",
+    "Generator",
+    "arg_type_text",
+    "generate",
+]
 
 GENERATOR_VERSION = "1"
 
@@ -102,9 +108,14 @@ class Generator:
 
     def read_by_loop(self, v: Var) -> bool:
         """Whether a loop reads `v` by flat index (matrix products index any layout)."""
-        return any(s.kind == LOOP and any(
-            not matrix_member(ins) and any(u.id == v.id for u in fusion.operands(ins))
-            for ins in s.members) for s in self.readers.get(v.id, ()))
+        return any(
+            s.kind == LOOP
+            and any(
+                not matrix_member(ins) and any(u.id == v.id for u in fusion.operands(ins))
+                for ins in s.members
+            )
+            for s in self.readers.get(v.id, ())
+        )
 
     def maybe_strided(self, v: Var, segment: int) -> bool:
         """Whether `v` may be a non-contiguous array in this segment (a view)."""
@@ -127,19 +138,25 @@ def generate(program: Program, threads: int = 1) -> Generated:
     gen = Generator(program, plan, threads)
     from .loops import NativeLoop, has_driver
 
-    gen.loops = {id(s.members[0]): NativeLoop(s.members[0].prim) for s in plan.stages
-                 if s.kind == PYTHON and has_driver(s.members[0].prim)}
+    gen.loops = {
+        id(s.members[0]): NativeLoop(s.members[0].prim)
+        for s in plan.stages
+        if s.kind == PYTHON and has_driver(s.members[0].prim)
+    }
     kernels = []
     for segment in range(plan.segments):
         if any(s.segment == segment for s in plan.stages if s.kind != PYTHON) or (
-                segment == 0 and not plan.stages):
+            segment == 0 and not plan.stages
+        ):
             kernels.append(KernelWriter(gen, segment).write())
-    module = _module_text(kernels, threads > 1 and any(
-        "prange(" in line for k in kernels for line in k.lines))
+    module = _module_text(
+        kernels, threads > 1 and any("prange(" in line for k in kernels for line in k.lines)
+    )
     key = hashlib.sha256(module.encode()).hexdigest()[:32]
     wrapper, wconsts = wrapper_text(gen, kernels, bound=False)
-    return Generated(module, key, kernels, wrapper, wconsts, gen.consts.arrays, plan, gen,
-                     gen.loops)
+    return Generated(
+        module, key, kernels, wrapper, wconsts, gen.consts.arrays, plan, gen, gen.loops
+    )
 
 
 def _runtime_digest() -> str:
@@ -176,12 +193,16 @@ def arg_type_text(arg: KernelArg) -> str:
 
 
 def _module_text(kernels: list[Kernel], parallel: bool) -> str:
-    parts = [_HEADER + ("from numba import prange\n\nPARALLEL = True\n" if parallel else
-                        "PARALLEL = False\n")]
+    parts = [
+        _HEADER
+        + ("from numba import prange\n\nPARALLEL = True\n" if parallel else "PARALLEL = False\n")
+    ]
     sigs = []
     for k in kernels:
-        sigs.append(f"    {k.name!r}: ({', '.join(repr(arg_type_text(a)) for a in k.args)}"
-                    f"{',' if len(k.args) == 1 else ''}),")
+        sigs.append(
+            f"    {k.name!r}: ({', '.join(repr(arg_type_text(a)) for a in k.args)}"
+            f"{',' if len(k.args) == 1 else ''}),"
+        )
     parts.append("SIGNATURES = {\n" + "\n".join(sigs) + "\n}\n")
     for k in kernels:
         parts.append(f"\ndef {k.name}({', '.join(a.name for a in k.args)}):")

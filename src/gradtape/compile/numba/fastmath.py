@@ -152,27 +152,58 @@ TANH_POLYNOMIAL_BELOW = 0.5625  # above it tanh(x) > 1/2: 1 - 2/(e**2x + 1) does
 _FORMATS = {
     64: _Format(
         np.float64,
-        exp_poly=_hex("0x1.1f1ad80d77cdcp-29", "0x1.af526a0582a4ep-26", "0x1.27e511b94ad3bp-22",
-                      "0x1.71de0004c3f0cp-19", "0x1.a01a018f6a7dep-16", "0x1.a01a01ac984e1p-13",
-                      "0x1.6c16c16c1a4cbp-10", "0x1.111111110ff98p-7", "0x1.555555555554ep-5",
-                      "0x1.5555555555557p-3", "0x1p-1"),
-        log_poly=_hex("0x1.2ba1c7c45f428p-3", "0x1.39f8622e3162dp-3", "0x1.7462e338a59a3p-3",
-                      "0x1.c71c6240656fdp-3", "0x1.2492492e74197p-2", "0x1.9999999994e37p-2",
-                      "0x1.5555555555558p-1"),
-        tanh_poly=_hex("-0x1.50005558531a5p-16", "0x1.616ff0dd26219p-14", "-0x1.eaf4c18b23076p-13",
-                       "0x1.34ad364b9b56p-11", "-0x1.7d954648161a9p-10", "0x1.d6d30f9f49b17p-9",
-                       "-0x1.226e32217a455p-7", "0x1.664f48727d931p-6", "-0x1.ba1ba1b9f19fdp-5",
-                       "0x1.1111111110fbep-3", "-0x1.5555555555555p-2"),
+        exp_poly=_hex(
+            "0x1.1f1ad80d77cdcp-29",
+            "0x1.af526a0582a4ep-26",
+            "0x1.27e511b94ad3bp-22",
+            "0x1.71de0004c3f0cp-19",
+            "0x1.a01a018f6a7dep-16",
+            "0x1.a01a01ac984e1p-13",
+            "0x1.6c16c16c1a4cbp-10",
+            "0x1.111111110ff98p-7",
+            "0x1.555555555554ep-5",
+            "0x1.5555555555557p-3",
+            "0x1p-1",
+        ),
+        log_poly=_hex(
+            "0x1.2ba1c7c45f428p-3",
+            "0x1.39f8622e3162dp-3",
+            "0x1.7462e338a59a3p-3",
+            "0x1.c71c6240656fdp-3",
+            "0x1.2492492e74197p-2",
+            "0x1.9999999994e37p-2",
+            "0x1.5555555555558p-1",
+        ),
+        tanh_poly=_hex(
+            "-0x1.50005558531a5p-16",
+            "0x1.616ff0dd26219p-14",
+            "-0x1.eaf4c18b23076p-13",
+            "0x1.34ad364b9b56p-11",
+            "-0x1.7d954648161a9p-10",
+            "0x1.d6d30f9f49b17p-9",
+            "-0x1.226e32217a455p-7",
+            "0x1.664f48727d931p-6",
+            "-0x1.ba1ba1b9f19fdp-5",
+            "0x1.1111111110fbep-3",
+            "-0x1.5555555555555p-2",
+        ),
         ln2_hi=float.fromhex("0x1.62e42ffp-1"),
         ln2_lo=float.fromhex("-0x1.718432a1b0e26p-35"),
     ),
     32: _Format(
         np.float32,
-        exp_poly=_hex("0x1.a07488p-13", "0x1.6d48d4p-10", "0x1.11114ep-7", "0x1.5554e4p-5",
-                      "0x1.555556p-3", "0x1p-1"),
+        exp_poly=_hex(
+            "0x1.a07488p-13",
+            "0x1.6d48d4p-10",
+            "0x1.11114ep-7",
+            "0x1.5554e4p-5",
+            "0x1.555556p-3",
+            "0x1p-1",
+        ),
         log_poly=_hex("0x1.2f02cp-2", "0x1.997b8ap-2", "0x1.55555cp-1"),
-        tanh_poly=_hex("-0x1.ababa8p-8", "0x1.5c6166p-6", "-0x1.b99036p-5", "0x1.110fb4p-3",
-                       "-0x1.555554p-2"),
+        tanh_poly=_hex(
+            "-0x1.ababa8p-8", "0x1.5c6166p-6", "-0x1.b99036p-5", "0x1.110fb4p-3", "-0x1.555554p-2"
+        ),
         ln2_hi=float.fromhex("0x1.62e4p-1"),
         ln2_lo=float.fromhex("0x1.7f7d1cp-20"),
     ),
@@ -301,8 +332,9 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
     def log_plus(u, c):
         """log(u) + c for u > 0 finite, subnormals included (garbage elsewhere)."""
         subnormal = u < MIN_NORMAL
-        return log_normal_plus(u * SUBNORMAL_SCALE if subnormal else u, c,
-                               SUBNORMAL_SHIFT if subnormal else ZERO)
+        return log_normal_plus(
+            u * SUBNORMAL_SCALE if subnormal else u, c, SUBNORMAL_SHIFT if subnormal else ZERO
+        )
 
     @helper
     def log_special(u, value):
@@ -398,9 +430,17 @@ def _make_kernels(fmt: _Format) -> dict[str, Callable]:
         value = larger + softplus_of(-abs(x - y))
         return x + LN2_F if x == y else value  # equal infinities: x - y is nan
 
-    return {"exp": exp, "expm1": expm1, "log": log, "log1p": log1p, "tanh": tanh,
-            "expit": expit, "softplus": softplus, "log_expit": log_expit,
-            "logaddexp": logaddexp}
+    return {
+        "exp": exp,
+        "expm1": expm1,
+        "log": log,
+        "log1p": log1p,
+        "tanh": tanh,
+        "expit": expit,
+        "softplus": softplus,
+        "log_expit": log_expit,
+        "logaddexp": logaddexp,
+    }
 
 
 # --- the public generic functions --------------------------------------------------------------
@@ -466,9 +506,15 @@ def fast_logaddexp(x, y):
 
 #: name -> fast function (tests, benchmarks).
 FAST_FUNCTIONS: dict[str, Callable] = {
-    "exp": fast_exp, "expm1": fast_expm1, "log": fast_log, "log1p": fast_log1p,
-    "tanh": fast_tanh, "expit": fast_expit, "log_expit": fast_log_expit,
-    "softplus": fast_softplus, "logaddexp": fast_logaddexp,
+    "exp": fast_exp,
+    "expm1": fast_expm1,
+    "log": fast_log,
+    "log1p": fast_log1p,
+    "tanh": fast_tanh,
+    "expit": fast_expit,
+    "log_expit": fast_log_expit,
+    "softplus": fast_softplus,
+    "logaddexp": fast_logaddexp,
 }
 
 _KERNELS = {bits: _make_kernels(fmt) for bits, fmt in _FORMATS.items()}
@@ -490,6 +536,7 @@ def _register(name: str, function: Callable) -> None:
     Arguments already of that format get the kernel; others (integers, booleans, a float32
     next to a float64) get a wrapper converting them, so the kernel is not compiled again.
     """
+
     def implementation(*args):
         bits = _format_of(*args)
         if bits is None:
@@ -501,9 +548,11 @@ def _register(name: str, function: Callable) -> None:
         return lambda x, y: function(np.float64(x), np.float64(y))
 
     if function.__code__.co_argcount == 2:
+
         def select(x, y):
             return implementation(x, y)
     else:
+
         def select(x):
             return implementation(x)
 
@@ -520,11 +569,14 @@ def elementwise_loop(function: Callable, fastmath: bool | set[str] = False) -> C
     For tests and benchmarks: the fused loops of the numba backend are generated elsewhere.
     """
     if function.__code__.co_argcount == 2:
+
         def loop(out, x, y):
             for i in range(out.size):
                 out[i] = function(x[i], y[i])
     else:
+
         def loop(out, x):
             for i in range(out.size):
                 out[i] = function(x[i])
+
     return njit(fastmath=fastmath)(loop)

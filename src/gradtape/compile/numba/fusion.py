@@ -113,16 +113,22 @@ def vector_dot(ins: Instruction) -> bool:
     if ins.prim is not matmul_p or any(v is None for v in ins.invars):
         return False
     a, b = ins.invars
-    return (len(a.shape) == 1 and a.shape == b.shape and size_of(a.shape) > 1
-            and a.dtype == b.dtype and a.dtype.kind == "f")
+    return (
+        len(a.shape) == 1
+        and a.shape == b.shape
+        and size_of(a.shape) > 1
+        and a.dtype == b.dtype
+        and a.dtype.kind == "f"
+    )
 
 
 def _float_matmul(ins: Instruction) -> tuple | None:
     """The operand shapes of a matmul of two floating arrays of one dtype (traced or constant)."""
     if ins.prim is not matmul_p or len(ins.outvars) != 1:
         return None
-    dtypes = {v.dtype if v is not None else np.asarray(a).dtype
-              for v, a in zip(ins.invars, ins.args)}
+    dtypes = {
+        v.dtype if v is not None else np.asarray(a).dtype for v, a in zip(ins.invars, ins.args)
+    }
     if len(dtypes) != 1 or dtypes != {ins.outvars[0].dtype} or ins.outvars[0].dtype.kind != "f":
         return None
     if any(v is None and not isinstance(a, np.ndarray) for v, a in zip(ins.invars, ins.args)):
@@ -133,8 +139,7 @@ def _float_matmul(ins: Instruction) -> tuple | None:
 def row_product(ins: Instruction) -> bool:
     """matmul of a (N, k) matrix by a (k,) vector with N > 1: one dot product per loop element."""
     shapes = _float_matmul(ins)
-    return shapes is not None and len(shapes[0]) == 2 and len(shapes[1]) == 1 and (
-        shapes[0][0] > 1)
+    return shapes is not None and len(shapes[0]) == 2 and len(shapes[1]) == 1 and (shapes[0][0] > 1)
 
 
 def accumulated_vector(ins: Instruction) -> Var | None:
@@ -156,8 +161,11 @@ def operands(ins: Instruction) -> list[Var]:
 
 def operand_shapes(ins: Instruction) -> list[tuple]:
     """Shapes of the array operands: traced values and constant arrays of several elements."""
-    return [v.shape if v is not None else np.shape(a) for v, a in zip(ins.invars, ins.args)
-            if v is not None or np.size(a) > 1]
+    return [
+        v.shape if v is not None else np.shape(a)
+        for v, a in zip(ins.invars, ins.args)
+        if v is not None or np.size(a) > 1
+    ]
 
 
 def broadcasts_partially(shape: tuple, target: tuple) -> bool:
@@ -165,8 +173,11 @@ def broadcasts_partially(shape: tuple, target: tuple) -> bool:
     return shape != target and size_of(shape) != 1
 
 
-def plan(program: Program, fusable: Callable[[Instruction], bool],
-         lowerable: Callable[[Instruction], bool]) -> Plan:
+def plan(
+    program: Program,
+    fusable: Callable[[Instruction], bool],
+    lowerable: Callable[[Instruction], bool],
+) -> Plan:
     """Schedule a Program into loops, scalar statements, ops, python stages and checks.
 
     `fusable(ins)`: the backend has a scalar expression for this elementwise instruction;
@@ -179,14 +190,27 @@ def plan(program: Program, fusable: Callable[[Instruction], bool],
         if stage.kind == LOOP:
             stage.nested = any(
                 broadcasts_partially(shape, stage.shape)
-                for ins in stage.members if ins.prim is not matmul_p
-                for shape in operand_shapes(ins))
+                for ins in stage.members
+                if ins.prim is not matmul_p
+                for shape in operand_shapes(ins)
+            )
     nsegments = _number_segments(stages)
     last_use, stored, read_by_op, output_of = planner.reads()
-    storage, buffers = _assign_storage(program, stages, planner.defined_in, stored, last_use,
-                                       output_of, read_by_op)
-    return Plan(stages, planner.held, planner.defined_in, planner.reductions, stored, storage,
-                buffers, last_use, nsegments, output_of)
+    storage, buffers = _assign_storage(
+        program, stages, planner.defined_in, stored, last_use, output_of, read_by_op
+    )
+    return Plan(
+        stages,
+        planner.held,
+        planner.defined_in,
+        planner.reductions,
+        stored,
+        storage,
+        buffers,
+        last_use,
+        nsegments,
+        output_of,
+    )
 
 
 class _Planner:
@@ -219,14 +243,18 @@ class _Planner:
             return stage.index < loop.index
         return stage.index < loop.index or stage is loop
 
-    def join_loop(self, ins: Instruction, shape: tuple, reads: list[Var],
-                  before: tuple[Var, ...] = ()) -> Stage:
+    def join_loop(
+        self, ins: Instruction, shape: tuple, reads: list[Var], before: tuple[Var, ...] = ()
+    ) -> Stage:
         """The latest loop of `shape` that can read `reads` (and `before`, which must be
         computed before it), or a new one."""
         for stage in reversed(self.stages):
-            if stage.kind == LOOP and stage.shape == shape and all(
-                    self.usable_in(v, stage) for v in reads) and all(
-                    self.defined_in.get(v.id) is not stage for v in before):
+            if (
+                stage.kind == LOOP
+                and stage.shape == shape
+                and all(self.usable_in(v, stage) for v in reads)
+                and all(self.defined_in.get(v.id) is not stage for v in before)
+            ):
                 stage.members.append(ins)
                 return stage
         return self.new_stage(LOOP, ins, shape=shape)
@@ -246,8 +274,9 @@ class _Planner:
         # transpose, worth it for few rows when g is computed by a loop this product joins
         # (for many, a row product after that loop reads M's rows: 2000 x 2000, 2.3x faster)
         rows = ins.invars[0].shape[0] if ins.invars[0] is not None else np.shape(ins.args[0])[0]
-        return self.transposed(ins.invars[0]) or (self.held.get(g.id) == HELD_LOOP
-                                                  and rows <= MAX_COLUMN_STREAMS)
+        return self.transposed(ins.invars[0]) or (
+            self.held.get(g.id) == HELD_LOOP and rows <= MAX_COLUMN_STREAMS
+        )
 
     def place_checks(self, position: int) -> None:
         for k in self.checks_after.get(position, ()):
@@ -340,8 +369,15 @@ def _number_segments(stages: list[Stage]) -> int:
     return segment + 1
 
 
-def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, stored: set,
-                    last_use: dict, output_of: dict, read_by_op: set):
+def _assign_storage(
+    program: Program,
+    stages: list[Stage],
+    defined_in: dict,
+    stored: set,
+    last_use: dict,
+    output_of: dict,
+    read_by_op: set,
+):
     """Arrays for stored loop values: the result array, a dead one of the same type, or new.
 
     A storage holds values over intervals of stage indices. Two intervals may touch at a
@@ -365,8 +401,11 @@ def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, sto
         seg = defined_in[vid].segment
         # read from a later segment (handed over) or by an op (maybe through a view):
         # the array stays live to the end
-        if (vid in read_by_op or stop >= len(stages)
-                or any(s.segment != seg for s in stages if s.index == stop)):
+        if (
+            vid in read_by_op
+            or stop >= len(stages)
+            or any(s.segment != seg for s in stages if s.index == stop)
+        ):
             stop = len(stages) + 1
         return start, stop
 
@@ -396,15 +435,17 @@ def _assign_storage(program: Program, stages: list[Stage], defined_in: dict, sto
             v = var_of[vid]
             kinds[key] = (v.shape, v.dtype)
             segments_of[key] = defined_in[vid].segment
-    for vid in sorted((v for v in stored if v not in storage),
-                      key=lambda v: defined_in[v].index):
+    for vid in sorted((v for v in stored if v not in storage), key=lambda v: defined_in[v].index):
         v = var_of[vid]
         start, stop = interval(vid)
         seg = defined_in[vid].segment
         choice = None
         for key, occupied in spans.items():
-            if (kinds[key] == (v.shape, v.dtype) and segments_of[key] == seg
-                    and compatible(occupied, start, stop)):
+            if (
+                kinds[key] == (v.shape, v.dtype)
+                and segments_of[key] == seg
+                and compatible(occupied, start, stop)
+            ):
                 choice = key
                 break
         if choice is None:

@@ -90,6 +90,7 @@ def accepts_read(ins: Instruction) -> bool:
 def accepts_write(accumulate: bool):
     """setitem (accumulate False) or scatter_add: a basic index; a scatter-add also by one
     integer array into a 1-d array."""
+
     def accepts(ins: Instruction) -> bool:
         base = written_base(ins)
         if base is None:
@@ -99,29 +100,41 @@ def accepts_write(accumulate: bool):
             return False
         if basic_index(parts):
             return True
-        return (accumulate and len(base.shape) == 1 and len(parts) == 1
-                and one_int_array(parts) == 0)
+        return accumulate and len(base.shape) == 1 and len(parts) == 1 and one_int_array(parts) == 0
+
     return accepts
 
 
 def accepts_dynamic(n: int):
     """A dyn_* instruction whose indices follow its `n` leading arguments: basic indices once
     the slots are filled, 0-d integer values in them."""
+
     def accepts(ins: Instruction) -> bool:
         base, out = ins.invars[0], ins.outvars[0]
         if base is None and n == 2:
             base = written_base(ins)
-        if base is None or not base.shape or base.dtype not in SUPPORTED_DTYPES or (
-                out.dtype != base.dtype):
+        if (
+            base is None
+            or not base.shape
+            or base.dtype not in SUPPORTED_DTYPES
+            or (out.dtype != base.dtype)
+        ):
             return False
-        if n == 2 and (ins.invars[1].dtype if ins.invars[1] is not None else
-                       np.asarray(ins.args[1]).dtype) not in SUPPORTED_DTYPES:
+        if (
+            n == 2
+            and (
+                ins.invars[1].dtype if ins.invars[1] is not None else np.asarray(ins.args[1]).dtype
+            )
+            not in SUPPORTED_DTYPES
+        ):
             return False
         if any(v is None or v.shape != () or v.dtype.kind not in "iu" for v in ins.invars[n:]):
             return False
         parts = template_parts(ins, len(base.shape))
         return parts is not None and all(
-            isinstance(p, (int, slice)) or p is SLOT or p is None for p in parts)
+            isinstance(p, (int, slice)) or p is SLOT or p is None for p in parts
+        )
+
     return accepts
 
 
@@ -133,9 +146,11 @@ def index_text(w, parts: list) -> str:
         if i is None:
             out.append("None")
         elif isinstance(i, slice):
-            out.append(":".join("" if x is None else str(x) for x in (i.start, i.stop, i.step))
-                       if i.step is not None else
-                       ":".join("" if x is None else str(x) for x in (i.start, i.stop)))
+            out.append(
+                ":".join("" if x is None else str(x) for x in (i.start, i.stop, i.step))
+                if i.step is not None
+                else ":".join("" if x is None else str(x) for x in (i.start, i.stop))
+            )
         elif isinstance(i, np.ndarray):
             out.append(w.const_array(i))
         elif isinstance(i, str):  # a traced integer's expression (dynamic_parts)
@@ -177,6 +192,7 @@ def emit_dynamic_read(w, ins: Instruction, target: str, args: list[str]) -> list
 
 def emit_write(accumulate: bool, dynamic: bool):
     """setitem or scatter_add (`accumulate`), with a constant index or traced integers."""
+
     def emit(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
         if dynamic:
             pre, parts = dynamic_parts(w, ins, args[0], 2)
@@ -185,11 +201,13 @@ def emit_write(accumulate: bool, dynamic: bool):
             ndim = len(x.shape) if x is not None else np.ndim(ins.args[0])
             pre, parts = [], index_parts(ins.params["idx"], ndim)
         return pre + write_lines(w, ins, target, args, parts, accumulate)
+
     return emit
 
 
-def write_lines(w, ins: Instruction, target: str, args: list[str], parts: list,
-                accumulate: bool) -> list[str]:
+def write_lines(
+    w, ins: Instruction, target: str, args: list[str], parts: list, accumulate: bool
+) -> list[str]:
     """A copy of the base, then the written elements: loops over the view the index selects,
     or a scatter-add helper for an integer-array index."""
     out, v = ins.outvars[0], ins.invars[1]
@@ -200,28 +218,41 @@ def write_lines(w, ins: Instruction, target: str, args: list[str], parts: list,
     shape_parts = tuple(0 if isinstance(p, str) else p for p in parts)
     if not accumulate or basic_index(shape_parts):
         view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[shape_parts].shape
-        value_shape = None if (v is None and not np.ndim(ins.args[1])) or (
-            v is not None and v.shape == ()) else (
-            v.shape if v is not None else np.shape(ins.args[1]))
+        value_shape = (
+            None
+            if (v is None and not np.ndim(ins.args[1])) or (v is not None and v.shape == ())
+            else (v.shape if v is not None else np.shape(ins.args[1]))
+        )
         value_dtype = v.dtype if v is not None else np.asarray(ins.args[1]).dtype
         op = "+=" if accumulate else "="
         if view_shape == ():
-            lines.append(f"{target}[{index_text(w, parts)}] {op} "
-                         f"{element(value, value_shape, (), value_dtype, out.dtype)}")
+            lines.append(
+                f"{target}[{index_text(w, parts)}] {op} "
+                f"{element(value, value_shape, (), value_dtype, out.dtype)}"
+            )
             return lines
         view = f"u{out.id}"
         lines.append(f"{view} = {target}[{index_text(w, parts)}]")
-        lines.extend(assign_loops(w, view, view_shape, value, value_shape, value_dtype,
-                                  out.dtype, op))
+        lines.extend(
+            assign_loops(w, view, view_shape, value, value_shape, value_dtype, out.dtype, op)
+        )
     else:
-        helper = "scatter_add_1d" if v is not None and v.shape != () or (
-            v is None and np.ndim(ins.args[1])) else "scatter_add_1d_scalar"
+        helper = (
+            "scatter_add_1d"
+            if v is not None and v.shape != () or (v is None and np.ndim(ins.args[1]))
+            else "scatter_add_1d_scalar"
+        )
         lines.append(f"{helper}({target}, {w.const_array(parts[0])}, {value})")
     return lines
 
 
-def element(value: str, value_shape: tuple | None, index: tuple[str, ...],
-            value_dtype: np.dtype, dtype: np.dtype) -> str:
+def element(
+    value: str,
+    value_shape: tuple | None,
+    index: tuple[str, ...],
+    value_dtype: np.dtype,
+    dtype: np.dtype,
+) -> str:
     """Element `index` (of the target) of a value broadcast against it (None: a scalar)."""
     if value_shape is None:
         expr = value
@@ -232,8 +263,16 @@ def element(value: str, value_shape: tuple | None, index: tuple[str, ...],
     return expr if value_dtype == dtype else cast(expr, dtype)
 
 
-def assign_loops(w, target: str, shape: tuple, value: str, value_shape: tuple | None,
-                 value_dtype: np.dtype, dtype: np.dtype, op: str = "=") -> list[str]:
+def assign_loops(
+    w,
+    target: str,
+    shape: tuple,
+    value: str,
+    value_shape: tuple | None,
+    value_dtype: np.dtype,
+    dtype: np.dtype,
+    op: str = "=",
+) -> list[str]:
     """`target[...] op value` as explicit loops (Numba's broadcasting assignment builds
     error messages whose compilation costs seconds)."""
     idx = tuple(f"j{k}" for k in range(len(shape)))
@@ -241,6 +280,8 @@ def assign_loops(w, target: str, shape: tuple, value: str, value_shape: tuple | 
     for k, d in enumerate(shape):
         lines.append(f"{indent}for {idx[k]} in range({w.dim(d)}):")
         indent += "    "
-    lines.append(f"{indent}{target}[{', '.join(idx)}] {op} "
-                 f"{element(value, value_shape, idx, value_dtype, dtype)}")
+    lines.append(
+        f"{indent}{target}[{', '.join(idx)}] {op} "
+        f"{element(value, value_shape, idx, value_dtype, dtype)}"
+    )
     return lines

@@ -209,8 +209,9 @@ class KernelWriter:
 
     def result_tuple(self) -> str:
         """The returned tuple of a kernel that ran to the end."""
-        parts = [str(STATUS_OK)] + [self.scalar_ref(v) if v.shape == () else self.array_name(v)
-                                    for _, v in self.returns]
+        parts = [str(STATUS_OK)] + [
+            self.scalar_ref(v) if v.shape == () else self.array_name(v) for _, v in self.returns
+        ]
         return "(" + ", ".join(parts) + ",)"
 
     def status_tuple(self, status: int) -> str:
@@ -239,8 +240,9 @@ class KernelWriter:
             if held == HELD_SCALAR:
                 lines.append(f"{zeros_index(o, v.shape)} = s{vid}")
             else:
-                lines.extend(indexing.assign_loops(self, o, v.shape, f"a{vid}", v.shape, v.dtype,
-                                                   v.dtype))
+                lines.extend(
+                    indexing.assign_loops(self, o, v.shape, f"a{vid}", v.shape, v.dtype, v.dtype)
+                )
         return lines
 
     # --- elementwise statements ---
@@ -252,11 +254,18 @@ class KernelWriter:
         for k, (v, a) in enumerate(zip(ins.invars, ins.args)):
             want = in_dts[k] if k < len(in_dts) else None
             if v is None and np.size(a) == 1:
-                out.append(literal(np.asarray(a).reshape(-1)[0],
-                                   want if want is not None else np.asarray(a).dtype))
+                out.append(
+                    literal(
+                        np.asarray(a).reshape(-1)[0],
+                        want if want is not None else np.asarray(a).dtype,
+                    )
+                )
                 continue
-            expr, dtype = (access(v), v.dtype) if v is not None else (
-                const_access(np.asarray(a)), np.asarray(a).dtype)
+            expr, dtype = (
+                (access(v), v.dtype)
+                if v is not None
+                else (const_access(np.asarray(a)), np.asarray(a).dtype)
+            )
             out.append(expr if want is None or dtype == want else cast(expr, want))
         return out
 
@@ -283,8 +292,11 @@ class KernelWriter:
                 body.append(f"v{out.id} = {scalar_expression(ins, args, in_loop=True)}")
             if out.id in self.plan.stored:
                 kind, k = self.plan.storage[out.id]
-                target = self.add_arg(f"o{k}", out.dtype, len(out.shape), out.shape) \
-                    if kind == "out" else f"b{k}"
+                target = (
+                    self.add_arg(f"o{k}", out.dtype, len(out.shape), out.shape)
+                    if kind == "out"
+                    else f"b{k}"
+                )
                 stores.append(f"{reads.indexed(target, out.shape)} = v{out.id}")
         self.tmp += 1
         inner = reads.load_lines() + body + stores
@@ -298,8 +310,7 @@ class KernelWriter:
                 indent += "    "
             lines.extend(indent + s for s in inner)
         elif self.gen.threads > 1:
-            lines.extend(parallel_loop(self.tmp, self.gen.threads, reads.size, inner,
-                                       accumulators))
+            lines.extend(parallel_loop(self.tmp, self.gen.threads, reads.size, inner, accumulators))
         else:
             lines.append(f"for i in range({reads.size}):")
             lines.extend("    " + s for s in inner)
@@ -369,8 +380,11 @@ class KernelWriter:
         """`target = expr` after the lines `pre`; a strided result that a loop reads by flat
         index is made contiguous."""
         out = ins.outvars[0]
-        if out.shape != () and self.gen.read_by_loop(out) and self.gen.maybe_strided(
-                out, self.segment):
+        if (
+            out.shape != ()
+            and self.gen.read_by_loop(out)
+            and self.gen.maybe_strided(out, self.segment)
+        ):
             expr = f"np.ascontiguousarray({expr})"
         return list(pre) + [f"{target} = {expr}"]
 
@@ -452,8 +466,10 @@ class LoopReads:
                 name = view
             return f"{name}[i]"
         offset = len(self.shape) - len(vshape)
-        parts = ["0" if d == 1 and self.shape[offset + k] != 1 else self.index_names[offset + k]
-                 for k, d in enumerate(vshape)]
+        parts = [
+            "0" if d == 1 and self.shape[offset + k] != 1 else self.index_names[offset + k]
+            for k, d in enumerate(vshape)
+        ]
         return f"{name}[{', '.join(parts)}]"
 
     def load(self, text: str) -> str:

@@ -73,8 +73,9 @@ class LoopSpec:
             if a.dtype != dtype:
                 return None
             converted.append(a[()] if scalar else np.ascontiguousarray(a))
-        steps = (params.get("length", 0) if self.length_from is None else
-                 args[self.length_from].shape[0])
+        steps = (
+            params.get("length", 0) if self.length_from is None else args[self.length_from].shape[0]
+        )
         outs, driver_outs = [], []
         for o in self.outputs:
             shape = (-(-steps // o.every), *o.shape) if o.per_step else o.shape
@@ -82,8 +83,7 @@ class LoopSpec:
             outs.append(arr)
             driver_outs.append(arr if arr.ndim else arr.reshape(1))
         if self.grows:
-            status, trips, *stored = driver(*converted, _FIRST_CAPACITY, *driver_outs,
-                                            *self.consts)
+            status, trips, *stored = driver(*converted, _FIRST_CAPACITY, *driver_outs, *self.consts)
             return None if status else tuple(outs + [h[:trips] for h in stored])
         if driver(*converted, steps, *driver_outs, *self.consts) != 0:
             return None
@@ -151,12 +151,21 @@ class NativeLoop:
                 # the loop stays in Python rather than failing a call that works there
                 self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
-                    backend.warn_once(f"numba backend: a {self.prim.name} loop runs step "
-                                      f"by step through NumPy: {exc}")
+                    backend.warn_once(
+                        f"numba backend: a {self.prim.name} loop runs step "
+                        f"by step through NumPy: {exc}"
+                    )
                 return
             self.spec, self.state = spec, _BUILDING
-        generated = Generated(spec.module, hashlib.sha256(spec.module.encode()).hexdigest()[:32],
-                              [spec.driver], "", {}, [], None)
+        generated = Generated(
+            spec.module,
+            hashlib.sha256(spec.module.encode()).hexdigest()[:32],
+            [spec.driver],
+            "",
+            {},
+            [],
+            None,
+        )
         nk = backend.kernels_for(generated)
 
         def ready(nk) -> None:
@@ -165,9 +174,11 @@ class NativeLoop:
             else:
                 self.state, self.reason = _OFF, nk.error
                 if not self.quiet:
-                    backend.warn_once(f"numba backend: Numba could not compile a "
-                                      f"{self.prim.name} loop ({nk.error}); it runs "
-                                             "through NumPy")
+                    backend.warn_once(
+                        f"numba backend: Numba could not compile a "
+                        f"{self.prim.name} loop ({nk.error}); it runs "
+                        "through NumPy"
+                    )
 
         if self.wait:
             nk.compile_now()
@@ -205,11 +216,15 @@ def build_spec(prim: Primitive, params: dict, args: tuple) -> LoopSpec:
 
 def _step_kernel(program) -> codegen.Generated:
     gen = codegen.generate(program, threads=1)
-    if len(gen.kernels) != 1 or gen.plan.segments != 1 or any(
-            s.kind == "python" for s in gen.plan.stages):
+    if (
+        len(gen.kernels) != 1
+        or gen.plan.segments != 1
+        or any(s.kind == "python" for s in gen.plan.stages)
+    ):
         names = sorted({s.members[0].prim.name for s in gen.plan.stages if s.kind == "python"})
-        raise Unsupported(f"its body uses {', '.join(names) or 'operations'} without a native "
-                          "translation")
+        raise Unsupported(
+            f"its body uses {', '.join(names) or 'operations'} without a native translation"
+        )
     return gen
 
 
@@ -228,16 +243,18 @@ def forward_spec(params: dict, args: tuple) -> LoopSpec:
     slots = [_slot(a) for a in args]
     carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
     xs = [w.value_arg(f"xs{i}", args[nc + i]) for i in range(nx)]
-    caps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc + nx:])]
+    caps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc + nx :])]
     w.add_arg("T", _I64, None)
     carry_avals = [(np.shape(a), np.asarray(a).dtype) for a in args[:nc]]
     every = params["checkpoint"] or 1
-    outputs = ([_Output(s, d, False, False) for s, d in carry_avals]
-               + [_Output(tuple(s), np.dtype(d), True, False) for s, d in body.out_avals[nc:]]
-               + [_Output(s, d, True, False, every) for s, d in carry_avals])
+    outputs = (
+        [_Output(s, d, False, False) for s, d in carry_avals]
+        + [_Output(tuple(s), np.dtype(d), True, False) for s, d in body.out_avals[nc:]]
+        + [_Output(s, d, True, False, every) for s, d in carry_avals]
+    )
     finals = [w.out_arg(f"fc{j}", o) for j, o in enumerate(outputs[:nc])]
-    ys = [w.out_arg(f"ys{i}", o) for i, o in enumerate(outputs[nc:nc + ny])]
-    stored = [w.out_arg(f"hd{j}", o) for j, o in enumerate(outputs[nc + ny:])]
+    ys = [w.out_arg(f"ys{i}", o) for i, o in enumerate(outputs[nc : nc + ny])]
+    stored = [w.out_arg(f"hd{j}", o) for j, o in enumerate(outputs[nc + ny :])]
     scalar_carry = [not s for s, _ in carry_avals]
     w.open_carries(carries, scalar_carry)
     w.lines.append("for k in range(T):")
@@ -246,13 +263,22 @@ def forward_spec(params: dict, args: tuple) -> LoopSpec:
         w.body(f"if k % {every} == 0:")
     for j in range(nc):
         at = "k" if every == 1 else f"k // {every}"
-        w.body(("    " if every > 1 else "") + (
-            f"{stored[j]}[{at}] = a{j}" if scalar_carry[j] else
-            f"copy_into({stored[j]}[{at}], a{j})"))
-    step_inputs = ([f"a{j}" for j in range(nc)] + [f"{xs[i]}[t]" for i in range(nx)]
-                   + [caps[p] for p in positions])
-    targets = ([f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
-               + [f"{ys[i]}[t]" for i in range(ny)])
+        w.body(
+            ("    " if every > 1 else "")
+            + (
+                f"{stored[j]}[{at}] = a{j}"
+                if scalar_carry[j]
+                else f"copy_into({stored[j]}[{at}], a{j})"
+            )
+        )
+    step_inputs = (
+        [f"a{j}" for j in range(nc)]
+        + [f"{xs[i]}[t]" for i in range(nx)]
+        + [caps[p] for p in positions]
+    )
+    targets = [f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)] + [
+        f"{ys[i]}[t]" for i in range(ny)
+    ]
     w.step(step_inputs, targets)
     w.swap_carries(scalar_carry)
     w.close_carries(finals, scalar_carry)
@@ -262,10 +288,10 @@ def forward_spec(params: dict, args: tuple) -> LoopSpec:
 def backward_spec(params: dict, args: tuple) -> LoopSpec:
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
-    g_carry, g_ys = args[:nc], args[nc:nc + ny]
-    stored, xs = args[nc + ny:2 * nc + ny], args[2 * nc + ny:2 * nc + ny + nx]
-    rest = args[2 * nc + ny + nx:]
-    caps = rest[:len(rest) - nc] if params["stored_cotangents"] else rest
+    g_carry, g_ys = args[:nc], args[nc : nc + ny]
+    stored, xs = args[nc + ny : 2 * nc + ny], args[2 * nc + ny : 2 * nc + ny + nx]
+    rest = args[2 * nc + ny + nx :]
+    caps = rest[: len(rest) - nc] if params["stored_cotangents"] else rest
     every = params["checkpoint"] or 1
     vjp, tape, positions = _recorded_step_vjp(params, g_carry, g_ys, stored, xs, caps)
     gen = _step_kernel(step_program(vjp, vjp.inputs))
@@ -276,7 +302,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
     st = [w.value_arg(f"st{j}", a) for j, a in enumerate(stored)]
     xa = [w.value_arg(f"xs{i}", a) for i, a in enumerate(xs)]
     cp = [w.value_arg(f"cp{i}", a) for i, a in enumerate(caps)]
-    gs = [w.value_arg(f"gs{j}", a) for j, a in enumerate(rest[len(caps):])]
+    gs = [w.value_arg(f"gs{j}", a) for j, a in enumerate(rest[len(caps) :])]
     w.add_arg("T", _I64, None)
 
     def cotangent_output(a, per_step: bool) -> _Output:
@@ -285,12 +311,14 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         dtype = a.dtype if a.dtype.kind in "fc" else np.dtype(np.float64)
         return _Output(shape, dtype, per_step, True)
 
-    outputs = ([_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in g_carry]
-               + [cotangent_output(x, True) for x in xs]
-               + [cotangent_output(c, False) for c in caps])
+    outputs = (
+        [_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in g_carry]
+        + [cotangent_output(x, True) for x in xs]
+        + [cotangent_output(c, False) for c in caps]
+    )
     finals = [w.out_arg(f"ogc{j}", o) for j, o in enumerate(outputs[:nc])]
-    ogx = [w.out_arg(f"ogx{i}", o) for i, o in enumerate(outputs[nc:nc + nx])]
-    ogp = [w.out_arg(f"ogp{i}", o) for i, o in enumerate(outputs[nc + nx:])]
+    ogx = [w.out_arg(f"ogx{i}", o) for i, o in enumerate(outputs[nc : nc + nx])]
+    ogp = [w.out_arg(f"ogp{i}", o) for i, o in enumerate(outputs[nc + nx :])]
     scalar_carry = [np.ndim(a) == 0 for a in g_carry]
     w.open_carries(gc, scalar_carry)
     scalar_cap = [np.ndim(caps[p]) == 0 for p in positions]
@@ -305,13 +333,18 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry)
         carry_at = [f"sg{j}[k - start]" for j in range(nc)]
     w.body("t = T - 1 - k" if params["reverse"] else "t = k")
-    step_inputs = (carry_at + [f"{xa[i]}[t]" for i in range(nx)]
-                   + [cp[p] for p in positions] + [f"a{j}" for j in range(nc)]
-                   + [f"{gy[i]}[t]" for i in range(ny)])
-    targets = ([f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
-               + [f"{ogx[i]}[t]" if np.asarray(xs[i]).dtype.kind in "fc" else None
-                  for i in range(nx)]
-               + [f"qs{i}" if scalar_cap[i] else f"q{i}" for i in range(len(positions))])
+    step_inputs = (
+        carry_at
+        + [f"{xa[i]}[t]" for i in range(nx)]
+        + [cp[p] for p in positions]
+        + [f"a{j}" for j in range(nc)]
+        + [f"{gy[i]}[t]" for i in range(ny)]
+    )
+    targets = (
+        [f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)]
+        + [f"{ogx[i]}[t]" if np.asarray(xs[i]).dtype.kind in "fc" else None for i in range(nx)]
+        + [f"qs{i}" if scalar_cap[i] else f"q{i}" for i in range(len(positions))]
+    )
     w.step(step_inputs, targets)
     for i, p in enumerate(positions):
         w.body(f"{ogp[p]}[0] += qs{i}" if scalar_cap[i] else f"add_into({ogp[p]}, q{i})")
@@ -319,8 +352,10 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         w.body(f"if k % {every} == 0:")
     for j, g in enumerate(gs):
         at = "k" if every == 1 else f"k // {every}"
-        w.body(("    " if every > 1 else "") + (
-            f"n{j} += {g}[{at}]" if scalar_carry[j] else f"add_into(b{j}, {g}[{at}])"))
+        w.body(
+            ("    " if every > 1 else "")
+            + (f"n{j} += {g}[{at}]" if scalar_carry[j] else f"add_into(b{j}, {g}[{at}])")
+        )
     w.swap_carries(scalar_carry)
     w.indent = "    "
     w.close_carries(finals, scalar_carry)
@@ -328,8 +363,12 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         length_from = nc + ny if nc else None
     else:
         length_from = 2 * nc + ny if nx else None
-    return w.spec(slots, outputs, length_from=length_from,
-                  helpers={"forward_step": forward} if every > 1 else None)
+    return w.spec(
+        slots,
+        outputs,
+        length_from=length_from,
+        helpers={"forward_step": forward} if every > 1 else None,
+    )
 
 
 def _recorded_step_vjp(params: dict, g_carry, g_ys, stored, xs, caps) -> tuple:
@@ -342,8 +381,7 @@ def _recorded_step_vjp(params: dict, g_carry, g_ys, stored, xs, caps) -> tuple:
         raise _TooShort
     last = (length - 1) // every * every
     t_last = length - 1 - last if params["reverse"] else last
-    example = ([np.asarray(s)[last // every] for s in stored]
-               + [np.asarray(x)[t_last] for x in xs])
+    example = [np.asarray(s)[last // every] for s in stored] + [np.asarray(x)[t_last] for x in xs]
     cts = list(g_carry) + [np.asarray(g)[t_last] for g in g_ys]
     for tape, guards, positions in params["program"].variants:
         try:
@@ -363,20 +401,27 @@ def _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_
     y_targets = []
     for i, (shape, dtype) in enumerate(body.out_avals[nc:]):
         if tuple(shape):  # the step's ys are not needed again: a scratch buffer
-            w.lines.append(f"ys{i} = np.empty({tuple(shape)!r}, "
-                           f"{numpy_type(np.dtype(dtype))})")
+            w.lines.append(f"ys{i} = np.empty({tuple(shape)!r}, {numpy_type(np.dtype(dtype))})")
         y_targets.append(f"ys{i}")
     w.lines.append(f"for start in range((T - 1) // {every} * {every}, -1, -{every}):")
     w.body(f"end = min(start + {every}, T)")
     for j, name in enumerate(st):
-        w.body(f"sg{j}[0] = {name}[start // {every}]" if scalar_carry[j] else
-               f"copy_into(sg{j}[0], {name}[start // {every}])")
+        w.body(
+            f"sg{j}[0] = {name}[start // {every}]"
+            if scalar_carry[j]
+            else f"copy_into(sg{j}[0], {name}[start // {every}])"
+        )
     w.body("for k in range(start, end - 1):")
     w.indent = "        "
     w.body("t = T - 1 - k" if params["reverse"] else "t = k")
-    w.step([f"sg{j}[k - start]" for j in range(nc)] + [f"{x}[t]" for x in xa]
-           + [cp[p] for p in positions],
-           [f"sg{j}[k - start + 1]" for j in range(nc)] + y_targets, forward, "forward_step")
+    w.step(
+        [f"sg{j}[k - start]" for j in range(nc)]
+        + [f"{x}[t]" for x in xa]
+        + [cp[p] for p in positions],
+        [f"sg{j}[k - start + 1]" for j in range(nc)] + y_targets,
+        forward,
+        "forward_step",
+    )
     w.indent = "    "
     w.body("for k in range(end - 1, start - 1, -1):")
     w.indent = "        "
@@ -391,8 +436,8 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
     cond_gen = _step_kernel(step_program(c_tape, body_inputs(c_tape)))
     slots = [_slot(a) for a in args]
     carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
-    bcaps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc:nc + nb])]
-    ccaps = [w.value_arg(f"cc{i}", a) for i, a in enumerate(args[nc + nb:])]
+    bcaps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc : nc + nb])]
+    ccaps = [w.value_arg(f"cc{i}", a) for i, a in enumerate(args[nc + nb :])]
     w.add_arg("T", _I64, None)
     outputs = [_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in args[:nc]]
     finals = [w.out_arg(f"fc{j}", o) for j, o in enumerate(outputs)]
@@ -404,21 +449,21 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
         w.lines.append(f"hd{j} = np.empty(({shape}), {numpy_type(o.dtype)})")
     w.lines += ["capacity = T", "n = 0", "while True:"]
     w.fail = f"return (r[0], n, {''.join(h + ', ' for h in stored)})"
-    w.step([f"a{j}" for j in range(nc)] + [ccaps[p] for p in c_positions], ["go"], cond_gen,
-           "cond")
+    w.step([f"a{j}" for j in range(nc)] + [ccaps[p] for p in c_positions], ["go"], cond_gen, "cond")
     w.body("if not go:")
     w.body("    break")
     w.body("if n == capacity:  # room for twice as many stored carries")
     for j, (h, o) in enumerate(zip(stored, outputs)):
-        w.body(f"    grown{j} = np.empty((2 * capacity,) + {h}.shape[1:], "
-               f"{numpy_type(o.dtype)})")
+        w.body(f"    grown{j} = np.empty((2 * capacity,) + {h}.shape[1:], {numpy_type(o.dtype)})")
         w.body(f"    grown{j}[:n] = {h}[:n]")
         w.body(f"    {h} = grown{j}")
     w.body("    capacity *= 2")
     for j, h in enumerate(stored):
         w.body(f"{h}[n] = a{j}" if scalar_carry[j] else f"copy_into({h}[n], a{j})")
-    w.step([f"a{j}" for j in range(nc)] + [bcaps[p] for p in positions],
-           [f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)])
+    w.step(
+        [f"a{j}" for j in range(nc)] + [bcaps[p] for p in positions],
+        [f"n{j}" if scalar_carry[j] else f"b{j}" for j in range(nc)],
+    )
     w.swap_carries(scalar_carry)
     w.body("n += 1")
     w.close_carries(finals, scalar_carry, result=f"(0, n, {''.join(h + ', ' for h in stored)})")
@@ -478,8 +523,9 @@ class _DriverWriter:
             self.lines.append(f"{f}[0] = a{j}" if is_scalar else f"copy_into({f}, a{j})")
         self.lines.append(f"return {result}")
 
-    def step(self, inputs: list[str], targets: list[str | None], gen=None,
-             function: str = "step") -> None:
+    def step(
+        self, inputs: list[str], targets: list[str | None], gen=None, function: str = "step"
+    ) -> None:
         """Call a step kernel (`gen`'s; the body's by default): `inputs` are its program's
         inputs, `targets` where its outputs go (an array to write into, or a scalar variable
         or element to assign)."""
@@ -533,9 +579,11 @@ class _DriverWriter:
         for name, gen in (helpers or {}).items():  # other kernels: their functions, renamed
             module += f"\ndef {name}(" + gen.module.split("\ndef kernel0(", 1)[1]
         names = ("step", *(helpers or {}))
-        module += ("\nfrom gradtape.compile.numba.runtime import add_into, copy_into"
-                   "  # noqa: E402\n"
-                   f"\nHELPERS = {names!r}\n\n"
-                   f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
-                   + "".join(f"    {line}\n" for line in self.lines))
+        module += (
+            "\nfrom gradtape.compile.numba.runtime import add_into, copy_into"
+            "  # noqa: E402\n"
+            f"\nHELPERS = {names!r}\n\n"
+            f"\ndef loop({', '.join(a.name for a in self.args)}):\n"
+            + "".join(f"    {line}\n" for line in self.lines)
+        )
         return LoopSpec(module, driver, slots, outputs, self.consts, length_from)

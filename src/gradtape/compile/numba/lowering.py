@@ -70,22 +70,28 @@ def plain_operands(ins: Instruction, scalars: tuple | bool = ()) -> bool:
     """Operands of supported dtypes, none of them a 0-d traced value except at the positions
     `scalars` (True: anywhere)."""
     for k, (v, a) in enumerate(zip(ins.invars, ins.args)):
-        if _dtype(v, a) not in SUPPORTED_DTYPES or (v is not None and v.shape == () and not (
-                scalars is True or k in scalars)):
+        if _dtype(v, a) not in SUPPORTED_DTYPES or (
+            v is not None and v.shape == () and not (scalars is True or k in scalars)
+        ):
             return False
     return True
 
 
 # --- reductions ---------------------------------------------------------------------------------
 def _every_axis(ins: Instruction) -> bool:
-    return (len(ins.params["axes"]) == len(ins.invars[0].shape)
-            and ins.outvars[0].dtype.kind in "iuf")
+    return (
+        len(ins.params["axes"]) == len(ins.invars[0].shape) and ins.outvars[0].dtype.kind in "iuf"
+    )
 
 
 def _no_axis(ins: Instruction) -> bool:
     """any / all with no axis and no keepdims: a 0-d result."""
-    return set(ins.params) <= {"axis", "keepdims"} and ins.params.get(
-        "axis") is None and not ins.params.get("keepdims") and ins.outvars[0].shape == ()
+    return (
+        set(ins.params) <= {"axis", "keepdims"}
+        and ins.params.get("axis") is None
+        and not ins.params.get("keepdims")
+        and ins.outvars[0].shape == ()
+    )
 
 
 def _extreme(kind: str) -> Reduction:
@@ -99,6 +105,7 @@ def _extreme(kind: str) -> Reduction:
 
     def partial(dt: np.dtype) -> str:
         return f"{kind}_step({{a}}, {{x}})" if dt.kind == "f" else f"int_{kind}_step({{a}}, {{x}})"
+
     return Reduction(start, _every_axis, partial)
 
 
@@ -111,10 +118,8 @@ def _prod_start(dt: np.dtype) -> tuple[str, str]:
 
 
 REDUCTIONS: dict[Primitive, Reduction] = {
-    reductions.reduce_sum: Reduction(_sum_start, _every_axis, lambda dt: "{a} + {x}",
-                                     widen=True),
-    reductions.reduce_prod: Reduction(_prod_start, _every_axis, lambda dt: "{a} * {x}",
-                                      widen=True),
+    reductions.reduce_sum: Reduction(_sum_start, _every_axis, lambda dt: "{a} + {x}", widen=True),
+    reductions.reduce_prod: Reduction(_prod_start, _every_axis, lambda dt: "{a} * {x}", widen=True),
     reductions.reduce_max: _extreme("max"),
     reductions.reduce_min: _extreme("min"),
     REGISTRY["any"]: Reduction(lambda dt: ("False", "({a} | {b})"), _no_axis, truth=True),
@@ -164,8 +169,7 @@ def _emit_reshape(w, ins: Instruction, target: str, args: list[str]) -> list[str
     x, out = ins.invars[0], ins.outvars[0]
     if x.shape == ():
         return w.assign(ins, target, f"np.full({w.shape_expr(out.shape)}, {args[0]})")
-    return w.assign(ins, target,
-                    f"{w.contiguous(x, args[0])}.reshape({w.shape_expr(out.shape)})")
+    return w.assign(ins, target, f"{w.contiguous(x, args[0])}.reshape({w.shape_expr(out.shape)})")
 
 
 def _emit_transpose(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
@@ -183,14 +187,17 @@ def _accepts_concatenate(ins: Instruction) -> bool:
     if ins.invars[0] is None:
         return True
     out = ins.outvars[0]
-    return all(_dtype(v, a) == out.dtype and (v is not None or isinstance(a, np.ndarray))
-               for v, a in zip(ins.invars, ins.args))
+    return all(
+        _dtype(v, a) == out.dtype and (v is not None or isinstance(a, np.ndarray))
+        for v, a in zip(ins.invars, ins.args)
+    )
 
 
 def _emit_concatenate(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
     parts = [w.contiguous(v, s) for v, s in zip(ins.invars, args)]
-    return w.assign(ins, target,
-                    f"np.concatenate(({', '.join(parts)},), axis={ins.params['axis']})")
+    return w.assign(
+        ins, target, f"np.concatenate(({', '.join(parts)},), axis={ins.params['axis']})"
+    )
 
 
 def _accepts_cumulative(ins: Instruction) -> bool:
@@ -212,23 +219,27 @@ def _table() -> dict[Primitive, Lowering]:
     ix = indexing_rules
     table = {
         ix.getitem_p: Lowering(_checked(indexing.accepts_read), indexing.emit_read, view=True),
-        ix.dyn_getitem_p: Lowering(indexing.accepts_dynamic(1), indexing.emit_dynamic_read,
-                                   view=True),
-        ix.setitem_p: Lowering(_checked(indexing.accepts_write(False), (1,)),
-                               indexing.emit_write(False, dynamic=False)),
-        ix.scatter_add_p: Lowering(_checked(indexing.accepts_write(True), (1,)),
-                                   indexing.emit_write(True, dynamic=False)),
-        ix.dyn_setitem_p: Lowering(indexing.accepts_dynamic(2),
-                                   indexing.emit_write(False, dynamic=True)),
-        ix.dyn_scatter_add_p: Lowering(indexing.accepts_dynamic(2),
-                                       indexing.emit_write(True, dynamic=True)),
+        ix.dyn_getitem_p: Lowering(
+            indexing.accepts_dynamic(1), indexing.emit_dynamic_read, view=True
+        ),
+        ix.setitem_p: Lowering(
+            _checked(indexing.accepts_write(False), (1,)), indexing.emit_write(False, dynamic=False)
+        ),
+        ix.scatter_add_p: Lowering(
+            _checked(indexing.accepts_write(True), (1,)), indexing.emit_write(True, dynamic=False)
+        ),
+        ix.dyn_setitem_p: Lowering(
+            indexing.accepts_dynamic(2), indexing.emit_write(False, dynamic=True)
+        ),
+        ix.dyn_scatter_add_p: Lowering(
+            indexing.accepts_dynamic(2), indexing.emit_write(True, dynamic=True)
+        ),
         shape.reshape_p: Lowering(_checked(_traced_first, True), _emit_reshape),
         shape.transpose_p: Lowering(_checked(_traced_first), _emit_transpose, view=True),
         shape.broadcast_p: Lowering(_checked(_traced_first, True), _emit_broadcast, view=True),
         shape.concatenate_p: Lowering(_checked(_accepts_concatenate), _emit_concatenate),
         reductions.cumsum_p: Lowering(_checked(_accepts_cumulative), _cumulative("np.cumsum")),
-        reductions.cumprod_p: Lowering(_checked(_accepts_cumulative),
-                                       _cumulative("np.cumprod")),
+        reductions.cumprod_p: Lowering(_checked(_accepts_cumulative), _cumulative("np.cumprod")),
         linalg.matmul_p: Lowering(_checked(matmul.accepts_matmul), matmul.emit_matmul),
     }
     for prim, reduction in REDUCTIONS.items():

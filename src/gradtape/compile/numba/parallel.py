@@ -31,18 +31,21 @@ def combined(accumulators: list, nch: str, indent: str) -> list[str]:
     return lines
 
 
-def parallel_loop(tmp: int, threads: int, size: str, inner: list[str],
-                  accumulators: list) -> list[str]:
+def parallel_loop(
+    tmp: int, threads: int, size: str, inner: list[str], accumulators: list
+) -> list[str]:
     """The flat loop over `size` elements with body `inner`, split into `nch` fixed chunks
     run by `prange` when large enough (see the module docstring). `accumulators` are the
     loop's reductions: (accumulator, initial value, finish, step template, dtype); `tmp`
     numbers the loop's names."""
     n = f"n{tmp}"
     nch = f"nch{tmp}"
-    lines = [f"{n} = {size}",
-             f"{nch} = min({threads}, {n} // {PARALLEL_MIN_CHUNK})",
-             f"if {nch} <= 1:",
-             f"    for i in range({n}):"]
+    lines = [
+        f"{n} = {size}",
+        f"{nch} = min({threads}, {n} // {PARALLEL_MIN_CHUNK})",
+        f"if {nch} <= 1:",
+        f"    for i in range({n}):",
+    ]
     lines.extend("        " + s for s in inner)
     lines.append("else:")
     renamed = chunk_names(inner, [acc for acc, *_ in accumulators])

@@ -44,9 +44,22 @@ from ...core.ir import Instruction, Var
 from ...core.primitive import Primitive
 from ..numpy_backend import ufunc_of
 
-SUPPORTED_DTYPES = frozenset(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float32, np.float64))
+SUPPORTED_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float32,
+        np.float64,
+    )
+)
 # the dtypes Numba's arithmetic yields as NumPy's does (others are converted explicitly)
 NATIVE_RESULT = frozenset(np.dtype(t) for t in (np.bool_, np.int64, np.float32, np.float64))
 F32, F64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.bool_)
@@ -70,8 +83,11 @@ def literal(value, dtype: np.dtype) -> str:
         return "True" if bool(value) else "False"
     if dtype.kind == "f":
         x = float(value)
-        text = repr(x) if math.isfinite(x) else ("np.nan" if x != x else
-                                                  ("np.inf" if x > 0 else "-np.inf"))
+        text = (
+            repr(x)
+            if math.isfinite(x)
+            else ("np.nan" if x != x else ("np.inf" if x > 0 else "-np.inf"))
+        )
         return text if dtype == F64 else f"np.float32({text})"
     text = repr(int(value))
     return text if dtype == np.dtype(np.int64) else f"{numpy_type(dtype)}({text})"
@@ -102,9 +118,15 @@ class Rule:
     admits: Callable[[Instruction], bool] = lambda ins: False
 
 
-_SMALL_POWERS = {0: "{one}", 1: "{0}", 2: "({0} * {0})", 3: "({0} * {0} * {0})",
-                 4: "(({0} * {0}) * ({0} * {0}))", -1: "({one} / {0})",
-                 -2: "({one} / ({0} * {0}))"}
+_SMALL_POWERS = {
+    0: "{one}",
+    1: "{0}",
+    2: "({0} * {0})",
+    3: "({0} * {0} * {0})",
+    4: "(({0} * {0}) * ({0} * {0}))",
+    -1: "({one} / {0})",
+    -2: "({one} / ({0} * {0}))",
+}
 
 
 def _small_power(ins, args, in_dts, out_dt, in_loop) -> str | None:
@@ -126,8 +148,9 @@ def _invariant_divisor(ins, args, in_dts, out_dt, in_loop) -> str | None:
     if not (in_loop and dt.kind == "f" and in_dts[1] == dt):
         return None
     v, a = ins.invars[1], ins.args[1]
-    invariant = (np.size(a) == 1 and np.isfinite(a) and a != 0) if v is None else (
-        math.prod(v.shape) == 1)
+    invariant = (
+        (np.size(a) == 1 and np.isfinite(a) and a != 0) if v is None else (math.prod(v.shape) == 1)
+    )
     return f"({args[0]} * ({literal(1.0, dt)} / {args[1]}))" if invariant else None
 
 
@@ -140,14 +163,21 @@ def _own_dtype(ins: Instruction) -> tuple:
 
 
 RULES: dict[str, Rule] = {
-    "select": Rule(lambda ins, args, *_: f"({args[1]} if {args[0]} else {args[2]})",
-                   dtypes=lambda ins: ((BOOL, ins.outvars[0].dtype, ins.outvars[0].dtype),
-                                       ins.outvars[0].dtype),
-                   admits=lambda ins: True),
+    "select": Rule(
+        lambda ins, args, *_: f"({args[1]} if {args[0]} else {args[2]})",
+        dtypes=lambda ins: (
+            (BOOL, ins.outvars[0].dtype, ins.outvars[0].dtype),
+            ins.outvars[0].dtype,
+        ),
+        admits=lambda ins: True,
+    ),
     "convert": Rule(_converted, dtypes=_own_dtype, admits=lambda ins: True),
     # a constant of several elements is not broadcast in a loop
-    "broadcast": Rule(_converted, dtypes=_own_dtype, admits=lambda ins: (
-        ins.invars[0] is not None or np.size(ins.args[0]) == 1)),
+    "broadcast": Rule(
+        _converted,
+        dtypes=_own_dtype,
+        admits=lambda ins: ins.invars[0] is not None or np.size(ins.args[0]) == 1,
+    ),
     "small_power": Rule(_small_power),
     "invariant_divisor": Rule(_invariant_divisor),
 }
@@ -197,8 +227,9 @@ def parse(form) -> tuple[Alternative, ...]:
         if text.startswith("@"):
             rule = RULES.get(text[1:])
             if rule is None:
-                raise ValueError(f"unknown native rule {text!r} (known: "
-                                 f"{', '.join('@' + r for r in RULES)})")
+                raise ValueError(
+                    f"unknown native rule {text!r} (known: {', '.join('@' + r for r in RULES)})"
+                )
             alternatives.append(Alternative(rule=rule))
             continue
         match = _GUARD.match(text)
@@ -206,8 +237,9 @@ def parse(form) -> tuple[Alternative, ...]:
             alternatives.append(Alternative(template=text))
         else:
             guard, template = match.groups()
-            alternatives.append(Alternative(kinds=_GUARDS[guard], template=template,
-                                            float64=guard == "float64"))
+            alternatives.append(
+                Alternative(kinds=_GUARDS[guard], template=template, float64=guard == "float64")
+            )
     return tuple(alternatives)
 
 
@@ -232,11 +264,12 @@ def loop_dtypes(ins: Instruction):
     if uf is None:
         return None
     try:
-        dts = uf.resolve_dtypes(tuple(operand_dtype(v, a) for v, a in zip(ins.invars, ins.args))
-                                + (None,) * uf.nout)
+        dts = uf.resolve_dtypes(
+            tuple(operand_dtype(v, a) for v, a in zip(ins.invars, ins.args)) + (None,) * uf.nout
+        )
     except (TypeError, ValueError, OverflowError):
         return None
-    return tuple(np.dtype(d) for d in dts[:uf.nin]), np.dtype(dts[-1])
+    return tuple(np.dtype(d) for d in dts[: uf.nin]), np.dtype(dts[-1])
 
 
 def _supported_operands(ins: Instruction) -> bool:
@@ -256,15 +289,21 @@ def fusable(ins: Instruction) -> bool:
     alts = alternatives(ins.prim)
     if not alts or not _supported_operands(ins):
         return False
-    if any(alt.rule is not None and alt.rule.dtypes is not None and not alt.rule.admits(ins)
-           for alt in alts):
+    if any(
+        alt.rule is not None and alt.rule.dtypes is not None and not alt.rule.admits(ins)
+        for alt in alts
+    ):
         return False
     dts = loop_dtypes(ins)
-    if dts is None or dts[1] not in SUPPORTED_DTYPES or any(d not in SUPPORTED_DTYPES
-                                                            for d in dts[0]):
+    if (
+        dts is None
+        or dts[1] not in SUPPORTED_DTYPES
+        or any(d not in SUPPORTED_DTYPES for d in dts[0])
+    ):
         return False
-    return any(alt.rule.admits(ins) if alt.rule is not None else alt.applies(dts[0])
-               for alt in alts)
+    return any(
+        alt.rule.admits(ins) if alt.rule is not None else alt.applies(dts[0]) for alt in alts
+    )
 
 
 def scalar_expression(ins: Instruction, args: list[str], in_loop: bool = False) -> str:
@@ -285,5 +324,6 @@ def scalar_expression(ins: Instruction, args: list[str], in_loop: bool = False) 
         if alt.float64:
             return expr if out_dt == F64 else cast(expr, out_dt)
         return expr if out_dt in NATIVE_RESULT else cast(expr, out_dt)
-    raise NotImplementedError(f"no native form of {ins.prim.name} for a loop of "
-                              f"{', '.join(d.name for d in in_dts)}")
+    raise NotImplementedError(
+        f"no native form of {ins.prim.name} for a loop of {', '.join(d.name for d in in_dts)}"
+    )

@@ -47,8 +47,9 @@ class _WrapperWriter:
         self.consts: dict = {}
         self.params = [f"x{k}" for k in range(len(self.program.inputs))]
         self.lines: list[str] = []
-        self.written = {int(a.name[1:]) for k in kernels for a in k.args
-                        if a.name.startswith("o")}  # result leaves kernels write
+        self.written = {
+            int(a.name[1:]) for k in kernels for a in k.args if a.name.startswith("o")
+        }  # result leaves kernels write
         # 0-d inputs reach kernels as scalars
         self.scalar_inputs = {k for k, v in enumerate(self.program.inputs) if v.shape == ()}
         self.values: dict[int, str] = {}  # var id -> Python expression after its kernel / stage
@@ -60,8 +61,11 @@ class _WrapperWriter:
 
     def text(self, bound: bool) -> tuple[str, dict]:
         if not bound:
-            self.lines += ["K = state.kernels", "if K is None:",
-                           f"    return state.pending({', '.join(self.params + ['O'])})"]
+            self.lines += [
+                "K = state.kernels",
+                "if K is None:",
+                f"    return state.pending({', '.join(self.params + ['O'])})",
+            ]
             if self.kernels:
                 self.lines.append(f"{', '.join(f'k{j}' for j in range(len(self.kernels)))}, = K")
         self.results_arrays()
@@ -73,8 +77,9 @@ class _WrapperWriter:
             if entry is not None:
                 self.kernel_call(*entry)
                 continue
-            stage = next((s for s in plan.stages if s.segment == segment and s.kind == PYTHON),
-                         None)
+            stage = next(
+                (s for s in plan.stages if s.segment == segment and s.kind == PYTHON), None
+            )
             if stage is not None:  # (else an empty segment between two python stages)
                 self.python_stage(stage.members[0])
         self.results()
@@ -92,9 +97,14 @@ class _WrapperWriter:
         """The result arrays kernels write: new ones, or the caller's `O`."""
         outputs = self.program.outputs
         self.lines.append("if O is None:")
-        self.lines.extend([f"    o{k} = empty({self.const(outputs[k].shape, 'shape')}, "
-                           f"{self.const(outputs[k].dtype, 'dt')})"
-                           for k in sorted(self.written)] or ["    pass"])
+        self.lines.extend(
+            [
+                f"    o{k} = empty({self.const(outputs[k].shape, 'shape')}, "
+                f"{self.const(outputs[k].dtype, 'dt')})"
+                for k in sorted(self.written)
+            ]
+            or ["    pass"]
+        )
         if outputs:
             self.lines.append("else:")
             self.lines.append(f"    {', '.join(f'o{k}' for k in range(len(outputs)))}, = O")
@@ -128,8 +138,11 @@ class _WrapperWriter:
         for pos, (kind, v) in enumerate(kernel.returns, start=1):
             self.values[v.id] = f"r{j}[{pos}]"
             if kind == "carry":  # exact types for the python stages and kernels after
-                self.lines.append(f"w{v.id} = ascontiguous(r{j}[{pos}])" if v.shape else
-                                  f"w{v.id} = {self.const(v.dtype.type, 'T')}(r{j}[{pos}])")
+                self.lines.append(
+                    f"w{v.id} = ascontiguous(r{j}[{pos}])"
+                    if v.shape
+                    else f"w{v.id} = {self.const(v.dtype.type, 'T')}(r{j}[{pos}])"
+                )
                 self.values[v.id] = f"w{v.id}"
 
     def python_stage(self, ins) -> None:
