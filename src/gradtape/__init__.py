@@ -14,6 +14,7 @@ from .transforms.forward import jacfwd, jvp
 from .transforms.higher import hessian, hvp, jacobian, jacrev
 from .transforms.reverse import grad, value_and_grad, vjp
 from .transforms.staging import trace_fn as trace
+from .transforms.vmap import vmap
 
 __all__ = [
     "CompileWarning",
@@ -41,6 +42,7 @@ __all__ = [
     "get_num_threads",
     "set_num_threads",
     "clear_cache",
+    "vmap",
 ]
 __version__ = "0.1.0"
 
