@@ -6,6 +6,8 @@ loop and stacked (the definition of vmap); where JAX is installed, it is a secon
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -375,3 +377,20 @@ def test_against_jax_per_example_gradients_and_hessians():
     ref_o = jax.vmap(lambda x: (x.sum(), x), out_axes=(0, 1))(X)
     out = gt.vmap(lambda x: (x.sum(), x), out_axes=(0, 1))(X)
     _close(out, tuple(np.asarray(r) for r in ref_o))
+
+
+# --- the documentation's examples run and check themselves --------------------------------------
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "transforms"
+
+
+def _python_blocks(page):
+    text = (DOCS / page).read_text()
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+@pytest.mark.parametrize(
+    "page, block",
+    [(p.name, i) for p in sorted(DOCS.glob("*.md")) for i in range(len(_python_blocks(p.name)))],
+)
+def test_documentation_examples(page, block):
+    exec(compile(_python_blocks(page)[block], f"{page}[{block}]", "exec"), {})
