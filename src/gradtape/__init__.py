@@ -1,6 +1,6 @@
 """gradtape: exact derivatives of plain NumPy code, recorded on a tape."""
 
-from . import process, rules  # noqa: F401  (rules: declares every primitive)
+from . import process, rules, tree_util  # noqa: F401  (rules: declares every primitive)
 from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
 from .compile.numba.backend import get_num_threads, set_num_threads
@@ -43,6 +43,7 @@ __all__ = [
     "set_num_threads",
     "clear_cache",
     "vmap",
+    "tree_util",
 ]
 __version__ = "0.1.0"
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core import tracing as trace
-from ..core.pytree import tree_flatten, tree_unflatten
+from ..core.pytree import node_children, tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 
 Tracer = trace.Tracer
@@ -27,26 +27,27 @@ def _axes_for_leaves(spec, tree, where: str) -> list:
     if spec is None or isinstance(spec, (int, np.integer)):
         leaves, _ = tree_flatten(tree)
         return [None if spec is None else int(spec)] * len(leaves)
-    if isinstance(spec, dict) and isinstance(tree, dict):
-        if set(spec) != set(tree):
-            raise ValueError(
-                f"vmap {where}: the dict of axes has keys {sorted(spec, key=repr)}, the value "
-                f"has keys {sorted(tree, key=repr)}"
-            )
-        keys = sorted(tree, key=repr)  # the order tree_flatten visits a dict in
-        return [a for k in keys for a in _axes_for_leaves(spec[k], tree[k], where)]
-    if isinstance(spec, (tuple, list)) and isinstance(tree, (tuple, list)):
-        if len(spec) != len(tree):
-            raise ValueError(
-                f"vmap {where}: {len(spec)} axes given for a container of {len(tree)} items"
-            )
-        return [a for s, t in zip(spec, tree) for a in _axes_for_leaves(s, t, where)]
     if tree is None:
         return []
+    spec_node, tree_node = node_children(spec), node_children(tree)
+    if spec_node is not None and tree_node is not None:
+        (spec_kind, spec_children), (tree_kind, tree_children) = spec_node, tree_node
+        if spec_kind == tree_kind or (
+            _sequence(spec_kind) and _sequence(tree_kind) and spec_kind[1] == tree_kind[1]
+        ):
+            return [
+                a
+                for s, t in zip(spec_children, tree_children)
+                for a in _axes_for_leaves(s, t, where)
+            ]
     raise ValueError(
         f"vmap {where}: the axes {spec!r} are not a prefix of the value's structure "
         f"({type(tree).__name__}); give an int, None, or a container shaped like the value"
     )
+
+
+def _sequence(kind) -> bool:
+    return isinstance(kind, tuple) and kind[0] in (tuple, list)
 
 
 def _moved_to_front(x, axis: int, where: str):
