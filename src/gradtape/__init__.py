@@ -14,6 +14,7 @@ from .transforms.forward import jacfwd, jvp
 from .transforms.higher import hessian, hvp, jacobian, jacrev
 from .transforms.reverse import grad, value_and_grad, vjp
 from .transforms.staging import trace_fn as trace
+from .transforms.toolbox import checkpoint, elementwise_grad, linearize, remat
 from .transforms.vmap import vmap
 
 __all__ = [
@@ -44,6 +45,10 @@ __all__ = [
     "clear_cache",
     "vmap",
     "tree_util",
+    "linearize",
+    "checkpoint",
+    "remat",
+    "elementwise_grad",
 ]
 __version__ = "0.1.0"
 

@@ -198,10 +198,27 @@ def hessian(
     return jacobian_transform(g, argnums, has_aux, jacobian_by_columns, "hessian", holomorphic)
 
 
-def hvp(f: Callable, x, v):
-    """The Hessian of scalar f at x times v, without forming the Hessian.
+_CURRIED = object()
+
+
+def hvp(f: Callable, x=_CURRIED, v=None, *args):
+    """The Hessian of scalar f (in its first argument) at x times v, without forming it.
 
     Forward over reverse: one jvp of grad(f), so it costs a few gradients. x may be a
-    pytree; v has its structure, shapes and dtypes.
+    pytree; v has its structure, shapes and dtypes. Two spellings:
+
+        hvp(f, x, v, *args)      the product, f called as f(x, *args)
+        hvp(f)(x, v, *args)      the same, as a function (to compose with vmap, compile)
+
+    Example:
+        >>> import numpy as np, gradtape as gt
+        >>> gt.hvp(lambda x, a: a * np.sum(x**3))(np.ones(2), np.array([1.0, 0.0]), 2.0)
+        array([12.,  0.])
     """
-    return jvp(grad(_scalar_checked(f, "hvp")), (x,), (v,))[1]
+    if x is _CURRIED:
+        return lambda x, v, *args: hvp(f, x, v, *args)
+    if args:
+        g = grad(_scalar_checked(lambda y: f(y, *args), "hvp"))
+    else:
+        g = grad(_scalar_checked(f, "hvp"))
+    return jvp(g, (x,), (v,))[1]
