@@ -432,7 +432,6 @@ LOOP_BATCHED = {
     "pos_solve",
     "real",
     "running_extreme",
-    "scan",
     "scan_bwd",
     "scipy_eigh",
     "scipy_eigh_general",

@@ -394,3 +394,22 @@ def _python_blocks(page):
 )
 def test_documentation_examples(page, block):
     exec(compile(_python_blocks(page)[block], f"{page}[{block}]", "exec"), {})
+
+
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("numba", marks=pytest.mark.native)])
+def test_a_batched_scan_is_one_scan_over_the_batch(backend):
+    X = RNG.normal(size=(6, 5))
+
+    def f(x):
+        c, ys = gt.scan(lambda c, xi: (c * 0.5 + np.sin(xi) * x[0], c * xi), x[1], x, length=5)
+        return c + np.sum(ys)
+
+    tape = gt.trace(gt.vmap(f), X)
+    assert [ins.prim.name for ins in tape.instructions].count("scan") == 1, tape
+    compiled = gt.compile(gt.vmap(f), backend=backend)
+    for _ in range(3):
+        _close(compiled(X), _loop(f, [X], [0]))
+    rev = gt.vmap(lambda x: gt.scan(lambda c, xi: (c + xi, c), 0.0, x, reverse=True)[1])(X)
+    _close(
+        rev, _loop(lambda x: gt.scan(lambda c, xi: (c + xi, c), 0.0, x, reverse=True)[1], [X], [0])
+    )

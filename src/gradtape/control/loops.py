@@ -727,7 +727,47 @@ def _stored_cotangents(g_hidden, hidden) -> list:
     ]
 
 
-scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp)
+def _scan_batch(prim, args, batched, program, n_carry, n_x, length, reverse, checkpoint):
+    """vmap of scan: one scan over the batch, whose step is the member's step mapped over the
+    batch (so a compiled batch runs one loop). When the scan is also differentiated per member
+    (a grad inside the vmap), each member runs its own scan: the gradient above reads each
+    member's stored carries."""
+    params = dict(
+        program=program,
+        n_carry=n_carry,
+        n_x=n_x,
+        length=length,
+        reverse=reverse,
+        checkpoint=checkpoint,
+    )
+    if trace.read_above():
+        return trace.loop_batch(prim, args, batched, **params)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    carry = [
+        a if b else np.broadcast_to(a, (size,) + shape_of(a))
+        for a, b in zip(args[:n_carry], batched[:n_carry])
+    ]
+    # batched xs step along their second axis: the scan's axis first, the batch second
+    xs = [
+        np.swapaxes(a, 0, 1) if b else a
+        for a, b in zip(args[n_carry : n_carry + n_x], batched[n_carry : n_carry + n_x])
+    ]
+    x_axes = [0 if b else None for b in batched[n_carry : n_carry + n_x]]
+    caps = list(args[n_carry + n_x :])
+    cap_axes = [0 if b else None for b in batched[n_carry + n_x :]]
+    member_step = vmap(
+        lambda c, x, k: program.run(list(c) + list(x), list(k)), in_axes=(0, x_axes, cap_axes)
+    )
+
+    def step(c, x):
+        out = member_step(c, x, caps)
+        return list(out[:n_carry]), list(out[n_carry:])
+
+    outs, _, _, nc, ny = _bind_scan(step, carry, xs, length, reverse, checkpoint)
+    return tuple(list(outs[:nc]) + [np.swapaxes(o, 0, 1) for o in outs[nc:]])
+
+
+scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp, batch=_scan_batch)
 scan_p.python_impl = _scan_python
 scan_p.vjp_all = _scan_vjp_all
 
