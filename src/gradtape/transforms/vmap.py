@@ -135,7 +135,7 @@ def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
         axes += _axes_for_leaves(0, kwargs, "keyword arguments")
         names = _leaf_names(args, kwargs)
         sizes = []
-        moved = []
+        moved = []  # each leaf, batched ones with the batch axis moved first
         for x, axis, where in zip(leaves, axes, names):
             if axis is None:
                 moved.append(x)
@@ -147,10 +147,8 @@ def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
                     f"vmap {where}: a scalar cannot be mapped over (in_axes {axis}); pass it "
                     "with in_axes=None"
                 )
-            axis_norm = axis % x.ndim if -x.ndim <= axis < x.ndim else axis
-            x2 = _moved_to_front(x, axis, where)
-            sizes.append((where, axis_norm, tuple(x.shape)))
-            moved.append((x2,))
+            moved.append(_moved_to_front(x, axis, where))
+            sizes.append((where, axis % x.ndim, tuple(x.shape)))
         if not sizes:
             raise ValueError(
                 "vmap needs at least one batched argument: every in_axes entry is None"
@@ -160,8 +158,8 @@ def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
         size = sizes[0][2][sizes[0][1]]
         with new_level(LevelKind.BATCH, size) as level:
             inner = [
-                Tracer(m[0], level.new_batched_var(m[0]), level) if type(m) is tuple else m
-                for m in moved
+                m if axis is None else Tracer(m, level.new_batched_var(m), level)
+                for m, axis in zip(moved, axes)
             ]
             args_in, kwargs_in = tree_unflatten(treedef, inner)
             out = fun(*args_in, **kwargs_in)
