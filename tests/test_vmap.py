@@ -236,6 +236,11 @@ def test_a_branch_that_differs_across_the_batch_is_refused_with_the_line():
     _close(gt.vmap(f)(np.array([[1.0], [2.0]])), np.array([[1.0], [2.0]]))
 
 
+def test_results_of_different_shapes_across_the_batch_are_refused():
+    with pytest.raises(gt.GradtapeError, match=r"test_vmap.py:\d+: .*nonzero gives results of"):
+        gt.vmap(lambda x: np.nonzero(x > 0)[0])(np.array([[1.0, -1.0], [1.0, 1.0]]))
+
+
 # --- composition with the other transforms -----------------------------------------------------
 def _logistic(w, x, y):
     return np.log1p(np.exp(-y * (x @ w))) + 0.01 * np.sum(w * w)

@@ -992,7 +992,7 @@ def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
     if trace.read_above():
         try:
             return trace.loop_batch(prim, args, batched, **params)
-        except ValueError:
+        except trace.BatchShapeError:
             raise GradtapeError(
                 "while_loop differentiated inside vmap: the members of the batch ran different "
                 "numbers of iterations, and the gradient of each needs its own stored carries. "

@@ -282,6 +282,10 @@ def read_above(level: Level | None = None) -> bool:
     return any(lv.id > level.id and lv.batch_size is None for lv in _stack())
 
 
+class BatchShapeError(GradtapeError):
+    """A primitive run per member of a vmap batch gave results of different shapes."""
+
+
 def loop_batch(prim, args: tuple, batched: tuple, **params):
     """The batching rule of a primitive without one: the primitive once per member of the
     batch, the results stacked (correct for every primitive, but not fused into one call)."""
@@ -294,6 +298,16 @@ def loop_batch(prim, args: tuple, batched: tuple, **params):
     for i in range(size):
         member = tuple(a[i] if b else a for a, b in zip(args, batched))
         results.append(bind(prim, member, params))
+    shapes = {
+        tuple(np.shape(o) for o in r) if prim.multiple_results else np.shape(r) for r in results
+    }
+    if len(shapes) > 1:
+        raise BatchShapeError(
+            f"{_user_source_line()}: vmap: {prim.name} gives results of different shapes for "
+            f"different members of the batch ({', '.join(map(str, sorted(shapes)))}); a batch "
+            "needs one shape for all its members. Compute a fixed-size result instead (a "
+            "mask with np.where rather than the selected elements, for instance)."
+        )
     if prim.multiple_results:
         return type(results[0])(np.stack([r[k] for r in results]) for k in range(len(results[0])))
     return np.stack(results)
