@@ -418,3 +418,26 @@ def test_a_batched_scan_is_one_scan_over_the_batch(backend):
     _close(
         rev, _loop(lambda x: gt.scan(lambda c, xi: (c + xi, c), 0.0, x, reverse=True)[1], [X], [0])
     )
+
+
+def test_custom_rules_are_used_when_a_vmap_is_differentiated():
+    @gt.custom_vjp
+    def clipped_identity(x):
+        return x
+
+    clipped_identity.defvjp(lambda x: (x, None), lambda res, g: (np.clip(g, -1.0, 1.0),))
+
+    @gt.custom_jvp
+    def safe_log(x):
+        return np.log(x)
+
+    safe_log.defjvp(lambda primals, tangents: (np.log(primals[0]), tangents[0] * 7.0))
+
+    X = RNG.normal(size=(3, 2)) * 5
+    g = gt.grad(lambda X: np.sum(gt.vmap(clipped_identity)(X) * 3.0))(X)
+    _close(g, np.ones_like(X))  # 3, clipped to 1 by the rule
+    per_member = gt.vmap(gt.grad(lambda x: np.sum(clipped_identity(x) * 3.0)))(X)
+    _close(per_member, np.ones_like(X))
+    P = np.abs(X) + 1
+    _close(gt.grad(lambda P: np.sum(gt.vmap(safe_log)(P)))(P), np.full_like(P, 7.0))
+    _close(gt.vmap(safe_log)(P), np.log(P))
