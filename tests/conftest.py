@@ -7,10 +7,10 @@ complex input and is analytic there), both computed in float64.
 
 Tiers: tests that compile Numba kernels are marked `native`, tests that start a Dask cluster
 `cluster`. Plain `pytest` is the fast tier: it deselects both and turns Numba off for the whole
-process (GRADTAPE_NUMBA=0, so backend="auto" and eager loops never start a background compile). `pytest --all` runs both
-tiers; an explicit `-m` expression selects by itself (Numba stays on unless it excludes
-`native`). gradtape is imported only after this is decided (pytest_configure), so this module
-must not import it at the top.
+process (GRADTAPE_NUMBA=0, so backend="auto" and eager loops never start a background
+compile). `pytest --all` runs both tiers; an explicit `-m` expression selects by itself (Numba
+stays on unless it excludes `native`). gradtape is imported only after this is decided
+(pytest_configure), so this module must not import it at the top.
 """
 
 from __future__ import annotations
