@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.handler(args, argv)
 
 
-def _without_out_dir(argv: list[str]) -> list[str]:
+def _without_out_dir(argv: Sequence[str]) -> list[str]:
     """The command line with the --out directory replaced by OUT_DIR (no machine paths)."""
     out, skip = [], False
     for a in argv:

@@ -84,7 +84,8 @@ def build_tables(run: BenchRun) -> list[Table]:
     tables = []
     for workload in run.workloads:
         table = Table(workload.name, f"{workload.name}: {workload.description}")
-        best_peers, skipped = [], {}
+        best_peers: list[str] = []
+        skipped: dict[str, list[str]] = {}
         for size in run.sizes_of(workload.name):
             row = [m for m in run.measurements if m.workload == workload.name and m.size == size]
             shown = [m for m in row if m.status not in (ABSENT, SKIPPED)]

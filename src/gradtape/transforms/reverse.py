@@ -388,7 +388,7 @@ def grad(
     return grad_f
 
 
-def vjp(f: Callable, *primals, has_aux: bool = False) -> tuple[Any, Callable]:
+def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     """Reverse mode for any output: `(f(*primals), vjp_fn)`.
 
     Parameters
