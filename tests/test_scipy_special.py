@@ -339,6 +339,48 @@ def test_arguments_without_a_derivative_are_refused(case, mode):
     assert np.isfinite(gt.grad(lambda z: sp.jv(2.5, z))(1.5))
 
 
+def _bessel_of_sine(order, x):
+    y = np.sin(x)
+    return np.sum(sp.jv(order, y))  # the line a refusal names
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f, v, x: gt.grad(f, argnums=(0, 1))(v, x),
+        lambda f, v, x: gt.jvp(f, (v, x), (np.ones_like(v), np.ones_like(x))),
+        lambda f, v, x: gt.compile(gt.grad(f, argnums=(0, 1)), backend="numpy")(v, x),
+        lambda f, v, x: gt.grad(lambda v, x: gt.grad(f, argnums=(0, 1))(v, x)[1].sum())(v, x),
+    ],
+    ids=["grad", "jvp", "compiled grad", "grad of grad"],
+)
+def test_a_refusal_in_the_derivative_names_the_users_line(transform):
+    v, x = np.array([1.0, 2.0]), np.array([0.3, 0.4])
+    with pytest.raises(gt.GradtapeError) as info:
+        transform(_bessel_of_sine, v, x)
+    message = str(info.value)
+    assert "order" in message
+    assert "test_scipy_special.py:" in message
+    assert "np.sum(sp.jv(order, y))  # the line a refusal names" in message
+    assert message.count("recorded at") == 1
+    assert current_levels() == []
+
+
+def test_an_error_of_another_type_in_a_rule_gets_the_line_as_a_note(monkeypatch):
+    from gradtape.rules.linalg import inv_p
+
+    def f(a):
+        return np.sum(np.linalg.inv(a))  # inv's derivative meets an error
+
+    def failing_rule(g, ans, a):
+        raise ValueError("a failing rule")
+
+    monkeypatch.setattr(inv_p, "vjps", (failing_rule,))
+    with pytest.raises(ValueError, match="a failing rule") as info:
+        gt.grad(f)(np.eye(2) * 2.0)
+    assert any("inv's derivative meets an error" in note for note in info.value.__notes__)
+
+
 def test_gammasgn_has_zero_derivative_and_compiles():
     f = gt.compile(gt.grad(lambda x: np.sum(sp.gammasgn(x) * x)))
     np.testing.assert_array_equal(f(np.array([-1.5, 2.0])), [1.0, 1.0])
