@@ -1326,6 +1326,46 @@ def test_solve_backward_reuses_the_lu_factors():
     assert "solve" not in names and "inv" not in names
 
 
+def test_stacked_solve_backward_reuses_the_lu_factors():
+    a = well_conditioned(np.random.default_rng(8), (3,), la.STACKED_LU_MIN_SIZE)
+    b = np.ones((la.STACKED_LU_MIN_SIZE, 2))
+    tape = _staged_grad(lambda x, y: np.sum(np.sin(np.linalg.solve(x, y))), a, b)
+    names = [ins.prim.name for ins in tape.instructions]
+    assert names.count("lu_factors") == 1 and names.count("lu_solve") == 2
+    assert "solve" not in names and "inv" not in names
+    with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+        gt.grad(lambda x: np.sum(np.linalg.solve(x, b)))(np.zeros_like(a))
+
+
+@pytest.mark.parametrize(
+    "batch_a, batch_b, k",
+    [((2,), (), 1), ((2,), (2,), 3), ((3, 2), (2,), 2), ((2, 1), (3,), 1), ((), (2,), 2)]
+    + [((2,), (), None), ((3, 1), (), None)],
+)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32])
+def test_solve_of_stacks_through_their_lu_factors(monkeypatch, batch_a, batch_b, k, dtype):
+    """Every batch shape (broadcasting either way) on the stacked LU path, small matrices
+    included (the size threshold lowered), against differences, forward mode and NumPy."""
+    monkeypatch.setattr(la, "STACKED_LU_MIN_SIZE", 1)
+    rng = np.random.default_rng(11)
+    n = 3
+    a = well_conditioned(rng, batch_a, n)
+    b = normal(rng, batch_b + (n,) + (() if k is None else (k,)))
+    if dtype == np.complex128:
+        a = a + 0.3j * well_conditioned(rng, batch_a, n)
+        b = b + 1j * normal(rng, b.shape)
+    a, b = a.astype(dtype), b.astype(dtype)
+    value, _ = gt.vjp(np.linalg.solve, a, b)
+    np.testing.assert_allclose(value, np.linalg.solve(a, b), rtol=1e-5)
+    assert value.dtype == np.linalg.solve(a, b).dtype
+    names = [ins.prim.name for ins in gt.trace(np.linalg.solve, a, b).instructions]
+    assert "lu_solve" in names and "solve" not in names
+    if dtype == np.complex128:
+        check_vjp(np.linalg.solve, a, b)
+    else:
+        check_gradients(np.linalg.solve, a, b)
+
+
 def test_cholesky_backward_is_one_instruction_and_traced_through_when_differentiated():
     """Staged, the backward pass of cholesky is one instruction (its LAPACK path: trmm and
     sygst); differentiated again, it is traced through (triangular solves)."""

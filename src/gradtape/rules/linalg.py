@@ -758,11 +758,22 @@ solve_p.vjp_all = _solve_vjp_all
 
 
 def _getrf(a):
-    """LU factors of one concrete matrix (LAPACK getrf); a singular matrix raises as NumPy."""
+    """LU factors of a concrete matrix or stack of matrices (LAPACK getrf, one call per
+    matrix); a singular matrix raises as NumPy."""
     (getrf,) = _lapack(("getrf",), a.dtype)
-    lu, piv, info = getrf(a)
-    if info > 0:
-        raise np.linalg.LinAlgError("Singular matrix")
+    if a.ndim == 2:
+        lu, piv, info = getrf(a)
+        if info > 0:
+            raise np.linalg.LinAlgError("Singular matrix")
+        return lu, piv
+    n = a.shape[-1]
+    lu = np.empty(a.shape, a.dtype)
+    piv = np.empty(a.shape[:-1], np.int32)
+    for index in np.ndindex(a.shape[:-2]):
+        lu[index], piv[index], info = getrf(a[index])
+        if info > 0:
+            raise np.linalg.LinAlgError("Singular matrix")
+    assert piv.shape[-1] == n
     return lu, piv
 
 
@@ -772,9 +783,20 @@ lu_factors_p = _primitive("lu_factors", lambda a: _getrf(a), nondiff=True, multi
 
 def _lu_solve_raw(a, lu, piv, b, trans):
     (getrs,) = _lapack(("getrs",), lu.dtype)
-    flat, undo = _columns(np.asarray(b, lu.dtype), lu.shape[-1])
-    x, info = getrs(lu, piv, flat, trans=trans)
-    return undo(x)
+    b = np.asarray(b, lu.dtype)
+    if lu.ndim == 2:
+        flat, undo = _columns(b, lu.shape[-1])
+        x, info = getrs(lu, piv, flat, trans=trans)
+        return undo(x)
+    # a stack of factorizations: one getrs per matrix of the broadcast batch
+    batch = np.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
+    lu = np.broadcast_to(lu, batch + lu.shape[-2:])
+    piv = np.broadcast_to(piv, batch + piv.shape[-1:])
+    b = np.broadcast_to(b, batch + b.shape[-2:])
+    x = np.empty(b.shape, lu.dtype)
+    for index in np.ndindex(batch):
+        x[index], info = getrs(lu[index], piv[index], b[index], trans=trans)
+    return x
 
 
 def _lu_solve_vjp_all(g, ans, args, params, invars):
@@ -785,7 +807,7 @@ def _lu_solve_vjp_all(g, ans, args, params, invars):
     if invars[0] is not None:
         outer = np.matmul(gb, _mT(ans)) if trans == 0 else np.matmul(ans, _mT(gb))
         ga = unbroadcast(-outer, shape_of(a))
-    return ga, None, None, (None if invars[3] is None else gb)
+    return ga, None, None, (None if invars[3] is None else unbroadcast(gb, shape_of(b)))
 
 
 def _lu_solve_jvp(ts, ans, a, lu, piv, b, trans):
@@ -797,7 +819,8 @@ def _lu_solve_jvp(ts, ans, a, lu, piv, b, trans):
     return None if rhs is None else lu_solve_p.impl(a, lu, piv, rhs, trans=trans)
 
 
-# x = op(a)^-1 b from the LU factors of a (one matrix; b any stack of matrices); op: trans
+# x = op(a)^-1 b from the LU factors of a (a matrix or a stack; b any stack of matrices that
+# broadcasts against it); op: trans
 lu_solve_p = _primitive("lu_solve", _lu_solve_raw, jvp=_lu_solve_jvp, jvp_batched=True)
 lu_solve_p.vjp_all = _lu_solve_vjp_all
 
@@ -807,10 +830,18 @@ def _solve_dtype(a, b) -> np.dtype:
     return dt if dt.kind in "fc" else np.dtype(np.float64)
 
 
+# Stacks of matrices smaller than this are solved by NumPy's batched solve, and refactored by
+# the backward pass: one LAPACK call per matrix from Python costs more than their factorization
+# (measured: 100 matrices of 16 x 16, batched solve and refactoring 0.31 ms, factors reused
+# 0.43 ms; 50 of 32 x 32, 0.54 ms against 0.41 ms).
+STACKED_LU_MIN_SIZE = 32
+
+
 @implements(np.linalg.solve)
 def solve(a, b):
-    """One LU factorization of a single matrix, reused by the backward pass (SciPy present);
-    stacks of matrices are solved by NumPy, and their backward pass solves with a^T."""
+    """One LU factorization per matrix, reused by the backward pass (SciPy present): for a
+    single matrix, and for stacks of matrices from STACKED_LU_MIN_SIZE on; smaller stacks are
+    solved by NumPy, and their backward pass solves with a^T."""
     a, b = _operand(a), _operand(b)
     _check_square(a)
     vector = ndim_of(b) == 1
@@ -823,7 +854,8 @@ def solve(a, b):
             f"different from {n})"
         )
     dt = _solve_dtype(a, b)
-    if ndim_of(a) == 2 and n and _lapack(("getrf",), dt) is not None:
+    reuse = ndim_of(a) == 2 or n >= STACKED_LU_MIN_SIZE
+    if reuse and n and _lapack(("getrf",), dt) is not None:
         a, bm = (x if dtype_of(x) == dt else x.astype(dt) for x in (a, bm))
         lu, piv = lu_factors_p.impl(a)
         x = lu_solve_p.impl(a, lu, piv, bm, trans=0)
