@@ -392,6 +392,42 @@ def test_cholesky_gradients(seed, n, batch, upper):
     check_gradients(lambda y: np.linalg.cholesky(y @ _mT(y) + n * np.eye(n), upper=upper), b)
 
 
+@SETTINGS
+@given(seed=SEEDS, n=SIZES, batch=st.sampled_from(BATCHES), upper=st.booleans())
+def test_complex_cholesky_gradients(seed, n, batch, upper):
+    """Hermitian input, read from one triangle as NumPy reads it (the imaginary part of the
+    diagonal is not read): vjp and jvp against differences of NumPy's own cholesky."""
+    a = hermitian_spread(np.random.default_rng(seed), batch, n)
+    check_values(lambda x: np.linalg.cholesky(x, upper=upper), a)
+    check_vjp(lambda x: np.linalg.cholesky(x, upper=upper), a)
+
+
+@SETTINGS
+@given(
+    seed=SEEDS,
+    m=SIZES,
+    n=SIZES,
+    batch=st.sampled_from(BATCHES),
+    mode=st.sampled_from(["reduced", "r", "complete"]),
+)
+def test_complex_qr_gradients(seed, m, n, batch, mode):
+    """Q and R of complex matrices (tall, square, wide; R's diagonal is real, which fixes the
+    phase of Q's columns) against differences of NumPy's qr; complete mode of a tall matrix
+    is refused."""
+    a = complex_normal(np.random.default_rng(seed), batch + (m, n))
+
+    def f(x):
+        out = np.linalg.qr(x, mode=mode)
+        return out if mode == "r" else tuple(out)
+
+    if mode == "complete" and m > n:
+        with pytest.raises(gt.GradtapeError, match="complete.*complex"):
+            gt.vjp(f, a)
+        return
+    check_values(f, a)
+    check_vjp(f, a)
+
+
 def _sign_fixed(v):
     return v * np.sign(v[..., :1, :])
 
@@ -555,6 +591,18 @@ PRIMITIVE_CASES = {
     ),
     "eigh complex": (la.eigh_p, lambda r, n, b: ((hermitian_spread(r, b, n),), {"UPLO": "U"})),
     "eig complex": (la.eig_p, lambda r, n, b: ((complex_general_spread(r, b, n),), {})),
+    "cholesky complex": (
+        la.cholesky_p,
+        lambda r, n, b: ((hermitian_spread(r, b, n),), {"upper": False}),
+    ),
+    "cholesky complex upper": (
+        la.cholesky_p,
+        lambda r, n, b: ((hermitian_spread(r, b, n),), {"upper": True}),
+    ),
+    "qr complex": (
+        la.qr_p,
+        lambda r, n, b: ((complex_normal(r, b + (n + 1, n)),), {"complete": False}),
+    ),
     "svd complex": (
         la.svd_p,
         lambda r, n, b: ((spread_singular(r, b, n + 1, n, True),), {"full_matrices": False}),
@@ -1468,6 +1516,11 @@ def test_gradients_match_jax(jax_modules):
         np.testing.assert_allclose(ours, theirs, rtol=1e-7, atol=1e-9, err_msg=name)
 
 
+def _flat_pair(m, pair):
+    """Two arrays as one vector (m: numpy or jax.numpy)."""
+    return m.concatenate([pair[0].ravel(), pair[1].ravel()])
+
+
 def test_complex_gradients_match_jax(jax_modules):
     """The complex convention is JAX's: compare vjps with complex cotangents."""
     jax, jnp = jax_modules
@@ -1483,6 +1536,15 @@ def test_complex_gradients_match_jax(jax_modules):
         ("svdvals", lambda m: lambda x: m.linalg.svd(x, compute_uv=False), s),
         ("pinv", lambda m: m.linalg.pinv, s),
         ("solve", lambda m: lambda x: m.linalg.solve(x, a[:, 0]), a),
+        ("qr", lambda m: lambda x: _flat_pair(m, m.linalg.qr(x)), s),
+        ("qr wide", lambda m: lambda x: _flat_pair(m, m.linalg.qr(x.T)), s),
+        # through a Hermitian parametrization: JAX symmetrizes, NumPy reads one triangle
+        ("cholesky", lambda m: lambda x: m.linalg.cholesky(x @ x.conj().T + 3 * m.eye(3)), a),
+        (
+            "cholesky upper",
+            lambda m: lambda x: m.linalg.cholesky(x @ x.conj().T + 3 * m.eye(3), upper=True),
+            a,
+        ),
     ]
     for name, f, x in cases:
         out, vjp_fn = gt.vjp(f(np), x)
