@@ -142,26 +142,52 @@ SHIM = textwrap.dedent(
 
     @unary_to_nary
     def make_hvp(fun, x):
-        return (lambda v: gt.hvp(fun, x, v)), fun(x)
+        """(v -> H v, gradient) at x, as autograd's make_hvp."""
+        return (lambda v: gt.hvp(fun, x, v)), gt.grad(fun)(x)
 
 
-    @unary_to_nary
-    def hessian_tensor_product(fun, x):
-        return lambda v: gt.hvp(fun, x, v)
+    def _with_argument(fun, args, argnum):
+        def f(x):
+            a = list(args)
+            a[argnum] = x
+            return fun(*a)
+        return f
+
+
+    def hessian_tensor_product(fun, argnum=0):
+        """(*args, v) -> the Hessian in argument argnum times v."""
+        def product(*args):
+            args, vector = args[:-1], args[-1]
+            return gt.hvp(_with_argument(fun, args, argnum), args[argnum], vector)
+        return product
 
 
     hessian_vector_product = hessian_tensor_product
 
 
-    @unary_to_nary
-    def tensor_jacobian_product(fun, x):
-        def vector_dot_jacobian(v):
-            ans, vjp_fn = gt.vjp(fun, x)
-            return vjp_fn(v)[0]
-        return vector_dot_jacobian
+    def tensor_jacobian_product(fun, argnum=0):
+        """(*args, v) -> v contracted with the leading axes of the Jacobian in argument argnum."""
+        def product(*args):
+            args, vector = args[:-1], args[-1]
+            jac = gt.jacobian(_with_argument(fun, args, argnum))(args[argnum])
+            return numpy.tensordot(vector, jac, axes=numpy.ndim(vector))
+        return product
 
 
     vector_jacobian_product = tensor_jacobian_product
+
+
+    def make_ggnvp(f, g=lambda x: 0.5 * numpy.sum(x**2, axis=-1), f_argnum=0):
+        """Generalized Gauss-Newton products J^T H_g J v at a point, as autograd's."""
+        @unary_to_nary
+        def _make_ggnvp(f, x):
+            f_x, f_vjp = gt.vjp(f, x)
+
+            def ggnvp(v):
+                jv = gt.jvp(f, (x,), (v,))[1]
+                return f_vjp(gt.hvp(g, f_x, jv))[0]
+            return ggnvp
+        return _make_ggnvp(f, f_argnum)
 
 
     def checkpoint(fun):
@@ -226,7 +252,8 @@ SHIM = textwrap.dedent(
         grad=grad, value_and_grad=value_and_grad, grad_and_aux=grad_and_aux,
         elementwise_grad=elementwise_grad, deriv=deriv, holomorphic_grad=holomorphic_grad,
         jacobian=jacobian, hessian=hessian, make_vjp=make_vjp, make_jvp=make_jvp,
-        make_hvp=make_hvp, hessian_tensor_product=hessian_tensor_product,
+        make_hvp=make_hvp, make_ggnvp=make_ggnvp,
+        hessian_tensor_product=hessian_tensor_product,
         hessian_vector_product=hessian_vector_product,
         tensor_jacobian_product=tensor_jacobian_product,
         vector_jacobian_product=vector_jacobian_product, checkpoint=checkpoint,
