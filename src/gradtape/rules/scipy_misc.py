@@ -74,6 +74,25 @@ for _module in ("scipy.integrate", "scipy.integrate._quadrature"):
     implements_module_function(_module, "cumulative_trapezoid")(cumulative_trapezoid)
 
 
+def odeint(func, y0, t, *args, **kwargs):
+    """scipy.integrate.odeint with a traced argument: refused with what to write instead (it
+    runs compiled Fortran on plain arrays; there is no rule for it yet)."""
+    from ..core.ir import source_text
+    from ..core.tracing import user_frame
+
+    where = source_text(user_frame(1)) or "<unknown>"
+    raise GradtapeError(
+        f"scipy.integrate.odeint ({where}) has no derivative rule in gradtape: LSODA runs as "
+        "compiled code on plain arrays, which would cut the gradient. Write the integration "
+        "with gradtape.fori_loop or gradtape.scan (a fixed-step Runge-Kutta step as the "
+        "body), or give the solve a rule with gradtape.custom_vjp."
+    )
+
+
+for _module in ("scipy.integrate", "scipy.integrate._odepack_py"):
+    implements_module_function(_module, "odeint")(odeint)
+
+
 # --- scipy.signal.convolve, correlate -------------------------------------------------------------
 def _signal_original(name: str):
     import scipy.signal
