@@ -330,7 +330,8 @@ def obtain_tests(source: str | None, workdir: str) -> str:
                 sys.exit(f"{source} holds no tests/ directory")
             for m in members:
                 m.name = "tests/" + m.name.split("/tests/", 1)[1]
-            tar.extractall(workdir, members=members, filter="data")
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(workdir, members=members, **safe)
     # autograd's conftest only seeds NumPy's generator; ours loads the mapping first
     with open(os.path.join(target, "_gradtape_autograd.py"), "w") as fh:
         fh.write(SHIM)

@@ -8,6 +8,7 @@ complex step in test_elementwise.py (the domains are in conftest.py).
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -378,7 +379,8 @@ def test_an_error_of_another_type_in_a_rule_gets_the_line_as_a_note(monkeypatch)
     monkeypatch.setattr(inv_p, "vjps", (failing_rule,))
     with pytest.raises(ValueError, match="a failing rule") as info:
         gt.grad(f)(np.eye(2) * 2.0)
-    assert any("inv's derivative meets an error" in note for note in info.value.__notes__)
+    if sys.version_info >= (3, 11):  # exception notes
+        assert any("inv's derivative meets an error" in note for note in info.value.__notes__)
 
 
 def test_gammasgn_has_zero_derivative_and_compiles():

@@ -74,11 +74,12 @@ def name_forward_line(error: BaseException, ins) -> None:
     if where is None or getattr(error, "_gradtape_forward_line", False):
         return
     text = FORWARD_LINE.format(op=ins.prim.name, where=where)
+    add_note = getattr(error, "add_note", None)  # Python 3.11 and later
     if isinstance(error, GradtapeError) and len(error.args) == 1 and isinstance(error.args[0], str):
         error.args = (error.args[0] + text,)
-    else:
-        error.add_note(text.strip())
-    error._gradtape_forward_line = True
+    elif add_note is not None:
+        add_note(text.strip())
+    setattr(error, "_gradtape_forward_line", True)  # noqa: B010  (an attribute of any exception)
 
 
 def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
