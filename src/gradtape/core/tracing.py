@@ -211,12 +211,15 @@ def bind(prim, args: tuple, params: dict):
         vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
     vals = tuple(vals)
     invars = tuple(invars)
+    # a differentiated tape remembers the user's line of each operation: an error raised by
+    # a derivative rule later (in the backward pass) names it
+    source = None if top.record_all else user_frame()
     if prim.multiple_results:
         outvars = tuple(top.new_var(o) for o in out)
-        top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out))
+        top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out, source))
         return type(out)(Tracer(o, v, top) for o, v in zip(out, outvars))
     var = top.new_var(out)
-    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out))
+    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out, source))
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
         add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
@@ -251,6 +254,30 @@ def _leaked_error(level) -> GradtapeError:
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gradtape package
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
+
+
+_SCIPY_MARK = os.sep + "scipy" + os.sep
+_LIBRARY_CODE: dict = {}  # code object -> True when it is gradtape's, NumPy's or SciPy's
+
+
+def user_frame(depth: int = 2) -> tuple | None:
+    """`(code, line number)` of the first frame outside gradtape, NumPy and SciPy (the user's
+    line that led to this operation; a SciPy function's own lines are skipped so that
+    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame."""
+    f = sys._getframe(depth)
+    library = _LIBRARY_CODE
+    while f is not None:
+        code = f.f_code
+        inside = library.get(code)
+        if inside is None:
+            fn = code.co_filename
+            inside = library[code] = (
+                fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
+            )
+        if not inside:
+            return (code, f.f_lineno)
+        f = f.f_back
+    return None
 
 
 def _user_source_line() -> str:

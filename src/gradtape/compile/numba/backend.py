@@ -48,7 +48,7 @@ from ..program import Program
 from . import cache, codegen
 from .kernel import KernelArg
 from .parallel import PARALLEL_MIN_CHUNK
-from .wrapper import STATUS_LAYOUT
+from .wrapper import STATUS_LAYOUT, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
 # Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
@@ -519,13 +519,7 @@ class NumbaLowered:
     def _build(self, source: str, extra: dict) -> Callable:
         """The wrapper's `run`, from its source and constants."""
         consts = dict(extra)
-        consts.update(
-            state=self._state,
-            empty=np.empty,
-            array=np.array,
-            asarray=np.asarray,
-            ascontiguous=np.ascontiguousarray,
-        )
+        consts.update(runtime_functions(), state=self._state)
         namespace: dict = {}
         exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"), namespace)
         return namespace["_build"](consts)
