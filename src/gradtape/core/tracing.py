@@ -650,26 +650,28 @@ class Tracer:
         self._assign(_METHODS["__setitem__"](self, idx, value))
 
     # --- methods ----------------------------------------------------------------------
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    # The reductions take ndarray's keywords (initial=, where=, ...) as their np. spellings do;
+    # a keyword is passed on only when given, as ndarray's methods leave NumPy's defaults.
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def max(self, axis=None, out=None, keepdims=False):
-        return np.max(self, axis=axis, out=out, keepdims=keepdims)
+    def max(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.max(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def min(self, axis=None, out=None, keepdims=False):
-        return np.min(self, axis=axis, out=out, keepdims=keepdims)
+    def min(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.min(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs)
 
-    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs)
 
     def cumsum(self, axis=None, dtype=None, out=None):
         return np.cumsum(self, axis=axis, dtype=dtype, out=out)
@@ -686,11 +688,11 @@ class Tracer:
     def argsort(self, axis=-1, kind=None, order=None):
         return np.argsort(self, axis=axis, kind=kind, order=order)
 
-    def any(self, axis=None, out=None, keepdims=False):
-        return np.any(self, axis=axis, out=out, keepdims=keepdims)
+    def any(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.any(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def all(self, axis=None, out=None, keepdims=False):
-        return np.all(self, axis=axis, out=out, keepdims=keepdims)
+    def all(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.all(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
     def dot(self, b, out=None):
         return np.dot(self, b, out=out)

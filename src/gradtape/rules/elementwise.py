@@ -203,6 +203,17 @@ def _arccosh_partial(ans, x):
     return 1 / np.sqrt(x * x - 1)
 
 
+def _inverse(y):
+    """1 / y, with NumPy's inf or nan (and its warning) for a Python zero: `x / 0.0` is inf in
+    NumPy, and its derivative must not raise ZeroDivisionError. A Python number stays one, so
+    it keeps NumPy's weak promotion (a float32 cotangent stays float32)."""
+    if type(y) in (int, float, bool):
+        return float(np.divide(1.0, y))
+    if type(y) is complex:
+        return complex(np.divide(1.0, y))
+    return 1 / y
+
+
 def _max_dx(ans, x, y):
     return (x > y) + 0.5 * (x == y)
 
@@ -229,7 +240,7 @@ multiply = _np(
 )
 divide = _np(
     "divide",
-    (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y),
+    (lambda ans, x, y: _inverse(y), lambda ans, x, y: -ans / y),
     safe=True,
     native=("@invariant_divisor", "float:({0} / {1})", "np.divide"),
 )
