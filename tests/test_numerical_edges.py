@@ -118,3 +118,135 @@ def test_std_with_ddof_of_one_element_is_numpys_nan():
     assert np.isnan(grad).all()
     assert any("Degrees of freedom" in str(w.message) for w in numpy_warnings)
     assert any("Degrees of freedom" in str(w.message) for w in ours)
+
+
+# --- complex values: exact, or refused with the operation's name --------------------------------
+Z = np.array([1.0 + 1.0j, -2.0 + 0.5j, 0.3 - 1.2j])
+
+
+def test_sign_of_complex_values_is_refused_at_the_users_line():
+    def f(z):
+        return np.sum(np.abs(np.sign(z) + z) ** 2)
+
+    with pytest.raises(gt.GradtapeError, match=r"sign of complex values.*zero derivative") as e:
+        gt.grad(f)(Z)
+    assert "test_numerical_edges.py" in str(e.value)
+    # staged without a derivative, sign of complex values is just a value
+    np.testing.assert_allclose(gt.compile(f, backend="numpy")(Z), f(Z), rtol=1e-14)
+    # real values: sign has zero derivative, as before
+    x = np.array([1.0, -2.0])
+    np.testing.assert_allclose(gt.grad(lambda x: np.sum(np.sign(x) * x))(x), np.sign(x))
+
+
+def test_nondifferentiable_primitives_with_exact_complex_rules_are_not_refused():
+    def f(z):
+        return np.sum(np.abs(z * gt.stop_gradient(z) + np.rint(z * 3.0)) ** 2)
+
+    def by_hand(z):  # |z c + r|^2 with c, r constants: 2 conj(z c + r) c (JAX's convention)
+        return 2 * np.conj(z * z + np.rint(z * 3.0)) * z
+
+    np.testing.assert_allclose(gt.grad(f)(Z), by_hand(Z), rtol=1e-12)
+
+
+def test_a_nondifferentiable_complex_result_is_checked_against_the_declarations():
+    from gradtape.core.primitive import REGISTRY
+
+    declared = {name for name, prim in REGISTRY.items() if prim.nondiff and prim.complex_correct}
+    assert {"rint", "stop_gradient"} <= declared
+    assert declared <= {"rint", "stop_gradient", "cho_factors", "lu_factors"} | {
+        "lu_permutation",  # integer results: the linear algebra rules declare them
+        "linalg_all_real",
+    }
+    assert REGISTRY["sign"].complex_correct is False
+
+
+def test_complex_to_real_casts_in_the_backward_pass_do_not_warn():
+    x = np.array([1.0, 2.0])
+
+    def f(x):
+        return np.sum(np.abs(x.astype(np.complex128) * (1 + 2j)) ** 2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(gt.grad(f)(x), 10 * x, rtol=1e-14)
+        np.testing.assert_allclose(gt.jvp(f, (x,), (x,))[1], 10 * x @ x, rtol=1e-14)
+        np.testing.assert_allclose(gt.hessian(f)(x), 10 * np.eye(2), rtol=1e-14)
+        np.testing.assert_allclose(gt.compile(gt.grad(f), backend="numpy")(x), 10 * x, rtol=1e-14)
+
+
+# --- masked branches: finite gradients in every mode and on both compiled backends ---------------
+MASKED = {
+    "p log p": (
+        lambda p: np.sum(np.where(p > 0, p * np.log(p), 0.0)),
+        lambda p: np.where(p > 0, np.log(np.where(p > 0, p, 1.0)) + 1.0, 0.0),
+    ),
+    "sqrt": (
+        lambda x: np.sum(np.where(x > 0, np.sqrt(x), 0.0)),
+        lambda x: np.where(x > 0, 0.5 / np.sqrt(np.where(x > 0, x, 1.0)), 0.0),
+    ),
+    "reciprocal": (
+        lambda x: np.sum(np.where(x != 0, 1.0 / x, 0.0)),
+        lambda x: np.where(x != 0, -1.0 / np.where(x != 0, x, 1.0) ** 2, 0.0),
+    ),
+    "log": (
+        lambda x: np.sum(np.where(x > 0, np.log(x) * x**2, 0.0)),
+        lambda x: np.where(x > 0, (2 * np.log(np.where(x > 0, x, 1.0)) + 1.0) * x, 0.0),
+    ),
+}
+MASKED_AT = np.array([0.0, 0.5, 1.0, -1.0, 1000.0])
+
+
+@pytest.mark.parametrize("name", list(MASKED))
+def test_masked_branches_have_finite_gradients(name):
+    f, grad_by_hand = MASKED[name]
+    expected = grad_by_hand(MASKED_AT)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(gt.grad(f)(MASKED_AT), expected, rtol=1e-14)
+        compiled = gt.compile(gt.grad(f), backend="numpy")(MASKED_AT)
+        np.testing.assert_allclose(compiled, expected, rtol=1e-14)
+        for k in range(MASKED_AT.size):  # forward mode, one direction at a time
+            e = np.zeros(MASKED_AT.size)
+            e[k] = 1.0
+            np.testing.assert_allclose(gt.jvp(f, (MASKED_AT,), (e,))[1], expected[k], rtol=1e-14)
+        np.testing.assert_allclose(gt.jacfwd(f)(MASKED_AT), expected, rtol=1e-14)
+
+
+@pytest.mark.native
+def test_masked_branches_on_the_numba_backend():
+    from gradtape.compile.numba import backend as numba_backend
+
+    if not numba_backend.available():
+        pytest.skip("Numba is not installed")
+    from gradtape.compile.numba.backend import lowered
+
+    for name, (f, grad_by_hand) in MASKED.items():
+        compiled = gt.compile(gt.grad(f), backend="numba")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", numba_backend.NativeFallbackWarning)
+            with np.errstate(all="ignore"):
+                for _ in range(2):
+                    np.testing.assert_allclose(
+                        compiled(MASKED_AT), grad_by_hand(MASKED_AT), rtol=1e-14, err_msg=name
+                    )
+        assert lowered(compiled, MASKED_AT).tier == "native", name
+
+
+@pytest.mark.native
+def test_the_numba_backend_says_complex_values_are_not_lowered():
+    from gradtape.compile.numba import backend as numba_backend
+
+    if not numba_backend.available():
+        pytest.skip("Numba is not installed")
+
+    def f(z):
+        return np.sum(np.abs(np.exp(z) * z) ** 2)
+
+    compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+    with pytest.warns(
+        numba_backend.NativeFallbackWarning, match="complex values are not lowered"
+    ) as w:
+        value, grad = compiled(Z * 0.71)  # a scale of its own: warned once per message
+    assert not any("no native translation" in str(m.message) for m in w)
+    expected = gt.value_and_grad(f)(Z * 0.71)
+    np.testing.assert_allclose(value, expected[0], rtol=1e-13)
+    np.testing.assert_allclose(grad, expected[1], rtol=1e-13)

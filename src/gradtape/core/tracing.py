@@ -206,6 +206,12 @@ def bind(prim, args: tuple, params: dict):
             invars.append(None)
     out = prim.impl(*vals, **params)
     if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+        if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
+            # np.sign(z): zero derivative on the reals, not on the complex plane
+            raise GradtapeError(
+                f"{_user_source_line()}: "
+                + complex_refusal(prim.name, "taken as a constant, with zero derivative")
+            )
         return out
     if top.record_all or not prim.linear:  # rules or a replay will read the constants later
         vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
@@ -238,6 +244,23 @@ def _inexact(out, multiple: bool) -> bool:
     if dt is None:
         return isinstance(out, (float, complex))
     return dt.kind in "fc"
+
+
+def _complex(out, multiple: bool) -> bool:
+    if multiple:
+        return any(_complex(o, False) for o in out)
+    dt = getattr(out, "dtype", None)
+    return dt.kind == "c" if dt is not None else isinstance(out, complex)
+
+
+def complex_refusal(name: str, why: str = "") -> str:
+    """The message for a primitive that does not differentiate complex values."""
+    return (
+        f"gradtape cannot differentiate {name} of complex values: its derivative rule is "
+        "written for real numbers" + (f" ({why})" if why else "") + ", and applied to complex "
+        "ones it could give a wrong result. Write the computation with real and imaginary "
+        "parts (np.real, np.imag) as real arrays, or give it a rule with gradtape.custom_vjp."
+    )
 
 
 def _leaked_error(level) -> GradtapeError:

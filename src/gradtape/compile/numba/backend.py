@@ -412,13 +412,26 @@ def _generated(program: Program, threads: int) -> codegen.Generated | None:
         generated.loops or any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)
     ):
         return None  # nothing native to do: the numpy backend's code is better
+    complex_names: list = []
     for stage in generated.plan.stages:
         if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
-            name = stage.members[0].prim.name
+            ins = stage.members[0]
+            name = ins.prim.name
+            if any(v is not None and v.dtype.kind == "c" for v in (*ins.invars, *ins.outvars)):
+                if name not in complex_names:
+                    complex_names.append(name)
+                continue
             warn_once(
                 f"numba backend: primitive {name!r} has no native translation; it "
                 "runs through NumPy between the native kernels (exact, slower)"
             )
+    if complex_names:
+        warn_once(
+            "numba backend: complex values are not lowered to native code ("
+            + ", ".join(complex_names)
+            + " of complex values); they run through NumPy between the native kernels "
+            "(exact, slower)"
+        )
     return generated
 
 
