@@ -250,3 +250,84 @@ def test_the_numba_backend_says_complex_values_are_not_lowered():
     expected = gt.value_and_grad(f)(Z * 0.71)
     np.testing.assert_allclose(value, expected[0], rtol=1e-13)
     np.testing.assert_allclose(grad, expected[1], rtol=1e-13)
+
+
+# --- empty and all-NaN reductions, where= and initial= -------------------------------------------
+WHERE_CASES = {
+    # name: (f, x, gradient by hand)
+    "max where initial": (
+        lambda x: np.max(x, where=x < 3, initial=0),
+        np.array([1.0, 2.0, 4.0]),
+        [0.0, 1.0, 0.0],
+    ),
+    "min where initial": (
+        lambda x: np.min(x, where=x > 1.5, initial=10),
+        np.array([1.0, 2.0, 4.0]),
+        [0.0, 1.0, 0.0],
+    ),
+    "prod where": (
+        lambda x: np.prod(x, where=x < 3),
+        np.array([1.0, 2.0, 4.0]),
+        [2.0, 1.0, 0.0],
+    ),
+    "max where, the selected entries at -inf": (
+        lambda x: np.max(x, where=np.array([True, True, False]), initial=-np.inf),
+        np.array([-np.inf, 1.0, 5.0]),
+        [0.0, 1.0, 0.0],
+    ),
+    "nanmax of -inf and NaN": (lambda x: np.nanmax(x), np.array([-np.inf, np.nan]), [1.0, 0.0]),
+    "nanmin of inf and NaN": (lambda x: np.nanmin(x), np.array([np.nan, np.inf]), [0.0, 1.0]),
+    "nanmax of ties at -inf": (
+        lambda x: np.nanmax(x),
+        np.array([-np.inf, np.nan, -np.inf]),
+        [0.5, 0.0, 0.5],
+    ),
+    "nanmax tied with a masked filler along an axis": (
+        lambda x: np.sum(np.nanmax(x, axis=1) * np.array([1.0, 2.0])),
+        np.array([[-np.inf, np.nan, 1.0], [np.nan, -np.inf, np.nan]]),
+        [[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WHERE_CASES))
+def test_masked_extremes_give_numpys_value_and_the_selected_entries_gradient(name):
+    f, x, expected = WHERE_CASES[name]
+    value, grad = gt.value_and_grad(f)(x)
+    np.testing.assert_array_equal(value, f(x))
+    np.testing.assert_allclose(grad, expected, rtol=1e-14)
+    compiled = gt.compile(gt.value_and_grad(f), backend="numpy")(x)
+    np.testing.assert_array_equal(compiled[0], value)
+    np.testing.assert_allclose(compiled[1], expected, rtol=1e-14)
+
+
+def test_a_masked_extreme_tied_with_a_finite_initial_keeps_numpys_value():
+    x = np.array([0.1, 5.0, 0.1, 0.1])
+    where = np.array([True, False, True, True])
+    value, grad = gt.value_and_grad(lambda x: np.max(x, where=where, initial=0.1))(x)
+    assert value == 0.1  # exactly, not a sum of three 0.1 divided by three
+    # the entries share the derivative with initial= (a tie of np.maximum's): half of it
+    np.testing.assert_allclose(grad, [1 / 6, 0.0, 1 / 6, 1 / 6], rtol=1e-14)
+
+
+@pytest.mark.parametrize("reduction", [np.nanmax, np.nanmin])
+def test_all_nan_slices_are_nan_with_numpys_warning(reduction):
+    x = np.array([[np.nan, 1.0], [np.nan, 2.0]])
+    with pytest.warns(RuntimeWarning, match="All-NaN slice"):
+        value, grad = gt.value_and_grad(lambda x: np.sum(reduction(x, axis=0)))(x)
+    assert np.isnan(value)
+    np.testing.assert_array_equal(
+        grad, [[0.0, reduction is np.nanmin], [0.0, reduction is np.nanmax]]
+    )
+
+
+def test_empty_reductions():
+    empty = np.ones((0, 3))
+    value, grad = gt.value_and_grad(lambda x: np.sum(np.prod(x, axis=0) * np.arange(3.0)))(empty)
+    assert value == 3.0 and grad.shape == (0, 3)
+    value, grad = gt.value_and_grad(lambda x: np.max(x, initial=1.5))(np.ones(0))
+    assert value == 1.5 and grad.shape == (0,)
+    value, grad = gt.value_and_grad(lambda x: np.sum(np.min(x, axis=0, initial=2.0)))(empty)
+    assert value == 6.0 and grad.shape == (0, 3)
+    with pytest.raises(ValueError, match="zero-size array"):
+        gt.grad(lambda x: np.max(x))(np.ones(0))
