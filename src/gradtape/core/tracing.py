@@ -308,9 +308,34 @@ def _no_float_message(what: str) -> str:
     )
 
 
+def _index_trick() -> str | None:
+    """'np.r_', 'np.c_' (...) when NumPy's index tricks are converting their items: they make
+    plain arrays of them before they concatenate."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "__getitem__" and f.f_code.co_filename.endswith(
+            "_index_tricks_impl.py"
+        ):
+            trick = f.f_locals.get("self")
+            for name in ("r_", "c_", "s_", "index_exp", "mgrid", "ogrid"):
+                if getattr(np, name, None) is trick:
+                    return f"np.{name}"
+            return "NumPy's index tricks"
+        f = f.f_back
+    return None
+
+
 def _as_array_message() -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
     where = _user_source_line()
+    trick = _index_trick()
+    if trick is not None:
+        return (
+            f"{trick}[...] makes plain arrays of its items ({where}), which would copy the "
+            "numbers of a traced value out and cut the gradient. Write np.concatenate([a, b]) "
+            "(np.atleast_1d for scalars) instead of np.r_[a, b], and np.column_stack([a, b]) "
+            "instead of np.c_[a, b]."
+        )
     if ".dot(" in where:
         advice = (
             "A plain array's method (X.dot(w)) cannot see a traced argument: write "
