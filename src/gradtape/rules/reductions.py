@@ -338,8 +338,14 @@ def cumprod(a, axis=None, dtype=None, out=None):
 
 
 # --- no derivative: arg-reductions and predicates (recorded when staging) ----------------------
-def _nondiff_function(func, name, shape_from_data=False):
-    prim = Primitive(name, func, nondiff=True, shape_from_data=shape_from_data)
+def _nondiff_function(func, name, shape_from_data=False, multiple_results=False):
+    prim = Primitive(
+        name,
+        func,
+        nondiff=True,
+        shape_from_data=shape_from_data,
+        multiple_results=multiple_results,
+    )
 
     @implements(func)
     def impl(*args, **kwargs):
@@ -367,7 +373,10 @@ for _f in (
 ):
     if hasattr(_f, "__name__") and not isinstance(_f, np.ufunc):
         _nondiff_function(
-            _f, _f.__name__, shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero)
+            _f,
+            _f.__name__,
+            shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero),
+            multiple_results=_f is np.nonzero,  # a tuple of index arrays, one per axis
         )
 
 
