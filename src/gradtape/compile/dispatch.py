@@ -382,8 +382,7 @@ class CompiledFunction:
                 variant = sig.add(_Variant(tape, program, lowered))
         if reason is not None:
             self._warn_once(f"compile: {self._name()} runs eagerly for {sig.label}: {reason}.")
-            sig.stats.eager_calls += 1
-            return self._deliver(traced, out), None
+            return self._deliver(traced, out), None  # counted once: as the recording
         out_leaves = None if out is None else _out_leaves(program, out, info.leaves)
         try:
             result = variant.run(*info.leaves, out_leaves)
