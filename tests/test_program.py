@@ -404,3 +404,15 @@ def test_outputs_describe_their_leaves():
     prog, _ = compiled(lambda x: (np.sum(x), x * 2.0), X)
     assert prog.out_is_flat_tuple
     assert [leaf.scalar for leaf in prog.outputs] == [True, False]
+
+
+def test_a_complex_product_with_one_is_not_folded():
+    """NumPy computes (inf + 1j) * 1 as a full complex product: inf + nanj; the fold of a
+    multiplication by one keeps real values only."""
+    z = np.array([complex(np.inf, 1.0), complex(1.0, np.inf), 1 + 2j])
+    for f in (lambda z: z * 1.0, lambda z: (1 + 0j) * z, lambda z: z * np.ones(3)):
+        with np.errstate(invalid="ignore"):
+            expected = f(z)
+            np.testing.assert_array_equal(gt.compile(f, backend="numpy")(z), expected)
+    prog, _ = compiled(lambda x: x * 1.0, X)
+    assert not prog.instructions  # real values: still folded
