@@ -357,3 +357,47 @@ def test_index_tricks_on_traced_values_name_themselves_and_what_to_write(trick, 
     np.testing.assert_allclose(gt.grad(instead)(x), fd(f, x), rtol=1e-7)
     # index tricks of constants inside a traced function are plain arrays, as ever
     np.testing.assert_array_equal(gt.grad(lambda x: np.sum(x[np.r_[0, 1]]))(x), [1.0, 1.0])
+
+
+# --- the numba backend on edge inputs ------------------------------------------------------------
+def _numba_backend():
+    from gradtape.compile.numba import backend as numba_backend
+
+    if not numba_backend.available():
+        pytest.skip("Numba is not installed")
+    return numba_backend
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+def test_power_with_an_array_of_constant_exponents_on_the_numba_backend(backend):
+    _numba_backend()
+    exponents = np.array([1.0, 2.0, 3.0, 0.5])
+    x = np.array([1.5, 0.5, 2.0, 4.0])
+
+    def f(x):
+        return np.sum(x**exponents)
+
+    compiled = gt.compile(gt.value_and_grad(f), backend=backend)
+    for _ in range(3):
+        value, grad = compiled(x)
+        np.testing.assert_allclose(value, f(x), rtol=1e-14)
+        np.testing.assert_allclose(grad, exponents * x ** (exponents - 1), rtol=1e-14)
+
+
+@pytest.mark.native
+def test_a_strided_argument_with_a_zero_dimensional_one_on_the_numba_backend():
+    numba_backend = _numba_backend()
+    strided = np.arange(12.0).reshape(3, 4)[:, ::2]
+
+    def f(a, s):
+        return np.sum(a * s)
+
+    compiled = gt.compile(gt.value_and_grad(f, argnums=(0, 1)), backend="numba")
+    compiled(strided, np.float64(2.0))
+    assert numba_backend.wait_for_kernels(600)
+    for scale in (np.float64(2.0), np.array(2.0), np.array(3.0)):
+        value, (grad_a, grad_s) = compiled(strided, scale)
+        assert value == np.sum(strided * scale)
+        np.testing.assert_array_equal(grad_a, np.full((3, 2), float(scale)))
+        assert grad_s == np.sum(strided)

@@ -376,7 +376,11 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
             and (O is None or all(o.flags.c_contiguous for o in O))
         ):
             return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
-        args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
+        # (np.ascontiguousarray would make a 0-d argument 1-d: only the strided are copied)
+        args = tuple(
+            np.ascontiguousarray(a) if type(a) is np.ndarray and not a.flags.c_contiguous else a
+            for a in args
+        )
         if O is None:
             return state.run(*args, None)
         contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
