@@ -401,3 +401,54 @@ def test_a_strided_argument_with_a_zero_dimensional_one_on_the_numba_backend():
         assert value == np.sum(strided * scale)
         np.testing.assert_array_equal(grad_a, np.full((3, 2), float(scale)))
         assert grad_s == np.sum(strided)
+
+
+# --- out= arrays that share memory ---------------------------------------------------------------
+def _two_results(x):
+    return x * 2.0, x * 3.0
+
+
+def _nested_results(x):
+    return np.sum(x), (x * 2.0, x * 3.0)
+
+
+def _unreplayable(x):  # x.item(1) of a whole array: runs eagerly, with a warning
+    return x * x.item(1), x * 3.0
+
+
+@pytest.mark.parametrize("f", [_two_results, _unreplayable], ids=["replayed", "eager"])
+def test_out_arrays_that_share_memory_are_refused(f):
+    x = np.array([1.0, 2.0])
+    compiled = gt.compile(f, backend="numpy")
+    b = np.zeros(2)
+    big = np.zeros(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gt.CompileWarning)
+        for out in [(b, b), (big[:2], big[1:])]:
+            for _ in range(2):  # the call that records, and one that replays
+                with pytest.raises(gt.GradtapeError, match="two out= arrays share memory"):
+                    compiled(x, out=out)
+        assert not b.any() and not big.any()  # nothing was written
+        if f is _two_results:  # a replay writes results while it reads the arguments
+            with pytest.raises(gt.GradtapeError, match="shares memory with an argument"):
+                compiled(x, out=(x, b))
+        else:  # an eager call computes every result first: NumPy's semantics
+            y = x.copy()
+            compiled(y, out=(y, b))
+            np.testing.assert_array_equal(y, x * x[1])
+            np.testing.assert_array_equal(b, x * 3.0)
+            b[...] = 0.0
+        first, second = np.zeros(2), np.zeros(2)
+        compiled(x, out=(first, second))  # separate arrays, also views of one that do not overlap
+        np.testing.assert_array_equal(second, x * 3.0)
+        halves = np.zeros(4)
+        compiled(x, out=(halves[:2], halves[2:]))
+        np.testing.assert_array_equal(halves[2:], x * 3.0)
+
+
+def test_nested_out_arrays_that_share_memory_are_refused():
+    x = np.array([1.0, 2.0])
+    compiled = gt.compile(_nested_results, backend="numpy")
+    g = np.zeros(2)
+    with pytest.raises(gt.GradtapeError, match="two out= arrays share memory"):
+        compiled(x, out=(np.zeros(()), (g, g)))
