@@ -74,13 +74,19 @@ def _times_safe(g, partial, ans, args):
 
     The mask asks only where the partial is not finite: elsewhere g * partial is kept as
     recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
+    Concrete values (eager differentiation) pay one sum over the product: a zero times an
+    infinite or NaN partial is NaN, so a product whose sum is not NaN needs no mask. A recorded
+    product (compile, higher order) keeps the mask unless the partial is a finite constant.
     """
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
     d = g * p
-    finite = np.isfinite(p)  # the common case: one pass over the partial, no mask
-    if isinstance(finite, (np.ndarray, np.bool_)) and finite.all():
-        return d
-    return np.where((g == 0) & ~finite, 0, d)
+    if type(d) is not Tracer:
+        if not np.isnan(np.sum(d) if type(d) is np.ndarray else d):
+            return d
+    elif type(p) is not Tracer:  # a constant partial (c * x): finite now, finite on replay
+        if np.isfinite(p).all():
+            return d
+    return np.where((g == 0) & ~np.isfinite(p), 0, d)
 
 
 def _make_jvp(partials, safe: bool, name: str):
@@ -203,6 +209,17 @@ def _arccosh_partial(ans, x):
     return 1 / np.sqrt(x * x - 1)
 
 
+def _inverse(y):
+    """1 / y, with NumPy's inf or nan (and its warning) for a Python zero: `x / 0.0` is inf in
+    NumPy, and its derivative must not raise ZeroDivisionError. A Python number stays one, so
+    it keeps NumPy's weak promotion (a float32 cotangent stays float32)."""
+    if type(y) in (int, float, bool):
+        return float(np.divide(1.0, y))
+    if type(y) is complex:
+        return complex(np.divide(1.0, y))
+    return 1 / y
+
+
 def _max_dx(ans, x, y):
     return (x > y) + 0.5 * (x == y)
 
@@ -225,11 +242,12 @@ subtract = _np("subtract", (1, -1), native=("signed:({0} - {1})", "np.subtract")
 multiply = _np(
     "multiply",
     (lambda ans, x, y: y, lambda ans, x, y: x),
+    safe=True,  # p * log(p) masked where p == 0: the zero cotangent meets log(0) = -inf
     native=("signed:({0} * {1})", "np.multiply"),
 )
 divide = _np(
     "divide",
-    (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y),
+    (lambda ans, x, y: _inverse(y), lambda ans, x, y: -ans / y),
     safe=True,
     native=("@invariant_divisor", "float:({0} / {1})", "np.divide"),
 )

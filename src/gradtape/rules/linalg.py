@@ -494,7 +494,11 @@ def outer(a, b, out=None):
 
 @implements(np.vdot)
 def vdot(a, b):
-    return np.matmul(np.ravel(_operand(a)), np.ravel(_operand(b)))
+    """np.vdot: the dot product of the raveled arrays, the first one conjugated."""
+    a = np.ravel(_operand(a))
+    if dtype_of(a).kind == "c":
+        a = np.conjugate(a)
+    return np.matmul(a, np.ravel(_operand(b)))
 
 
 def _chain_order(dims: list) -> list:

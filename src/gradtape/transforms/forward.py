@@ -24,7 +24,7 @@ from ..core.errors import GradtapeError
 from ..core.ir import Instruction, Tape, Var
 from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import Level, LevelKind, Tracer, new_level
-from ..rules._complex import COMPLEX_RULES, check_complex
+from ..rules._complex import check_complex
 from ..rules._util import dtype_of, shape_of
 from .reverse import (
     _check_differentiable,
@@ -88,7 +88,7 @@ def _dead_after(tape: Tape) -> dict:
 
 def _apply_jvp(ins: Instruction, ts: list, batch: int | None):
     prim = ins.prim
-    if prim.name not in COMPLEX_RULES:
+    if not prim.complex_correct:
         check_complex(ins)
     rule = prim.jvp
     if rule is None:

@@ -13,7 +13,7 @@ from ..core.errors import GradtapeError
 from ..core.ir import Tape, source_text
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import LevelKind, new_level
-from ..rules._complex import COMPLEX_RULES, check_complex, real_part
+from ..rules._complex import check_complex, real_part
 from ..rules._util import dtype_of
 from ..rules.indexing import SparseCotangent, materialize
 
@@ -119,7 +119,7 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
                 if g is None:
                     continue
                 g = _resolve(g)
-            if prim.name not in COMPLEX_RULES:
+            if not prim.complex_correct:
                 check_complex(ins)
             vjp_all = prim.vjp_all
             if vjp_all is not None:
