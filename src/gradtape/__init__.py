@@ -69,7 +69,6 @@ __all__ = [
     "NativeFallbackWarning",
     # batching and the transform toolbox
     "vmap",
-    "tree_util",
     "linearize",
     "checkpoint",
     "remat",

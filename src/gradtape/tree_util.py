@@ -6,12 +6,13 @@ children are its fields (automatically); any other type becomes a node with
 `gt.compile` and the others take pytrees as arguments, return them, and accept them as
 `has_aux` payloads. None is an empty node (no leaves), as in JAX.
 
-Example:
-    >>> import numpy as np, gradtape as gt
-    >>> params = {"w": np.ones(3), "b": 0.5}
-    >>> leaves, treedef = gt.tree_util.tree_flatten(params)
-    >>> gt.tree_util.tree_unflatten(treedef, [2 * x for x in leaves])
-    {'b': 1.0, 'w': array([2., 2., 2.])}
+Examples
+--------
+>>> import numpy as np, gradtape as gt
+>>> params = {"w": np.ones(3), "b": 0.5}
+>>> leaves, treedef = gt.tree_util.tree_flatten(params)
+>>> gt.tree_util.tree_unflatten(treedef, [2 * x for x in leaves])
+{'b': 1.0, 'w': array([2., 2., 2.])}
 """
 
 from __future__ import annotations
@@ -38,26 +39,54 @@ __all__ = [
 def tree_flatten(tree: Any) -> tuple[list, TreeDef]:
     """The leaves of `tree` (depth first; dict entries in sorted key order) and its structure.
 
-    Args:
-        tree: a pytree.
-    Returns:
+    Parameters
+    ----------
+    tree : pytree
+        Nested tuples, lists, dicts, named tuples, None, dataclasses and registered types.
+
+    Returns
+    -------
+    tuple
         (leaves, treedef); `tree_unflatten(treedef, leaves)` rebuilds the tree.
-    Example:
-        >>> tree_flatten((1, [2, None], {"a": 3}))[0]
-        [1, 2, 3]
+
+    Raises
+    ------
+    TypeError
+        A registered type's flatten function returned auxiliary data that is not hashable.
+
+    Examples
+    --------
+    >>> tree_flatten((1, [2, None], {"a": 3}))[0]
+    [1, 2, 3]
     """
     return _flatten(tree)
 
 
 def tree_unflatten(treedef: TreeDef, leaves: Any) -> Any:
-    """The pytree of structure `treedef` with these leaves (an iterable, in flattening order).
+    """The pytree of structure `treedef` with these leaves.
 
-    Raises:
-        ValueError: the number of leaves differs from the structure's.
-    Example:
-        >>> _, td = tree_flatten((0, {"a": 0}))
-        >>> tree_unflatten(td, [1, 2])
-        (1, {'a': 2})
+    Parameters
+    ----------
+    treedef : TreeDef
+        A structure, from `tree_flatten` or `tree_structure`.
+    leaves : iterable
+        The leaves, in flattening order.
+
+    Returns
+    -------
+    pytree
+        The tree.
+
+    Raises
+    ------
+    ValueError
+        The number of leaves differs from the structure's.
+
+    Examples
+    --------
+    >>> _, td = tree_flatten((0, {"a": 0}))
+    >>> tree_unflatten(td, [1, 2])
+    (1, {'a': 2})
     """
     leaves = list(leaves)
     if len(leaves) != treedef.num_leaves:
@@ -71,32 +100,71 @@ def tree_unflatten(treedef: TreeDef, leaves: Any) -> Any:
 def tree_leaves(tree: Any) -> list:
     """The leaves of `tree` in flattening order.
 
-    Example:
-        >>> tree_leaves({"b": 2, "a": (1, None)})
-        [1, 2]
+    Parameters
+    ----------
+    tree : pytree
+        The tree.
+
+    Returns
+    -------
+    list
+        Its leaves (None is an empty node, not a leaf).
+
+    Examples
+    --------
+    >>> tree_leaves({"b": 2, "a": (1, None)})
+    [1, 2]
     """
     return _flatten(tree)[0]
 
 
 def tree_structure(tree: Any) -> TreeDef:
-    """The structure of `tree` without its leaves (hashable; equal for equal structures).
+    """The structure of `tree` without its leaves.
 
-    Example:
-        >>> tree_structure((1, [2, 3])) == tree_structure((4, [5, 6]))
-        True
+    Parameters
+    ----------
+    tree : pytree
+        The tree.
+
+    Returns
+    -------
+    TreeDef
+        Hashable; equal for trees of equal structure.
+
+    Examples
+    --------
+    >>> tree_structure((1, [2, 3])) == tree_structure((4, [5, 6]))
+    True
     """
     return _flatten(tree)[1]
 
 
 def tree_map(f: Callable, tree: Any, *rest: Any) -> Any:
-    """`f` applied to each leaf of `tree` (and the corresponding leaves of `rest`, which must
-    have the same structure), in a tree of the same structure.
+    """`f` applied to each leaf of `tree` and the corresponding leaves of `rest`.
 
-    Raises:
-        ValueError: a tree in `rest` has another structure.
-    Example:
-        >>> tree_map(lambda x, y: x + y, {"a": 1, "b": (2,)}, {"a": 10, "b": (20,)})
-        {'a': 11, 'b': (22,)}
+    Parameters
+    ----------
+    f : callable
+        A function of as many leaves as there are trees.
+    tree : pytree
+        The first tree; its structure is the result's.
+    *rest : pytree
+        Further trees of the same structure.
+
+    Returns
+    -------
+    pytree
+        A tree of the structure of `tree` holding the results of `f`.
+
+    Raises
+    ------
+    ValueError
+        A tree in `rest` has another structure.
+
+    Examples
+    --------
+    >>> tree_map(lambda x, y: x + y, {"a": 1, "b": (2,)}, {"a": 10, "b": (20,)})
+    {'a': 11, 'b': (22,)}
     """
     leaves, td = _flatten(tree)
     others = []
@@ -117,20 +185,37 @@ def register_pytree_node(
 ) -> None:
     """Make instances of `node_type` pytree nodes (JAX's signature).
 
-    Args:
-        node_type: the class.
-        flatten_func: `node -> (children, aux_data)`; children is a sequence of pytrees,
-            aux_data the static part (hashable: it is part of the structure, so compiled
-            code is recorded again when it changes).
-        unflatten_func: `(aux_data, children) -> node`.
-    Example:
-        >>> class Box:
-        ...     def __init__(self, value, label):
-        ...         self.value, self.label = value, label
-        >>> register_pytree_node(
-        ...     Box, lambda b: ((b.value,), b.label), lambda label, ch: Box(ch[0], label)
-        ... )
-        >>> tree_leaves(Box(3.0, "x"))
-        [3.0]
+    Parameters
+    ----------
+    node_type : type
+        The class.
+    flatten_func : callable
+        `node -> (children, aux_data)`: children a sequence of pytrees, aux_data the static
+        part (hashable: it is part of the structure, so compiled code records again when it
+        changes).
+    unflatten_func : callable
+        `(aux_data, children) -> node`.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        `node_type` is not a type.
+    ValueError
+        `node_type` is a built-in node (tuple, list, dict, None).
+
+    Examples
+    --------
+    >>> class Box:
+    ...     def __init__(self, value, label):
+    ...         self.value, self.label = value, label
+    >>> register_pytree_node(
+    ...     Box, lambda b: ((b.value,), b.label), lambda label, ch: Box(ch[0], label)
+    ... )
+    >>> tree_leaves(Box(3.0, "x"))
+    [3.0]
     """
     _register(node_type, flatten_func, unflatten_func)

@@ -1057,15 +1057,15 @@ def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
     instead, and the members must take the same number of steps."""
     params = dict(body=body, cond=cond, n_carry=n_carry, n_body_caps=n_body_caps)
     if trace.read_above():
-        try:
-            return trace.loop_batch(prim, args, batched, **params)
-        except trace.BatchShapeError:
+        results = trace.member_results(prim, args, batched, params)
+        if len(trace.member_shapes(prim, results)) > 1:
             raise GradtapeError(
                 "while_loop differentiated inside vmap: the members of the batch ran different "
                 "numbers of iterations, and the gradient of each needs its own stored carries. "
                 "Differentiate outside the vmap (grad of vmap), or use fori_loop or scan with a "
                 "fixed number of steps."
-            ) from None
+            )
+        return trace.stack_members(prim, results)
     size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
     carry = [
         a if b else np.broadcast_to(a, (size,) + shape_of(a))

@@ -291,27 +291,32 @@ def read_above(level: Level | None = None) -> bool:
     return any(lv.id > level.id and lv.batch_size is None for lv in _stack())
 
 
-class BatchShapeError(GradtapeError):
-    """A primitive run per member of a vmap batch gave results of different shapes."""
-
-
 def loop_batch(prim, args: tuple, batched: tuple, **params):
     """The batching rule of a primitive without one: the primitive once per member of the
     batch, the results stacked (correct for every primitive, but not fused into one call)."""
-    size = None
-    for a, b in zip(args, batched):
-        if b:
-            size = a.shape[0]
-            break
-    results = []
-    for i in range(size):
-        member = tuple(a[i] if b else a for a, b in zip(args, batched))
-        results.append(bind(prim, member, params))
-    shapes = {
+    return stack_members(prim, member_results(prim, args, batched, params))
+
+
+def member_results(prim, args: tuple, batched: tuple, params: dict) -> list:
+    """The primitive applied to each member of the batch, one level down."""
+    size = next(a.shape[0] for a, b in zip(args, batched) if b)
+    return [
+        bind(prim, tuple(a[i] if b else a for a, b in zip(args, batched)), params)
+        for i in range(size)
+    ]
+
+
+def member_shapes(prim, results: list) -> set:
+    return {
         tuple(np.shape(o) for o in r) if prim.multiple_results else np.shape(r) for r in results
     }
+
+
+def stack_members(prim, results: list):
+    """The members' results stacked along a new first axis (the batch axis)."""
+    shapes = member_shapes(prim, results)
     if len(shapes) > 1:
-        raise BatchShapeError(
+        raise GradtapeError(
             f"{_user_source_line()}: vmap: {prim.name} gives results of different shapes for "
             f"different members of the batch ({', '.join(map(str, sorted(shapes)))}); a batch "
             "needs one shape for all its members. Compute a fixed-size result instead (a "

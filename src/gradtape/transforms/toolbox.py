@@ -39,27 +39,40 @@ Tracer = trace.Tracer
 
 # --- linearize ---------------------------------------------------------------------------------
 def linearize(fun: Callable, *primals, has_aux: bool = False):
-    """The value of `fun` at `primals` and its linear approximation there, as JAX's linearize.
+    """The value of `fun` at `primals` and its linear approximation there (JAX's linearize).
 
-    Args:
-        fun: a function of arrays or pytrees of arrays.
-        *primals: the point.
-        has_aux: `fun` returns `(output, aux)`; aux is returned after the JVP function.
+    `fun` runs once; each call of the returned `f_jvp` pushes tangents along the recorded tape
+    (the cost of a few evaluations, without running `fun` again).
 
-    Returns:
+    Parameters
+    ----------
+    fun : callable
+        A function of arrays or pytrees of arrays.
+    *primals : array or pytree
+        The point.
+    has_aux : bool
+        `fun` returns `(output, aux)`; aux is returned after the JVP function.
+
+    Returns
+    -------
+    tuple
         `(fun(*primals), f_jvp)`, or with has_aux `(fun(*primals), f_jvp, aux)`, where
         `f_jvp(*tangents)` is `J @ tangents`: one tangent per primal, with its structure,
-        shapes and dtype. `fun` runs once; each call of `f_jvp` pushes the tangents along
-        the recorded tape (the cost of a few evaluations, without running `fun` again).
+        shapes and dtype.
 
-    Raises:
-        GradtapeError: tangents of another structure, shape or dtype than the primals.
+    Raises
+    ------
+    GradtapeError
+        When `f_jvp` is given tangents of another structure, shape or dtype than the primals,
+        or `fun` does something that cannot be differentiated.
 
-    Example:
-        >>> import numpy as np, gradtape as gt
-        >>> y, f_jvp = gt.linearize(np.sin, np.array([0.0, 1.0]))
-        >>> f_jvp(np.array([1.0, 1.0]))
-        array([1.        , 0.54030231])
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> y, f_jvp = gt.linearize(np.sin, np.array([0.0, 1.0]))
+    >>> print(f_jvp(np.array([1.0, 1.0])))
+    [1.         0.54030231]
     """
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
@@ -195,24 +208,34 @@ def checkpoint(fun: Callable, *, static_argnums: int | Sequence[int] = ()) -> Ca
     Differentiating the result keeps only the inputs and outputs of each call of `fun`; its
     backward pass runs `fun` again to get the intermediates. Values and gradients are the same
     as without it; memory is lower for long chains of checkpointed blocks, at the price of one
-    more forward pass per block.
+    more forward pass per block. Under `compile`, the recorded program is simplified as a
+    whole (common subexpressions are merged), so the recomputation may be merged with the
+    forward pass there: the saving applies to eager gradients and loops.
 
-    Args:
-        fun: any function of arrays or pytrees of arrays.
-        static_argnums: positions of arguments that are not arrays (passed through as they are).
+    Parameters
+    ----------
+    fun : callable
+        Any function of arrays or pytrees of arrays.
+    static_argnums : int or tuple of int
+        Positions of arguments that are not arrays (passed through as they are).
 
-    Returns:
+    Returns
+    -------
+    callable
         A function with the same signature and results.
 
-    Example:
-        >>> import numpy as np, gradtape as gt
-        >>> block = gt.checkpoint(lambda x: np.tanh(np.sin(x) * 2.0))
-        >>> gt.grad(lambda x: np.sum(block(block(x))))(np.array([0.1, 0.2])).shape
-        (2,)
+    Raises
+    ------
+    GradtapeError
+        When `fun` returns a result of another structure when it is run again.
 
-    Under `compile`, the recorded program is simplified as a whole (common subexpressions are
-    merged), so the recomputation may be merged with the forward pass there: checkpoint
-    lowers memory when the gradient is computed eagerly or in loops.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> block = gt.checkpoint(lambda x: np.tanh(np.sin(x) * 2.0))
+    >>> gt.grad(lambda x: np.sum(block(block(x))))(np.array([0.1, 0.2])).shape
+    (2,)
     """
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     name = getattr(fun, "__name__", "block")
@@ -250,21 +273,33 @@ def elementwise_grad(fun: Callable, argnum: int = 0) -> Callable:
     """The derivative of an elementwise function, element by element (autograd's name).
 
     For `fun` mapping each element of its input to the element at the same position of its
-    output, `elementwise_grad(fun)(x)[i] == d fun(x)[i] / d x[i]`; it is the gradient of
+    output, `elementwise_grad(fun)(x)[i] == d fun(x)[i] / d x[i]`. It is the gradient of
     `sum(fun(x))`, so it costs one backward pass (for other functions it is still that
     gradient: the sum of each column of the Jacobian).
 
-    Args:
-        fun: a function whose output has the shape of argument `argnum` (or broadcasts to it).
-        argnum: the argument to differentiate.
+    Parameters
+    ----------
+    fun : callable
+        A function whose output has the shape of argument `argnum` (or broadcasts to it).
+    argnum : int
+        The argument to differentiate.
 
-    Returns:
+    Returns
+    -------
+    callable
         A function with fun's signature returning an array shaped like argument `argnum`.
 
-    Example:
-        >>> import numpy as np, gradtape as gt
-        >>> gt.elementwise_grad(np.tanh)(np.array([0.0, 1.0]))
-        array([1.        , 0.41997434])
+    Raises
+    ------
+    GradtapeError
+        When `fun` does something that cannot be differentiated.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.elementwise_grad(np.tanh)(np.array([0.0, 1.0])))
+    [1.         0.41997434]
     """
 
     def summed(*args, **kwargs):

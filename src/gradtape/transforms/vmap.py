@@ -76,35 +76,49 @@ def _size_error(sizes: list) -> ValueError:
 def vmap(fun: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
     """Map `fun`, written for one example, over a batch: JAX's `vmap` on plain NumPy code.
 
-    Args:
-        fun: a function of arrays (and pytrees of arrays: tuples, lists, dicts, named tuples).
-        in_axes: the batch axis of each argument: an int (negative counts from the end), None
-            (the argument is not batched: every member sees it whole), or a tuple with one entry
-            per positional argument, whose entries may themselves be containers shaped like
-            that argument (a prefix of its structure). Keyword arguments are batched along
-            axis 0.
-        out_axes: where the batch axis goes in each output: an int or a prefix tree of the
-            output; None for an output that does not depend on the batch.
+    Each NumPy operation of `fun` runs once on the whole batch (batching rules per category of
+    primitive), so the batched function is recorded, differentiated and compiled like any
+    other; under `compile` the numba backend fuses the batched loops. vmap composes with every
+    transform (vmap of grad gives per-example gradients; grad of vmap, vmap of jacobian,
+    hessian and hvp, vmap of vmap).
 
-    Returns:
-        The batched function: `vmap(f)(xs)[i] == f(xs[i])` for every i.
+    Parameters
+    ----------
+    fun : callable
+        A function of arrays or pytrees of arrays (tuples, lists, dicts, named tuples,
+        dataclasses, registered types).
+    in_axes : int, None or tuple
+        The batch axis of each argument: an int (negative counts from the end), None (the
+        argument is passed whole to every member), or a tuple with one entry per positional
+        argument whose entries may be containers shaped like that argument (a prefix of its
+        structure). Keyword arguments are batched along axis 0.
+    out_axes : int, None or pytree
+        Where the batch axis goes in each output (a prefix of the output's structure); None
+        for an output that does not depend on the batch.
 
-    Raises:
-        ValueError: the batched arguments disagree in size, an axis is out of range, no
-            argument is batched, or the axes do not match the arguments' structure.
-        GradtapeError: the function asks for a Python value (`if x > 0:`) that differs across
-            the batch (use np.where, or gradtape's loops, which run per member).
+    Returns
+    -------
+    callable
+        The batched function: `vmap(f)(xs)[i]` equals `f(xs[i])` for every i.
 
-    Example:
-        >>> import numpy as np, gradtape as gt
-        >>> def loss(w, x, y):
-        ...     return np.log1p(np.exp(-y * (x @ w)))
-        >>> per_example = gt.vmap(gt.grad(loss), in_axes=(None, 0, 0))
-        >>> per_example(np.zeros(3), np.ones((5, 3)), np.ones(5)).shape
-        (5, 3)
+    Raises
+    ------
+    ValueError
+        The batched arguments disagree in size along their axes (each is listed), an axis is
+        out of range, no argument is batched, or the axes do not match the arguments.
+    GradtapeError
+        The function asks for a Python value (`if x > 0:`) that differs across the batch, or
+        an operation gives results of different shapes for different members.
 
-    vmap composes with every transform (grad of vmap, vmap of grad, of jacobian, hessian and
-    hvp, vmap of vmap) and with `compile`, where the batched loops are fused.
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def loss(w, x, y):
+    ...     return np.log1p(np.exp(-y * (x @ w)))
+    >>> per_example = gt.vmap(gt.grad(loss), in_axes=(None, 0, 0))
+    >>> per_example(np.zeros(3), np.ones((5, 3)), np.ones(5)).shape
+    (5, 3)
     """
     if not callable(fun):
         raise TypeError(f"vmap expects a function, got {type(fun).__name__}")
