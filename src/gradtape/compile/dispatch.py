@@ -189,6 +189,8 @@ def _render(td, types) -> str:
     inner = [_render(c, types) for c in td.children]
     if td.kind == "dict":
         return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(td.meta, inner)) + "}"
+    if td.kind == "custom":
+        return f"{td.meta[0].__name__}(" + ", ".join(inner) + ")"
     text = ", ".join(inner)
     return f"[{text}]" if td.kind == "list" else f"({text}{',' if len(inner) == 1 else ''})"
 
