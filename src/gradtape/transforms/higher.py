@@ -17,6 +17,7 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
 from ..core.tracing import LevelKind, Tracer, new_level
+from . import arguments
 from .forward import (
     Recording,
     basis_rows,
@@ -192,6 +193,8 @@ def hessian(
     Inputs are real (intermediates may be complex), or, with holomorphic=True, f is a
     holomorphic function of complex inputs with a complex output, and the result is f''(z).
     """
+    arguments.check_function(f, "hessian")
+    arguments.check_argnums(argnums, "hessian")
     g = grad(
         _scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux, holomorphic=holomorphic
     )
@@ -204,4 +207,5 @@ def hvp(f: Callable, x, v):
     Forward over reverse: one jvp of grad(f), so it costs a few gradients. x may be a
     pytree; v has its structure, shapes and dtypes.
     """
+    arguments.check_function(f, "hvp")
     return jvp(grad(_scalar_checked(f, "hvp")), (x,), (v,))[1]
