@@ -244,9 +244,9 @@ class CompiledFunction:
     ):
         if not callable(fun):
             raise GradtapeError(
-                f"compile expects the function to compile, but got {fun!r:.60} "
-                f"(of type {type(fun).__name__}) {user_line()}. Pass the function itself, gradtape.compile(f), "
-                "and call the result with the arguments: gradtape.compile(f)(x)."
+                f"compile: expected a function, got {type(fun).__name__} {fun!r:.60} "
+                f"{user_line()}. Pass the function itself, gradtape.compile(f), and call the "
+                "result with the arguments: gradtape.compile(f)(x)."
             )
         if max_variants < 1:
             raise ValueError("compile: max_variants must be at least 1")

@@ -87,10 +87,10 @@ def _short(x: Any) -> str:
 def labelled_kind(x: Any) -> str | None:
     """ "pandas" or "xarray" for their labelled containers, else None (imports neither)."""
     t = type(x)
-    module = t.__module__ or ""
-    if module.startswith("pandas.") and t.__name__ in ("Series", "DataFrame"):
+    package = (t.__module__ or "").split(".", 1)[0]
+    if package == "pandas" and t.__name__ in ("Series", "DataFrame"):
         return "pandas"
-    if module.startswith("xarray.") and t.__name__ in ("DataArray", "Dataset"):
+    if package == "xarray" and t.__name__ in ("DataArray", "Dataset"):
         return "xarray"
     return None
 
@@ -159,7 +159,7 @@ def list_argument_error(
 ) -> GradtapeError | None:
     """A clear error when the function failed (TypeError) on a differentiated list or tuple
     of numbers, which gradtape passes as a container of scalars, as JAX does."""
-    if not isinstance(exc, TypeError) or isinstance(exc, GradtapeError):
+    if not isinstance(exc, TypeError):  # (a GradtapeError too: NumPy met a list of Tracers)
         return None
     for a in argnums:
         x = args[a]
