@@ -70,6 +70,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if "fuzz" not in (config.getoption("markexpr") or ""):  # long fuzzing: only when named
+        fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
+        if fuzz:
+            config.hook.pytest_deselected(items=fuzz)
+            items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
     if config.getoption("all_tiers") or config.getoption("markexpr"):
         return
     native = [item for item in items if item.get_closest_marker("native") is not None]
