@@ -86,7 +86,8 @@ class Program:
                 values.append(UNARY[step[1]](xp, values[step[2]]))
             else:
                 values.append(BINARY[step[1]](xp, values[step[2]], values[step[3]]))
-        last = values[-1] + 0.0 * values[0]  # (the input's shape when the last is 0-d)
+        # the input's shape when the last value is 0-d; an array when all are Python floats
+        last = xp.asarray(values[-1] + 0.0 * values[0])
         reductions = {**REDUCTIONS, **MATRIX_REDUCTIONS}
         return reductions[self.reduction](xp, last)
 
@@ -234,11 +235,21 @@ def check_case(case: Case, seed: int, backends: tuple, jax_module=None) -> None:
                     assert np.shape(cg) == np.shape(case.inputs[k])
         if jax_module is not None and case.dtype == np.float64 and case.finite:
             jax, jnp = jax_module
-            jitted = jax.jit(jax.value_and_grad(lambda *a: p.run(jnp, *a), argnums=argnums))
-            jvalue, jgrads = jitted(*[jnp.asarray(x) for x in case.inputs])
-            assert_same(value, jvalue, "value vs JAX", case, seed, rtol=1e-9, atol=1e-10)
-            for k, (g, jg) in enumerate(zip(grads, jgrads)):
-                assert_same(g, jg, f"gradient {k} vs JAX", case, seed, rtol=1e-9, atol=1e-10)
+            jax_value_and_grad = jax.value_and_grad(lambda *a: p.run(jnp, *a), argnums=argnums)
+            jax_inputs = [jnp.asarray(x) for x in case.inputs]
+            jvalue, jgrads = jax.jit(jax_value_and_grad)(*jax_inputs)
+            try:
+                assert_same(value, jvalue, "value vs JAX", case, seed, rtol=1e-9, atol=1e-10)
+                for k, (g, jg) in enumerate(zip(grads, jgrads)):
+                    assert_same(g, jg, f"gradient {k} vs JAX", case, seed, rtol=1e-9, atol=1e-10)
+            except AssertionError:
+                # XLA's compiled code is not always JAX's own answer (found by this fuzzer:
+                # a jitted gradient differing from the same gradient op by op): the op by
+                # op one decides
+                jvalue, jgrads = jax_value_and_grad(*jax_inputs)
+                assert_same(value, jvalue, "value vs JAX", case, seed, rtol=1e-9, atol=1e-10)
+                for k, (g, jg) in enumerate(zip(grads, jgrads)):
+                    assert_same(g, jg, f"gradient {k} vs JAX", case, seed, rtol=1e-9, atol=1e-10)
 
 
 def _named(p: Program):

@@ -425,10 +425,38 @@ def unique_sum(x):
     return np.sum(np.unique(x)) + x.size
 
 
-def test_compile_without_a_gradient_runs_np_unique():
+@pytest.mark.parametrize(
+    "backend", ["numpy", pytest.param("numba", marks=pytest.mark.native), "auto"]
+)
+def test_compile_without_a_gradient_runs_np_unique(backend):
     x = np.array([3.0, 1.0, 3.0, 2.0])
-    f = gt.compile(unique_sum)
-    assert f(x) == 10.0 and f(np.array([5.0, 5.0, 5.0, 5.0])) == 9.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", numba_backend.NativeFallbackWarning)
+        f = gt.compile(unique_sum, backend=backend)
+        assert f(x) == 10.0 and f(np.array([5.0, 5.0, 5.0, 5.0])) == 9.0
+        assert f(np.array([4.0, 1.0, 2.0, 3.0])) == 14.0
+
+
+# --- threads ---------------------------------------------------------------------------------
+def branchy(x):
+    if np.sum(x) > 10.0:  # a guard: inputs of both sides record two variants
+        return np.sum(np.sin(x) * x)
+    return np.sum(np.exp(-x) * x**2)
+
+
+def test_eight_threads_share_a_compiled_function_while_variants_are_recorded():
+    from conftest import disagreements_across_threads
+
+    compiled = gt.compile(gt.value_and_grad(branchy), backend="numpy")
+    eager = gt.value_and_grad(branchy)
+
+    def agree(got, expected):
+        if not (np.isclose(got[0], expected[0], rtol=1e-12) and np.allclose(got[1], expected[1])):
+            return f"{got} != {expected}"
+        return None
+
+    assert disagreements_across_threads(compiled, eager, agree, threads=8, calls=50) == []
+    assert compiled.stats["variants"] == 2
 
 
 # --- the data stack: pandas and xarray ------------------------------------------------------------
