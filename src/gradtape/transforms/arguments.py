@@ -57,11 +57,10 @@ def check_function(f: Any, who: str) -> None:
 
 
 def check_argnums(argnums: Any, who: str) -> None:
-    """argnums is an int or a non-empty tuple/list of distinct ints."""
+    """argnums is an int or a tuple/list of distinct ints (empty: nothing differentiated)."""
     nums = (argnums,) if isinstance(argnums, int) and not isinstance(argnums, bool) else argnums
     ok = (
         isinstance(nums, (tuple, list))
-        and len(nums) > 0
         and all(isinstance(a, int) and not isinstance(a, bool) for a in nums)
         and len(set(nums)) == len(nums)
     )
