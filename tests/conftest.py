@@ -74,6 +74,11 @@ SLOW_TIER = ("native", "cluster")
 
 
 def pytest_collection_modifyitems(config, items):
+    if "fuzz" not in (config.getoption("markexpr") or ""):  # long fuzzing: only when named
+        fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
+        if fuzz:
+            config.hook.pytest_deselected(items=fuzz)
+            items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
     if config.getoption("all_tiers") or config.getoption("markexpr"):
         return
     slow = [item for item in items if any(item.get_closest_marker(m) for m in SLOW_TIER)]

@@ -29,6 +29,7 @@ from ..core.errors import GradtapeError, GuardFailure
 from ..core.ir import Tape, Var
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
+from ..transforms.arguments import compile_leaf_message, user_line
 from .program import (
     Program,
     answer_key,
@@ -138,6 +139,15 @@ def _leaf_key(x, where: str):
         return t
     if isinstance(x, np.generic) and x.dtype.kind in "biufc":
         return ("scalar", x.dtype)
+    labelled = compile_leaf_message(x, where)
+    if labelled is not None:
+        raise GradtapeError(labelled)
+    if isinstance(x, np.matrix):
+        raise GradtapeError(
+            f"compile: {where} is a numpy.matrix: gradtape traces ndarrays, and np.matrix gives "
+            "* and ** other meanings (matrix products). Pass np.asarray(x) and write matrix "
+            "products with @."
+        )
     if t is trace.Tracer:
         raise GradtapeError(
             f"compile: {where} is a traced value of a finished transformation; "
@@ -288,7 +298,11 @@ class CompiledFunction:
         static_argnames: Sequence[str] = (),
     ):
         if not callable(fun):
-            raise TypeError(f"compile: expected a function, got {type(fun).__name__}")
+            raise GradtapeError(
+                f"compile: expected a function, got {type(fun).__name__} {fun!r:.60} "
+                f"{user_line()}. Pass the function itself, gradtape.compile(f), and call the "
+                "result with the arguments: gradtape.compile(f)(x)."
+            )
         if max_variants < 1:
             raise ValueError("compile: max_variants must be at least 1")
         functools.update_wrapper(self, fun)

@@ -338,27 +338,13 @@ def _numba_type(arg: KernelArg):
 
 
 def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
-    """Compile (or load) every kernel of a module; returns (entry points, loaded from cache)."""
-    import numba
-
+    """Compile (or load) every kernel of a module; returns (entry points, loaded from cache).
+    The cache decides where the module lives and how Numba caches it (cache.build_kernels)."""
     from . import fastmath  # noqa: F401  (registers the fast functions with Numba)
 
-    directory = cache.kernel_dir()
-    name = f"gradtape_kernel_{nk.key}"
-    if directory is None:
-        module = cache.import_source(nk.module_text, name)
-        return _jit_all(numba, module, nk, use_cache=False)
-    path = cache.module_file(directory, nk.key, nk.module_text)
-    module = cache.import_file(path, name)
-    try:
-        built = _jit_all(numba, module, nk, use_cache=True)
-    except Exception:
-        # Numba's cache files of this module failed to load: delete them, compile again
-        cache.discard(directory, nk.key)
-        module = cache.import_file(path, name)
-        built = _jit_all(numba, module, nk, use_cache=True)
-    cache.prune_once(directory)  # if this process wrote a new entry; here, off the call path
-    return built
+    return cache.build_kernels(
+        nk.key, nk.module_text, lambda jit, module, use_cache: _jit_all(jit, module, nk, use_cache)
+    )
 
 
 def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, bool]:
