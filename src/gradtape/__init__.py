@@ -3,7 +3,7 @@
 from . import process, rules  # noqa: F401  (rules: declares every primitive)
 from .check import GradCheck, check_grad
 from .compile import CompileWarning, compile
-from .compile.numba.backend import get_num_threads, set_num_threads
+from .compile.numba.backend import get_num_threads, set_num_threads, wait_for_native
 from .compile.numba.cache import clear as clear_cache
 from .control.custom import custom_jvp, custom_vjp
 from .control.loops import fori_loop, scan, while_loop
@@ -40,6 +40,7 @@ __all__ = [
     "jvp",
     "get_num_threads",
     "set_num_threads",
+    "wait_for_native",
     "clear_cache",
 ]
 __version__ = "0.1.0"

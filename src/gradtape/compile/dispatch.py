@@ -240,6 +240,9 @@ class CompiledFunction:
         self._fun = fun
         self._backend_name = backend
         self._lower = resolve_backend(backend)
+        prepare = getattr(self._lower, "prepare", None)
+        if prepare is not None:  # the backend starts what it needs (Numba's import) now
+            prepare()
         self._static = tuple(
             sorted(
                 {
