@@ -40,6 +40,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -208,8 +209,13 @@ class NativeKernels:
             self.ready = threading.Event()
 
 
-_REGISTRY: dict[str, NativeKernels] = {}
+# kernels by module key, shared by the variants whose generated text is equal; at most
+# config.max_kernels() (GRADTAPE_MAX_KERNELS), least recently used dropped first (the
+# variants still using dropped kernels keep them; the next variant with that text compiles
+# again, or loads them from the disk cache)
+_REGISTRY: OrderedDict[str, NativeKernels] = OrderedDict()
 _registry_lock = threading.Lock()
+_ALL_KERNELS: weakref.WeakSet = weakref.WeakSet()  # every live NativeKernels (fork reset)
 
 
 def kernels_for(generated: codegen.Generated) -> NativeKernels:
@@ -217,6 +223,12 @@ def kernels_for(generated: codegen.Generated) -> NativeKernels:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
             nk = _REGISTRY[generated.key] = NativeKernels(generated)
+            _ALL_KERNELS.add(nk)
+            limit = config.max_kernels()
+            while len(_REGISTRY) > limit:
+                _REGISTRY.popitem(last=False)
+        else:
+            _REGISTRY.move_to_end(generated.key)
         return nk
 
 
@@ -396,7 +408,7 @@ def _after_fork_in_child() -> None:
     _startup_requested.clear()
     if _switch_saved:  # the parent's compiler thread was working: the usual interval here
         sys.setswitchinterval(_switch_saved.pop())
-    for nk in list(_REGISTRY.values()):
+    for nk in list(_ALL_KERNELS):
         nk._reset_after_fork()
     if _threads[0] > 1 and _gnu_openmp_started():
         # GNU OpenMP kills a forked child that starts a parallel region ("fork() called from
