@@ -279,3 +279,37 @@ def test_threads_calling_while_another_records(threads, backend):
         w.join(120)
     assert not any(w.is_alive() for w in workers)
     assert errors == []
+
+
+def test_short_switch_interval_only_while_the_compiler_works():
+    from gradtape.compile.numba import backend as nb
+
+    before = sys.getswitchinterval()
+    with nb._short_switch_interval():
+        assert sys.getswitchinterval() == min(before, nb.COMPILING_SWITCH_INTERVAL)
+    assert sys.getswitchinterval() == before
+    with nb._short_switch_interval():
+        sys.setswitchinterval(0.002)  # the program's own choice meanwhile: kept
+    try:
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_wait_for_native_with_nothing_to_compile():
+    import gradtape as gt
+
+    assert gt.wait_for_native(0.0) is True
+    assert "waits" in gt.wait_for_native.__doc__ or "Wait" in gt.wait_for_native.__doc__
+
+
+@native
+def test_numba_starts_when_a_tiered_function_is_created(tmp_path):
+    out = _run(
+        """
+        cf = gt.compile(gt.grad(f))  # created, never called
+        print("waited", gt.wait_for_native(120), "started", bool(backend._started))
+        """,
+        tmp_path,
+    )
+    assert "waited True started True" in out, out
