@@ -270,7 +270,6 @@ class CompiledFunction:
         self._signatures: dict = {}
         self._max_signatures = config.max_signatures()
         self._dropped = SignatureStats()  # the counters of dropped signatures
-        self._dropped_count = 0
         self._lock = threading.Lock()
         self._warned = False
         self._last: tuple = (None,) * 5  # the hot path's signature; see _make_hot
@@ -425,7 +424,6 @@ class CompiledFunction:
         while len(self._signatures) > self._max_signatures:
             key = min(self._signatures, key=lambda k: self._signatures[k].used)
             dropped = self._signatures.pop(key)
-            self._dropped_count += 1
             for name, count in asdict(dropped.stats).items():
                 setattr(self._dropped, name, getattr(self._dropped, name) + count)
             if self._last[3] in dropped.variants:
