@@ -493,6 +493,16 @@ def _no_level_left_behind():
     assert current_levels() == [], "a test left a trace level on the stack"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_compiled_functions():
+    """Each test compiles afresh: `compile` remembers compiled functions by (function,
+    transform, options), and a test counting recordings must not see another test's."""
+    from gradtape.compile import memo
+
+    memo.forget_all()
+    yield
+
+
 def compile_backends() -> tuple:
     """The compile backends this tier runs: numba only where the native tier is on."""
     from gradtape.compile import BACKENDS

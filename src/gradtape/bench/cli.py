@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradtape.bench import display
+from gradtape.bench import display, scaling
 from gradtape.bench.environment import (
     machine,
     now_utc,
@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument("--clear", action="store_true", help="remove every cached kernel")
     cache.set_defaults(handler=run_cache_command)
+    scaling.add_parser(commands)
     return parser
 
 

@@ -15,6 +15,7 @@ re-recording is reported once and then runs eagerly on paths not yet recorded.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 import warnings
@@ -24,12 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..core import tracing as trace
 from ..core.errors import GradtapeError, GuardFailure
 from ..core.ir import Tape, Var
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 from ..transforms.arguments import compile_leaf_message, user_line
+from .memo import remembered
 from .program import (
     Program,
     answer_key,
@@ -232,7 +235,7 @@ class _Variant:
 class _Signature:
     """The variants recorded for one signature, and the tree that selects among them."""
 
-    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason")
+    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason", "used")
 
     def __init__(self, label: str):
         self.label = label
@@ -241,6 +244,7 @@ class _Signature:
         self.hot: _Variant | None = None
         self.stats = SignatureStats()
         self.eager_reason: str | None = None
+        self.used = next(_clock)  # when last dispatched to: the least recent is dropped
 
     def add(self, variant: _Variant) -> _Variant:
         for v in self.variants:
@@ -252,6 +256,9 @@ class _Signature:
             self.by_prefix.setdefault(path[:i], variant)
         self.stats.variants = len(self.variants)
         return variant
+
+
+_clock = itertools.count()  # (next() on it is atomic: threads need no lock)
 
 
 class _CallInfo:
@@ -309,6 +316,9 @@ class CompiledFunction:
         self._fun = fun
         self._backend_name = backend
         self._lower = resolve_backend(backend)
+        prepare = getattr(self._lower, "prepare", None)
+        if prepare is not None:  # the backend starts what it needs (Numba's import) now
+            prepare()
         self._static = tuple(
             sorted(
                 {
@@ -325,7 +335,10 @@ class CompiledFunction:
             (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         )
         self._max_variants = int(max_variants)
+        # at most _max_signatures, least recently used dropped first (GRADTAPE_MAX_SIGNATURES)
         self._signatures: dict = {}
+        self._max_signatures = config.max_signatures()
+        self._dropped = SignatureStats()  # the counters of dropped signatures
         self._lock = threading.Lock()
         self._warned = False
         self._last: tuple = (None,) * 5  # the hot path's signature; see _make_hot
@@ -362,6 +375,7 @@ class CompiledFunction:
         variant = None if sig is None else sig.hot
         if variant is None:
             return self._dispatch(self._call_info(args, kwargs), out)[0]
+        sig.used = next(_clock)
         try:
             if out is None:
                 result = variant.run(*args, None)
@@ -403,6 +417,7 @@ class CompiledFunction:
         sig = self._signatures.get(info.key)
         if sig is None:
             return self._record_and_run(None, info, out, None)
+        sig.used = next(_clock)
         stats = sig.stats
         variant, failure = sig.hot, None
         if failed is not None:
@@ -444,6 +459,7 @@ class CompiledFunction:
                 sig = self._signatures.get(info.key)
                 if sig is None:
                     sig = self._signatures[info.key] = _Signature(self._label(info))
+                    self._drop_least_recent()
             sig.stats.recordings += 1
             if reason is not None:
                 sig.eager_reason = reason
@@ -468,6 +484,18 @@ class CompiledFunction:
             return self._deliver(traced, out), variant
         self._make_hot(sig, variant, info)
         return (out if out is not None else result), variant
+
+    def _drop_least_recent(self) -> None:
+        """Keep at most _max_signatures signatures (under self._lock): drop the least recently
+        used, with its variants, lowered code and buffers; it is recorded again if it comes
+        back."""
+        while len(self._signatures) > self._max_signatures:
+            key = min(self._signatures, key=lambda k: self._signatures[k].used)
+            dropped = self._signatures.pop(key)
+            for name, count in asdict(dropped.stats).items():
+                setattr(self._dropped, name, getattr(self._dropped, name) + count)
+            if self._last[3] in dropped.variants:
+                self._last = (None,) * 5
 
     def _make_hot(self, sig: _Signature, variant: _Variant, info: _CallInfo) -> None:
         """Make `variant` the one the hot path replays first for `sig`; a one-array signature
@@ -621,13 +649,21 @@ class CompiledFunction:
     @property
     def stats(self) -> dict:
         """Totals of calls, replays, recordings, guard failures, eager calls, variants, and the
-        same counters per signature (`per_signature`, keyed by a readable signature)."""
+        same counters per signature (`per_signature`, keyed by a readable signature). Signatures
+        dropped as least recently used (GRADTAPE_MAX_SIGNATURES) leave `per_signature`; their
+        counters stay in the totals."""
         per = {}
         for sig in list(self._signatures.values()):
             counts = asdict(sig.stats)
             counts["calls"] = counts["replays"] + counts["recordings"] + counts["eager_calls"]
             per[sig.label] = counts
-        totals = {k: sum(s[k] for s in per.values()) for k in ("calls", *asdict(SignatureStats()))}
+        dropped = asdict(self._dropped)
+        dropped["calls"] = dropped["replays"] + dropped["recordings"] + dropped["eager_calls"]
+        dropped["variants"] = 0  # (no longer held)
+        totals = {
+            k: sum(s[k] for s in per.values()) + dropped[k]
+            for k in ("calls", *asdict(SignatureStats()))
+        }
         totals["per_signature"] = per
         return totals
 
@@ -737,6 +773,11 @@ def compile(
     keyword arguments; pickling needs a picklable `fun` (a module-level function, not the
     closure `grad(f)` returns).
 
+    Compiling the same function again returns the compiled function already built, so
+    `compile(value_and_grad(f))` may be written inside a loop: the key is the function's
+    code, the values of its closure cells, defaults and the globals it names, and these
+    options (see compile/memo.py; GRADTAPE_MAX_COMPILED of them are remembered).
+
     Parameters
     ----------
     fun : callable
@@ -783,4 +824,14 @@ def compile(
     >>> print(float(value_buf), grad_buf)
     25.0 [6. 8.]
     """
-    return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)
+    options = (
+        backend,
+        static_argnums if isinstance(static_argnums, int) else tuple(static_argnums),
+        max_variants,
+        static_argnames if isinstance(static_argnames, str) else tuple(static_argnames),
+    )
+    return remembered(
+        fun,
+        options,
+        lambda: CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames),
+    )
