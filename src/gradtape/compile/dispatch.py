@@ -29,6 +29,7 @@ from ..core.errors import GradtapeError, GuardFailure
 from ..core.ir import Tape, Var
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
+from .numba.export import NativeHandle
 from .program import (
     Program,
     answer_key,
@@ -540,6 +541,46 @@ class CompiledFunction:
         None when they run eagerly: what `source()` and the numba backend's tiers read."""
         _, variant = self._variant_for(args, kwargs)
         return None if variant is None else variant.lowered
+
+    def as_native(self, *args, **kwargs) -> NativeHandle:
+        """Native entry points of this function for the signature of `args`: a Numba
+        function that `@njit` code calls, and a C function pointer.
+
+        The function must take one float64 array (any shape; other values are closed over
+        or bound with functools.partial: closed-over arrays are bound once, by address) and
+        return one or two float64 results (`value_and_grad`: the value and the gradient).
+        The C signature is
+        `int32_t f(int64_t n, const double *x, double *value, double *grad, void *data)`,
+        called with `data = handle.data_address`; the status is 0 when done, positive when a
+        result is NaN or inf, negative when nothing was computed (see
+        `gradtape.native.status_message`). Requires Numba.
+
+        Args:
+            *args, **kwargs: an example call; its shapes fix the handle's sizes, and the
+                path it takes through Python branches is the one the handle computes
+                (another path returns a negative status).
+
+        Returns:
+            A `NativeHandle` (`.numba`, `.cfunc`, `.address`, `.data`, `.data_address`).
+
+        Raises:
+            GradtapeError: naming what cannot be exported (an operation without a native
+                translation, a loop, several traced arguments, results that are not
+                float64).
+            ImportError: Numba is not installed.
+
+        Example:
+            >>> vg = gt.compile(gt.value_and_grad(lambda x: np.sum(x**2)))
+            >>> h = vg.as_native(np.ones(3))
+            >>> h(np.arange(3.0))
+            (np.float64(5.0), array([0., 2., 4.]))
+        """
+        info = self._call_info(args, kwargs)
+        tape, program, _ = self._record(info)
+        reason = unreplayable_reason(program)
+        if reason is not None:
+            raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
+        return NativeHandle(program, self._name())
 
     def source(self, *args, **kwargs) -> str:
         """The generated source that these arguments replay."""
