@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradtape.bench import display
+from gradtape.bench import display, sampling
 from gradtape.bench.environment import (
     machine,
     now_utc,
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"timing samples per measurement (default: {QUICK_REPEAT} "
         f"with --quick, else {FULL_REPEAT})",
     )
+    sampling.add_arguments(bench)
     bench.set_defaults(handler=run_bench_command)
     cache = commands.add_parser(
         "cache",
@@ -116,6 +117,8 @@ def run_cache_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``gradtape bench``: pin threads, run, write the files, print the tables."""
+    if args.sampling:
+        return sampling.run(args)
     threads = pin_threads()
     date, started = now_utc(), time.perf_counter()
     requested = args.workloads or []
