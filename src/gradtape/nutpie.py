@@ -367,11 +367,15 @@ def from_logp(
             f"of shape {np.shape(value)}; sum the terms (np.sum)"
         )
     logp_handle = _compile(_value_and_grad(unconstrained_logp)).as_native(u0)
-    expand_handle = _compile(expand).as_native(u0)
-    logp_entry, _ = logp_handle.nutpie_functions()
-    _, expand_entry = expand_handle.nutpie_functions()
+    logp_entry = logp_handle.nutpie_logp()
+    if all(c.name == "real" for c in layout.constraints):
+        # the trace holds the sampler's vector itself: a copy, no second program to compile
+        expand_handle, expand_entry, expand_data = None, logp_handle.nutpie_copy(), 0
+    else:
+        expand_handle = _compile(expand).as_native(u0)
+        expand_entry, expand_data = expand_handle.nutpie_expand(), expand_handle.data_address
     # nutpie passes one data pointer to both functions: [logp's data, expand's data]
-    user_data = np.array([logp_handle.data_address, expand_handle.data_address], np.int64)
+    user_data = np.array([logp_handle.data_address, expand_data], np.int64)
 
     names_u = []
     for name, c in zip(layout.names, layout.constraints):

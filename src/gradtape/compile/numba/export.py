@@ -301,6 +301,16 @@ def nutpie_logp(dim, x_, grad_, logp_, data_):
     return inner(x, value, grad, pair[0])
 
 
+def nutpie_copy(dim, expanded, x_, out_, data_):
+    if np.int64(dim) != {n} or np.int64(expanded) != {n}:
+        return np.int32(-1)
+    x = carray(x_, ({n},))
+    out = carray(out_, ({n},))
+    for i in range({n}):
+        out[i] = x[i]
+    return np.int32(0)
+
+
 def nutpie_expand(dim, expanded, x_, out_, data_):
     if np.int64(dim) != {n} or np.int64(expanded) != {value_size}:
         return np.int32(-1)
@@ -388,7 +398,8 @@ class _EntryModule:
         self.module = module
 
     def get(self, entry: str):
-        """The compiled entry point `entry` ("core", "c_entry", "nutpie_logp", "nutpie_expand")."""
+        """The compiled entry point `entry` ("core", "c_entry", "nutpie_logp", "nutpie_expand",
+        "nutpie_copy")."""
         with self.lock:
             found = self.compiled.get(entry)
             if found is not None:
@@ -495,9 +506,21 @@ class NativeHandle:
         """The C entry point as a ctypes function (argtypes set)."""
         return self.cfunc.ctypes
 
-    def nutpie_functions(self) -> tuple[object, object]:
-        """(logp, expand) entry points in nutpie's argument order (gradtape.nutpie)."""
-        return self._module.get("nutpie_logp"), self._module.get("nutpie_expand")
+    def nutpie_logp(self):
+        """The entry point in the order of nutpie's log-density, `int32_t logp(uint64_t n,
+        const double *x, double *grad, double *logp, void *pair)`, where pair points to two
+        data addresses and this one reads the first (gradtape.nutpie)."""
+        return self._module.get("nutpie_logp")
+
+    def nutpie_copy(self):
+        """An expand entry point for nutpie that copies x (a model without constraints)."""
+        return self._module.get("nutpie_copy")
+
+    def nutpie_expand(self):
+        """The entry point in the order of nutpie's expand function, `int32_t expand(uint64_t
+        n, uint64_t m, const double *x, double *out, void *pair)`; it reads the second data
+        address of the pair (gradtape.nutpie)."""
+        return self._module.get("nutpie_expand")
 
     @property
     def compile_seconds(self) -> float:
