@@ -5,12 +5,12 @@ Every gradient test compares gradtape against references that do not use gradtap
 central finite differences (always) and the complex step (where the function accepts
 complex input and is analytic there), both computed in float64.
 
-Tiers: tests that compile Numba kernels are marked `native`. Plain `pytest` is the fast tier:
-it deselects them and turns Numba off for the whole process (GRADTAPE_NUMBA=0, so
-backend="auto" and eager loops never start a background compile). `pytest --all` runs both
-tiers; an explicit `-m` expression selects by itself (Numba stays on unless it excludes
-`native`). gradtape is imported only after this is decided (pytest_configure), so this module
-must not import it at the top.
+Tiers: tests that compile Numba kernels are marked `native`, tests that start a Dask cluster
+`cluster`. Plain `pytest` is the fast tier: it deselects both and turns Numba off for the whole
+process (GRADTAPE_NUMBA=0, so backend="auto" and eager loops never start a background
+compile). `pytest --all` runs both tiers; an explicit `-m` expression selects by itself (Numba
+stays on unless it excludes `native`). gradtape is imported only after this is decided
+(pytest_configure), so this module must not import it at the top.
 """
 
 from __future__ import annotations
@@ -69,13 +69,17 @@ def pytest_configure(config):
         os.environ["GRADTAPE_NUMBA"] = "0"  # read when gradtape is imported: no Numba at all
 
 
+#: markers of the tests plain `pytest` deselects: Numba compiles, and real Dask clusters
+SLOW_TIER = ("native", "cluster")
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("all_tiers") or config.getoption("markexpr"):
         return
-    native = [item for item in items if item.get_closest_marker("native") is not None]
-    if native:
-        config.hook.pytest_deselected(items=native)
-        items[:] = [item for item in items if item.get_closest_marker("native") is None]
+    slow = [item for item in items if any(item.get_closest_marker(m) for m in SLOW_TIER)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
 
 
 def pytest_report_header(config):

@@ -71,6 +71,8 @@ def resolve_backend(name: str) -> Callable[[Program], Any]:
             if candidate in BACKENDS:
                 return BACKENDS[candidate]
     lower = BACKENDS.get(name)
+    if lower is None and name == "numba":
+        raise _numba_unavailable()
     if lower is None:
         raise ValueError(
             f"compile: unknown backend {name!r}; available: {', '.join(['auto', *BACKENDS])}"
@@ -78,8 +80,41 @@ def resolve_backend(name: str) -> Callable[[Program], Any]:
     return lower
 
 
+def _numba_unavailable() -> ImportError:
+    """The error for backend="numba" where it is not registered: Numba is not installed (the
+    command that installs it), or GRADTAPE_NUMBA turned the backend off."""
+    import importlib.util
+
+    from .. import config
+
+    if not config.numba_enabled():
+        return ImportError(
+            'compile: backend="numba" is turned off by GRADTAPE_NUMBA=0 in the environment; '
+            'unset it, or use backend="numpy" (or "auto")'
+        )
+    if importlib.util.find_spec("numba") is None:
+        return ImportError(
+            'compile: backend="numba" needs Numba, which is not installed; install it with '
+            '`pip install "gradtape[numba]"` (or `pip install numba`), or use '
+            'backend="numpy" (or "auto", which uses Numba when it is installed)'
+        )
+    return ImportError('compile: backend="numba" is not available in this process')
+
+
 class CompileWarning(UserWarning):
-    """A compiled function could not stay compiled (it keeps taking new paths, ...)."""
+    """A compiled function could not stay compiled (it keeps taking new paths, ...).
+
+    Emitted when a signature exceeds `max_variants` or a function cannot be replayed (it reads
+    random numbers or global state through traced values); the calls then run the function
+    eagerly, with the same results.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import gradtape as gt
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", gt.CompileWarning)  # make it an error in tests
+    """
 
 
 # --- signatures -----------------------------------------------------------------------------
@@ -223,7 +258,25 @@ class _CallInfo:
 
 # --- the compiled function ---------------------------------------------------------------------
 class CompiledFunction:
-    """`compile(f)`: records `f` once per signature and replays the lowered code."""
+    """What `compile(f)` returns: records `f` once per signature and replays the lowered code.
+
+    Call it as `f` (with `out=` to write into given arrays). `source(*args)` is the generated
+    code for those arguments' signature, `tape(*args)` and `tapes(*args)` the recorded tapes
+    with their guards, `stats` the counts of calls, recordings and variants. It pickles when
+    `f` does (the variants are recorded again in the new process).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def f(x):
+    ...     return np.sum(np.exp(x))
+    >>> cf = gt.compile(f, backend="numpy")
+    >>> float(cf(np.zeros(3)))
+    3.0
+    >>> "exp" in cf.source(np.zeros(3))
+    True
+    """
 
     def __init__(
         self,
@@ -693,5 +746,51 @@ def compile(
     closes over) is captured when a variant is recorded, as in JAX; `static_argnames` name
     keyword arguments; pickling needs a picklable `fun` (a module-level function, not the
     closure `grad(f)` returns).
+
+    Parameters
+    ----------
+    fun : callable
+        Plain NumPy/SciPy code, or a transform of it (`grad(f)`, `value_and_grad(f)`, ...).
+    backend : {"auto", "numpy", "numba"}, default "auto"
+        "numpy" replays generated NumPy code. "numba" compiles fused native loops before the
+        first call returns. "auto" uses Numba when it can be imported: the numpy backend answers
+        at once and a background thread compiles the native kernels, which later calls use;
+        without Numba (or with `GRADTAPE_NUMBA=0`) it is the numpy backend, quietly.
+    static_argnums : int or sequence of int, default ()
+        Positional arguments that are Python values baked into the recording (a new value
+        records a new variant); they must be hashable.
+    max_variants : int, default 8
+        Paths kept per signature before the function runs eagerly (with a `CompileWarning`).
+    static_argnames : str or sequence of str, default ()
+        Keyword arguments treated as `static_argnums`.
+
+    Returns
+    -------
+    CompiledFunction
+        Called as `fun` is (plus `out=`); `.source(*args)`, `.tape(*args)` and `.stats` show
+        what was recorded and generated.
+
+    Raises
+    ------
+    ImportError
+        `backend="numba"` where Numba is not installed (the message names
+        `pip install "gradtape[numba]"`) or is turned off by `GRADTAPE_NUMBA=0`.
+    ValueError
+        An unknown backend, or `max_variants` below 1.
+    TypeError
+        `fun` is not callable.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> vg = gt.compile(gt.value_and_grad(lambda x: np.sum(x**2)))
+    >>> value, g = vg(np.array([1.0, 2.0]))
+    >>> print(float(value), g)
+    5.0 [2. 4.]
+    >>> value_buf, grad_buf = np.empty(()), np.empty(2)
+    >>> _ = vg(np.array([3.0, 4.0]), out=(value_buf, grad_buf))  # writes into the buffers
+    >>> print(float(value_buf), grad_buf)
+    25.0 [6. 8.]
     """
     return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)

@@ -27,7 +27,7 @@ def _top_level(args):
 
 
 class custom_vjp:
-    """A function with a user-supplied reverse-mode rule.
+    """A function with a user-supplied reverse-mode rule (a decorator, JAX's convention).
 
         @custom_vjp
         def f(x, y): ...
@@ -39,6 +39,37 @@ class custom_vjp:
     `bwd`; elsewhere (plain calls, `trace`, `compile` without differentiation) it calls `f`.
     Forward mode (jvp, jacfwd, hessian, hvp) uses the rule given with `f.defjvp(rule)`,
     `rule(primals, tangents) -> (out, tangent_out)`, and is an error without one.
+
+    Parameters
+    ----------
+    fun : callable
+        The function; it returns a single array.
+
+    Returns
+    -------
+    custom_vjp
+        A callable with `defvjp(fwd, bwd)` and `defjvp(rule)`.
+
+    Raises
+    ------
+    GradtapeError
+        Differentiating before `defvjp` was called, forward mode without `defjvp`, or a `bwd`
+        that returns the wrong number or shapes of cotangents.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> @gt.custom_vjp
+    ... def f(x):
+    ...     return np.sin(x)
+    >>> def f_fwd(x):
+    ...     return np.sin(x), np.cos(x)
+    >>> def f_bwd(cos_x, g):
+    ...     return (g * cos_x,)
+    >>> _ = f.defvjp(f_fwd, f_bwd)
+    >>> print(gt.grad(lambda x: np.sum(f(x)))(np.array([0.0])))
+    [1.]
     """
 
     def __init__(self, fun: Callable):
@@ -126,7 +157,7 @@ def _rule_tangent(rule: Callable, args: tuple, tangents, name: str):
 
 
 class custom_jvp:
-    """A function with a user-supplied forward-mode rule (JAX's convention).
+    """A function with a user-supplied forward-mode rule (a decorator, JAX's convention).
 
         @custom_jvp
         def f(x, y): ...
@@ -144,6 +175,36 @@ class custom_jvp:
     rule, not f's body, gives the gradient too; it must be NumPy code linear in the
     tangents. An argument that is not differentiated gets a zero tangent. Elsewhere (plain
     calls, trace, compile) f is called. f returns a single array.
+
+    Parameters
+    ----------
+    fun : callable
+        The function; it returns a single array.
+
+    Returns
+    -------
+    custom_jvp
+        A callable with `defjvp(rule)` (usable as a decorator).
+
+    Raises
+    ------
+    GradtapeError
+        Differentiating before `defjvp` was called, or a rule whose tangent is not linear in
+        the tangents.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> @gt.custom_jvp
+    ... def f(x):
+    ...     return np.exp(x)
+    >>> @f.defjvp
+    ... def f_jvp(primals, tangents):
+    ...     y = np.exp(primals[0])
+    ...     return y, y * tangents[0]
+    >>> print(gt.grad(lambda x: np.sum(f(x)))(np.array([0.0])))
+    [1.]
     """
 
     def __init__(self, fun: Callable):

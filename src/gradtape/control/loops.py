@@ -747,6 +747,47 @@ def scan(
     one instruction on the tape, so a new length re-records nothing. `checkpoint=k`
     keeps every k-th carry for the backward pass and recomputes the others
     (memory T/k + k carries instead of T). `unroll` is accepted for compatibility.
+
+    Parameters
+    ----------
+    body : callable
+        `body(carry, x) -> (carry, y)`, plain NumPy code; the carry keeps its structure, shapes
+        and dtypes.
+    init : array, float or pytree
+        The initial carry.
+    xs : array or pytree, optional
+        Sliced along the leading axis, one slice per step; None with `length`.
+    length : int, optional
+        The number of steps when `xs` is None.
+    reverse : bool, default False
+        Walk the steps from last to first.
+    unroll : int, default 1
+        Accepted for compatibility with JAX; ignored.
+    checkpoint : int, optional
+        Keep every k-th carry for the backward pass.
+
+    Returns
+    -------
+    tuple
+        `(final_carry, ys)`, the `y` of every step stacked along a new leading axis.
+
+    Raises
+    ------
+    GradtapeError
+        A body whose carry changes structure, shape or dtype, or does something that cannot be
+        differentiated.
+    ValueError
+        Neither `xs` nor `length`, or leading axes that disagree.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def step(total, x):
+    ...     return total + x, total * x
+    >>> carry, ys = gt.scan(step, 0.0, np.array([1.0, 2.0, 3.0]))
+    >>> print(float(carry), ys)
+    6.0 [0. 2. 9.]
     """
     outs, carry_td, y_td, nc, ny = _bind_scan(body, init, xs, length, reverse, checkpoint)
     return tree_unflatten(carry_td, list(outs[:nc])), tree_unflatten(y_td, list(outs[nc : nc + ny]))
@@ -848,7 +889,33 @@ def _check_carry(program: BodyProgram, carry_leaves, name: str) -> None:
 
 
 def fori_loop(lower: int, upper: int, body, init_val):
-    """`body(i, val) -> val` for i in range(lower, upper), recorded once (a scan over i)."""
+    """`body(i, val) -> val` for i in range(lower, upper), recorded once (a scan over i).
+
+    Parameters
+    ----------
+    lower, upper : int
+        The counter's range (Python integers, or traced integers under `while_loop`).
+    body : callable
+        `body(i, val) -> val`, plain NumPy code.
+    init_val : array, float or pytree
+        The initial value.
+
+    Returns
+    -------
+    array, float or pytree
+        The value after the last step.
+
+    Raises
+    ------
+    GradtapeError
+        A body that changes the value's structure, shape or dtype.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> print(gt.fori_loop(0, 3, lambda i, v: v * 2.0, 1.0))
+    8.0
+    """
     lower, upper = int(lower), int(upper)
 
     def step(carry, i):
@@ -948,6 +1015,32 @@ def while_loop(cond_fun, body_fun, init_val):
 
     The trip count is found at run time; the backward pass walks back through the
     stored carries of the iterations that ran.
+
+    Parameters
+    ----------
+    cond_fun : callable
+        `cond_fun(val) -> bool`.
+    body_fun : callable
+        `body_fun(val) -> val`, plain NumPy code.
+    init_val : array, float or pytree
+        The initial value.
+
+    Returns
+    -------
+    array, float or pytree
+        The value once `cond_fun` is false.
+
+    Raises
+    ------
+    GradtapeError
+        A body that changes the value's structure, shape or dtype, or forward-mode
+        differentiation through the loop (reverse mode only).
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> print(gt.while_loop(lambda v: v < 10.0, lambda v: v * 2.0, 1.0))
+    16.0
     """
     outs, td, n = _bind_while(cond_fun, body_fun, init_val)
     return tree_unflatten(td, list(outs[:n]))

@@ -98,7 +98,30 @@ class Guard:
 
 
 class Tape:
-    """A recorded program: input vars, instructions, output vars and guards."""
+    """A recorded program: input vars, instructions, output vars and guards.
+
+    `trace(f, *args)` returns one; printing it lists every instruction with its shapes and
+    dtypes, then the guards with the source lines that made them.
+
+    Attributes
+    ----------
+    inputs : list of Var
+        One var per leaf of the arguments.
+    instructions : list of Instruction
+        The recorded operations, in order.
+    outputs : list
+        The output vars (or constants).
+    guards : list of Guard
+        The Python values the function asked of traced values, with their source lines.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> tape = gt.trace(lambda x: np.sum(x * 2.0), np.array([1.0, 2.0]))
+    >>> len(tape), len(tape.inputs), tape.guards
+    (2, 1, [])
+    """
 
     def __init__(self):
         self.inputs: list[Var] = []

@@ -313,7 +313,7 @@ matmul_p = Primitive(
     "matmul", np.matmul, vjps=(_matmul_vjp_a, _matmul_vjp_b), jvp=_matmul_jvp, jvp_batched=True
 )
 UFUNCS[np.matmul] = matmul_p  # np.matmul and `@` reach it through __array_ufunc__
-implements(np.linalg.matmul)(lambda x1, x2, /: np.matmul(x1, x2))
+implements(getattr(np.linalg, "matmul", None))(lambda x1, x2, /: np.matmul(x1, x2))
 
 
 # --- einsum -----------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def einsum(*operands, out=None, optimize=False, dtype=None, order="K", casting="
 
 
 # --- compositions of matmul: dot, inner, outer, vdot, tensordot, multi_dot ----------------------
-@implements(np.tensordot, np.linalg.tensordot)
+@implements(np.tensordot, getattr(np.linalg, "tensordot", None))
 def tensordot(a, b, axes=2):
     """Transpose and reshape both operands into matrices, then one matmul (as NumPy does)."""
     a, b = _operand(a), _operand(b)
@@ -484,7 +484,7 @@ def inner(a, b):
     return tensordot(a, b, axes=([-1], [-1]))
 
 
-@implements(np.outer, np.linalg.outer)
+@implements(np.outer, getattr(np.linalg, "outer", None))
 def outer(a, b, out=None):
     """A (k, 1) @ (1, n) matmul: its VJP is two matrix-vector products, no (k, n) temporaries."""
     if out is not None:
@@ -1609,7 +1609,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
     raise ValueError("Improper number of dimensions to norm.")
 
 
-@implements(np.linalg.vector_norm)
+@implements(getattr(np.linalg, "vector_norm", None))
 def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     x = _operand(x)
     if axis is None:
@@ -1618,7 +1618,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     return _vector_norm(x, ord, normalize_axis(axis, ndim_of(x)), keepdims)
 
 
-implements(np.linalg.matrix_norm)(
+implements(getattr(np.linalg, "matrix_norm", None))(
     lambda x, /, *, keepdims=False, ord="fro": norm(x, ord, (-2, -1), keepdims)
 )
 

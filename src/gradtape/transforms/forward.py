@@ -251,9 +251,36 @@ def _split_aux(out, who: str):
 def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
     """Forward mode: `(f(*primals), J @ tangents)`, from one recorded pass of f.
 
-    Each tangent has its primal's structure, shapes and dtype (a Python number takes
-    its primal's dtype). With has_aux, f returns `(output, aux)` and jvp returns
-    `(output, tangent, aux)`.
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    primals : sequence
+        The point, one value per positional argument of `f`.
+    tangents : sequence
+        One tangent per primal, with its primal's structure, shapes and dtype (a Python number
+        takes its primal's dtype).
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; `jvp` then returns `(output, tangent_out, aux)`.
+
+    Returns
+    -------
+    tuple
+        `(output, tangent_out)`: the output of `f` and its directional derivative.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated, or a tangent does not match its
+        primal.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> out, tangent = gt.jvp(lambda x: x**2, (np.array([1.0, 2.0]),), (np.array([1.0, 0.0]),))
+    >>> print(out, tangent)
+    [1. 4.] [2. 0.]
     """
     tangent_leaves = _tangent_leaves(primals, tangents, "jvp")
     nums = tuple(range(len(primals)))
@@ -480,6 +507,36 @@ def jacfwd(
     Shapes and structure follow JAX: out.shape + in.shape per (output leaf, input leaf).
     Best when the input is smaller than the output. Inputs are real (outputs may be complex),
     or, with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex inputs.
+
+    Returns
+    -------
+    callable
+        `jac(*args)` returning the Jacobian blocks.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated, or a complex input without
+        `holomorphic=True`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.jacfwd(lambda x: x**2)(np.array([1.0, 2.0])))
+    [[2. 0.]
+     [0. 4.]]
     """
     return jacobian_transform(f, argnums, has_aux, jacobian_by_columns, "jacfwd", holomorphic)
 

@@ -266,11 +266,42 @@ def check_input_dtypes(in_trees, who: str, holomorphic: bool) -> None:
 def value_and_grad(
     f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
 ) -> Callable:
-    """`f(*args) -> (f(*args), gradient)`; the gradient has the structure of the argument(s).
+    """The value of a scalar function and its gradient from one pass: `(value, gradient)`.
 
-    f returns a real scalar; the gradient with respect to a complex argument z follows JAX:
+    `f` returns a real scalar; the gradient with respect to a complex argument z follows JAX:
     df/dx - i df/dy (for |z|^2 that is 2 conj(z)). With holomorphic=True, f is a holomorphic
-    function of complex arguments with a complex scalar output, and the gradient is f'(z).
+    function of complex arguments with a complex scalar output, and the gradient is f'(z). This
+    is what `scipy.optimize.minimize(fun, x0, jac=True)` expects.
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code returning a real scalar, or `(scalar, aux)` with `has_aux=True`.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    has_aux : bool, default False
+        `f` returns `(value, aux)`; the result is then `((value, aux), gradient)`, as in JAX.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex arguments with a complex scalar output.
+
+    Returns
+    -------
+    callable
+        `vg(*args, **kwargs)` returning `(value, gradient)`; the gradient has the structure of the
+        differentiated argument(s).
+
+    Raises
+    ------
+    GradtapeError
+        As `grad`: an operation that cannot be differentiated, named with its source line.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> value, g = gt.value_and_grad(lambda x: np.sum(x**2))(np.array([1.0, 2.0]))
+    >>> print(float(value), g)
+    5.0 [2. 4.]
     """
     fname = getattr(f, "__name__", "the function")
 
@@ -305,10 +336,45 @@ def value_and_grad(
 def grad(
     f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
 ) -> Callable:
-    """The gradient of a scalar function, with respect to argument(s) `argnums`.
+    """The gradient of a scalar function with respect to argument(s) `argnums`.
 
     For complex arguments of a real function the gradient is JAX's, df/dx - i df/dy;
     holomorphic=True differentiates a holomorphic function with a complex output (f'(z)).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code returning a real scalar (a Python float, a 0-d array, or a size-1
+        array), or `(scalar, aux)` with `has_aux=True`.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate. Arguments may be arrays, floats, or nested
+        tuples, lists and dicts of them.
+    has_aux : bool, default False
+        `f` returns `(value, aux)`; the returned function then gives `(gradient, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex arguments with a complex scalar output.
+
+    Returns
+    -------
+    callable
+        `g(*args, **kwargs)` returning the gradient, with the structure, shape and dtype of the
+        differentiated argument (a tuple of them when `argnums` is a tuple).
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated (`float(x)` of a traced value, a
+        function with no rule, a non-scalar output); the message names the operation, the line
+        and what to write instead.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def f(x):
+    ...     return np.sum(x**2)
+    >>> print(gt.grad(f)(np.array([1.0, 2.0])))
+    [2. 4.]
     """
     vg = value_and_grad(f, argnums, has_aux, holomorphic)
 
@@ -322,8 +388,37 @@ def grad(
     return grad_f
 
 
-def vjp(f: Callable, *primals, has_aux: bool = False) -> tuple[Any, Callable]:
-    """`(f(*primals), vjp_fn)`; `vjp_fn(cotangent)` returns one cotangent per primal."""
+def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
+    """Reverse mode for any output: `(f(*primals), vjp_fn)`.
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code; its output may be any structure of arrays.
+    *primals
+        The point at which to differentiate, one value per positional argument of `f`.
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; `vjp` then returns `(output, vjp_fn, aux)`.
+
+    Returns
+    -------
+    tuple
+        `(output, vjp_fn)`: `vjp_fn(cotangent)` takes a cotangent with the output's structure,
+        shapes and dtypes and returns a tuple with one cotangent per primal.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated (named with its source line).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> out, vjp_fn = gt.vjp(lambda x: x**2, np.array([1.0, 2.0]))
+    >>> print(out, vjp_fn(np.array([1.0, 1.0])))
+    [1. 4.] (array([2., 4.]),)
+    """
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
         out, in_trees = _trace_call(f, primals, {}, nums, level)

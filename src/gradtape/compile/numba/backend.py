@@ -58,7 +58,17 @@ MAX_NATIVE_STAGES = 4000
 
 class NativeFallbackWarning(UserWarning):
     """Part of a compiled function runs through NumPy (a primitive without native code, or a
-    kernel Numba could not compile): results are exact, only slower."""
+    kernel Numba could not compile): results are exact, only slower.
+
+    Emitted once per cause by the numba backend and by the native drivers of loops.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import gradtape as gt
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", gt.NativeFallbackWarning)
+    """
 
 
 _warned: set[str] = set()
@@ -94,7 +104,24 @@ def set_num_threads(n: int) -> None:
     added in chunk order, so results do not depend on thread timing. Variants already
     compiled with such loops get kernels for `n` threads: compiled before this returns on
     backend="numba" (or loaded from the cache), in the background on "auto" (their current
-    kernels run until then).
+    kernels run until then). Without Numba the setting is kept and has no effect.
+
+    Parameters
+    ----------
+    n : int
+        The number of threads, at least 1.
+
+    Raises
+    ------
+    ValueError
+        When `n` is less than 1.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> gt.set_num_threads(1)
+    >>> gt.get_num_threads()
+    1
     """
     n = int(n)
     if n < 1:
@@ -108,7 +135,19 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    """The number of threads fused loops use (see set_num_threads)."""
+    """The number of threads fused loops use (see `set_num_threads`).
+
+    Returns
+    -------
+    int
+        The current count (default 1).
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> gt.get_num_threads() >= 1
+    True
+    """
     return _threads[0]
 
 

@@ -461,7 +461,7 @@ class NativeHandle:
 
     def __init__(self, program: Program, name: str):
         if importlib.util.find_spec("numba") is None:
-            raise ImportError("as_native needs Numba: pip install numba")
+            raise ImportError('as_native needs Numba: pip install "gradtape[numba]"')
         text, consts, sizes = entry_module_text(program, name)
         self.name = name
         self._module = _entry_module(text)
