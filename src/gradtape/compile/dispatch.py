@@ -436,8 +436,7 @@ class CompiledFunction:
                 variant = sig.add(_Variant(tape, program, lowered))
         if reason is not None:
             self._warn_once(f"compile: {self._name()} runs eagerly for {sig.label}: {reason}.")
-            sig.stats.eager_calls += 1
-            return self._deliver(traced, out), None
+            return self._deliver(traced, out), None  # counted once: as the recording
         out_leaves = None if out is None else _out_leaves(program, out, info.leaves)
         try:
             result = variant.run(*info.leaves, out_leaves)
@@ -517,6 +516,8 @@ class CompiledFunction:
                     f"compile: out= leaf of shape {getattr(o, 'shape', None)} "
                     f"cannot hold a result of shape {np.shape(r)}."
                 )
+        _refuse_overlapping_out(out_leaves)
+        for o, r in zip(out_leaves, res_leaves):
             np.copyto(o, r)
         return out
 
@@ -724,7 +725,21 @@ def _out_leaves(program: Program, out, arg_leaves) -> list:
                 raise GradtapeError(
                     "compile: an out= array shares memory with an argument; pass separate arrays."
                 )
+    _refuse_overlapping_out(leaves)
     return leaves
+
+
+def _refuse_overlapping_out(leaves) -> None:
+    """Raise when two out= arrays share memory: one result would overwrite another."""
+    for i, o in enumerate(leaves):
+        for p in leaves[:i]:
+            # arrays that own their memory overlap only if they are the same array
+            if p is o or (p.base is not None or o.base is not None) and np.may_share_memory(p, o):
+                raise GradtapeError(
+                    "compile: two out= arrays share memory (the same array twice, or "
+                    "overlapping views), so one result would overwrite another; pass a "
+                    "separate array for each result."
+                )
 
 
 def _bad_out(o, shape, dtype) -> GradtapeError:

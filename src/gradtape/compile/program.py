@@ -414,6 +414,8 @@ def _peephole(ins: Instruction):
                 and ins.invars[other] is None
                 and _is_one(ins.args[other])
                 and _same_type(v, out)
+                # a complex product is computed in full: (inf + 1j) * 1 is inf + nanj
+                and v.dtype.kind != "c"
             ):
                 return ("var", v)
     if prim in _BOOLEAN_FOLDS and out.dtype == bool and len(ins.invars) == 2:

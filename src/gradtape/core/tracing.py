@@ -206,17 +206,26 @@ def bind(prim, args: tuple, params: dict):
             invars.append(None)
     out = prim.impl(*vals, **params)
     if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+        if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
+            # np.sign(z): zero derivative on the reals, not on the complex plane
+            raise GradtapeError(
+                f"{_user_source_line()}: "
+                + complex_refusal(prim.name, "taken as a constant, with zero derivative")
+            )
         return out
     if top.record_all or not prim.linear:  # rules or a replay will read the constants later
         vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
     vals = tuple(vals)
     invars = tuple(invars)
+    # a differentiated tape remembers the user's line of each operation: an error raised by
+    # a derivative rule later (in the backward pass) names it
+    source = None if top.record_all else user_frame()
     if prim.multiple_results:
         outvars = tuple(top.new_var(o) for o in out)
-        top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out))
+        top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out, source))
         return type(out)(Tracer(o, v, top) for o, v in zip(out, outvars))
     var = top.new_var(out)
-    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out))
+    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out, source))
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
         add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
@@ -240,6 +249,23 @@ def _inexact(out, multiple: bool) -> bool:
     return dt.kind in "fc"
 
 
+def _complex(out, multiple: bool) -> bool:
+    if multiple:
+        return any(_complex(o, False) for o in out)
+    dt = getattr(out, "dtype", None)
+    return dt.kind == "c" if dt is not None else isinstance(out, complex)
+
+
+def complex_refusal(name: str, why: str = "") -> str:
+    """The message for a primitive that does not differentiate complex values."""
+    return (
+        f"gradtape cannot differentiate {name} of complex values: its derivative rule is "
+        "written for real numbers" + (f" ({why})" if why else "") + ", and applied to complex "
+        "ones it could give a wrong result. Write the computation with real and imaginary "
+        "parts (np.real, np.imag) as real arrays, or give it a rule with gradtape.custom_vjp."
+    )
+
+
 def _leaked_error(level) -> GradtapeError:
     return GradtapeError(
         f"a traced value from a finished transformation ({level!r}) was used again. This happens "
@@ -251,6 +277,30 @@ def _leaked_error(level) -> GradtapeError:
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gradtape package
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
+
+
+_SCIPY_MARK = os.sep + "scipy" + os.sep
+_LIBRARY_CODE: dict = {}  # code object -> True when it is gradtape's, NumPy's or SciPy's
+
+
+def user_frame(depth: int = 2) -> tuple | None:
+    """`(code, line number)` of the first frame outside gradtape, NumPy and SciPy (the user's
+    line that led to this operation; a SciPy function's own lines are skipped so that
+    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame."""
+    f = sys._getframe(depth)
+    library = _LIBRARY_CODE
+    while f is not None:
+        code = f.f_code
+        inside = library.get(code)
+        if inside is None:
+            fn = code.co_filename
+            inside = library[code] = (
+                fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
+            )
+        if not inside:
+            return (code, f.f_lineno)
+        f = f.f_back
+    return None
 
 
 def _user_source_line() -> str:
@@ -285,9 +335,34 @@ def _no_float_message(what: str) -> str:
     )
 
 
+def _index_trick() -> str | None:
+    """'np.r_', 'np.c_' (...) when NumPy's index tricks are converting their items: they make
+    plain arrays of them before they concatenate."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "__getitem__" and f.f_code.co_filename.endswith(
+            "_index_tricks_impl.py"
+        ):
+            trick = f.f_locals.get("self")
+            for name in ("r_", "c_", "s_", "index_exp", "mgrid", "ogrid"):
+                if getattr(np, name, None) is trick:
+                    return f"np.{name}"
+            return "NumPy's index tricks"
+        f = f.f_back
+    return None
+
+
 def _as_array_message() -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
     where = _user_source_line()
+    trick = _index_trick()
+    if trick is not None:
+        return (
+            f"{trick}[...] makes plain arrays of its items ({where}), which would copy the "
+            "numbers of a traced value out and cut the gradient. Write np.concatenate([a, b]) "
+            "(np.atleast_1d for scalars) instead of np.r_[a, b], and np.column_stack([a, b]) "
+            "instead of np.c_[a, b]."
+        )
     if ".dot(" in where:
         advice = (
             "A plain array's method (X.dot(w)) cannot see a traced argument: write "
@@ -650,26 +725,28 @@ class Tracer:
         self._assign(_METHODS["__setitem__"](self, idx, value))
 
     # --- methods ----------------------------------------------------------------------
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    # The reductions take ndarray's keywords (initial=, where=, ...) as their np. spellings do;
+    # a keyword is passed on only when given, as ndarray's methods leave NumPy's defaults.
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def max(self, axis=None, out=None, keepdims=False):
-        return np.max(self, axis=axis, out=out, keepdims=keepdims)
+    def max(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.max(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def min(self, axis=None, out=None, keepdims=False):
-        return np.min(self, axis=axis, out=out, keepdims=keepdims)
+    def min(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.min(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs)
 
-    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs)
 
     def cumsum(self, axis=None, dtype=None, out=None):
         return np.cumsum(self, axis=axis, dtype=dtype, out=out)
@@ -686,11 +763,11 @@ class Tracer:
     def argsort(self, axis=-1, kind=None, order=None):
         return np.argsort(self, axis=axis, kind=kind, order=order)
 
-    def any(self, axis=None, out=None, keepdims=False):
-        return np.any(self, axis=axis, out=out, keepdims=keepdims)
+    def any(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.any(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def all(self, axis=None, out=None, keepdims=False):
-        return np.all(self, axis=axis, out=out, keepdims=keepdims)
+    def all(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.all(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
     def dot(self, b, out=None):
         return np.dot(self, b, out=out)

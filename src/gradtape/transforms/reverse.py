@@ -10,10 +10,10 @@ import numpy as np
 
 from ..core import tracing as trace
 from ..core.errors import GradtapeError
-from ..core.ir import Tape
+from ..core.ir import Tape, source_text
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import LevelKind, new_level
-from ..rules._complex import COMPLEX_RULES, check_complex, real_part
+from ..rules._complex import check_complex, real_part
 from ..rules._util import dtype_of
 from ..rules.indexing import SparseCotangent, materialize
 
@@ -63,6 +63,25 @@ def cast_to(ct, dtype: np.dtype):
     return ct.astype(dtype)
 
 
+FORWARD_LINE = "\n  (in the derivative of {op}, recorded at {where})"
+
+
+def name_forward_line(error: BaseException, ins) -> None:
+    """Add the user's source line of `ins` (the forward operation whose derivative rule raised)
+    to `error`: to a GradtapeError's message, as a note to any other exception. Once: an error
+    passing through several nested backward passes keeps the innermost line."""
+    where = source_text(getattr(ins, "source", None))
+    if where is None or getattr(error, "_gradtape_forward_line", False):
+        return
+    text = FORWARD_LINE.format(op=ins.prim.name, where=where)
+    add_note = getattr(error, "add_note", None)  # Python 3.11 and later
+    if isinstance(error, GradtapeError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        error.args = (error.args[0] + text,)
+    elif add_note is not None:
+        add_note(text.strip())
+    setattr(error, "_gradtape_forward_line", True)  # noqa: B010  (an attribute of any exception)
+
+
 def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
     """Run the tape backwards from `cotangents` of `outvars`; returns var id -> cotangent.
 
@@ -80,43 +99,48 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
     for v, ct in zip(outvars, cotangents):
         if v is not None and ct is not None:
             _accumulate(acc, v, ct)
-    for ins in reversed(tape.instructions):
-        prim = ins.prim
-        if prim.multiple_results:
-            gs = [acc.pop(v.id, None) for v in ins.outvars]
-            if all(g is None for g in gs):
-                continue
-            if prim.vjp_all is not None:  # takes None for outputs with no cotangent
-                g = tuple(None if gi is None else _resolve(gi) for gi in gs)
+    ins = None
+    try:
+        for ins in reversed(tape.instructions):
+            prim = ins.prim
+            if prim.multiple_results:
+                gs = [acc.pop(v.id, None) for v in ins.outvars]
+                if all(g is None for g in gs):
+                    continue
+                if prim.vjp_all is not None:  # takes None for outputs with no cotangent
+                    g = tuple(None if gi is None else _resolve(gi) for gi in gs)
+                else:
+                    g = tuple(
+                        np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
+                        for v, gi in zip(ins.outvars, gs)
+                    )
             else:
-                g = tuple(
-                    np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
-                    for v, gi in zip(ins.outvars, gs)
-                )
-        else:
-            g = acc.pop(ins.outvars[0].id, None)
-            if g is None:
+                g = acc.pop(ins.outvars[0].id, None)
+                if g is None:
+                    continue
+                g = _resolve(g)
+            if not prim.complex_correct:
+                check_complex(ins)
+            vjp_all = prim.vjp_all
+            if vjp_all is not None:
+                cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
+                for v, ct in zip(ins.invars, cts):
+                    if v is not None and ct is not None:
+                        _accumulate(acc, v, ct)
                 continue
-            g = _resolve(g)
-        if prim.name not in COMPLEX_RULES:
-            check_complex(ins)
-        vjp_all = prim.vjp_all
-        if vjp_all is not None:
-            cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
-            for v, ct in zip(ins.invars, cts):
-                if v is not None and ct is not None:
+            vjps = prim.vjps
+            for i, v in enumerate(ins.invars):
+                if v is None:
+                    continue
+                rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
+                if rule is None:
+                    continue
+                ct = rule(g, ins.out, *ins.args, **ins.params)
+                if ct is not None:
                     _accumulate(acc, v, ct)
-            continue
-        vjps = prim.vjps
-        for i, v in enumerate(ins.invars):
-            if v is None:
-                continue
-            rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
-            if rule is None:
-                continue
-            ct = rule(g, ins.out, *ins.args, **ins.params)
-            if ct is not None:
-                _accumulate(acc, v, ct)
+    except Exception as error:
+        name_forward_line(error, ins)
+        raise
     return {k: _resolve(e) for k, e in acc.items()}
 
 

@@ -48,7 +48,7 @@ from ..program import Program
 from . import cache, codegen
 from .kernel import KernelArg
 from .parallel import PARALLEL_MIN_CHUNK
-from .wrapper import STATUS_LAYOUT
+from .wrapper import STATUS_LAYOUT, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
 # Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
@@ -415,7 +415,11 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
             and (O is None or all(o.flags.c_contiguous for o in O))
         ):
             return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
-        args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
+        # (np.ascontiguousarray would make a 0-d argument 1-d: only the strided are copied)
+        args = tuple(
+            np.ascontiguousarray(a) if type(a) is np.ndarray and not a.flags.c_contiguous else a
+            for a in args
+        )
         if O is None:
             return state.run(*args, None)
         contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
@@ -451,13 +455,26 @@ def _generated(program: Program, threads: int) -> codegen.Generated | None:
         generated.loops or any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)
     ):
         return None  # nothing native to do: the numpy backend's code is better
+    complex_names: list = []
     for stage in generated.plan.stages:
         if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
-            name = stage.members[0].prim.name
+            ins = stage.members[0]
+            name = ins.prim.name
+            if any(v is not None and v.dtype.kind == "c" for v in (*ins.invars, *ins.outvars)):
+                if name not in complex_names:
+                    complex_names.append(name)
+                continue
             warn_once(
                 f"numba backend: primitive {name!r} has no native translation; it "
                 "runs through NumPy between the native kernels (exact, slower)"
             )
+    if complex_names:
+        warn_once(
+            "numba backend: complex values are not lowered to native code ("
+            + ", ".join(complex_names)
+            + " of complex values); they run through NumPy between the native kernels "
+            "(exact, slower)"
+        )
     return generated
 
 
@@ -519,13 +536,7 @@ class NumbaLowered:
     def _build(self, source: str, extra: dict) -> Callable:
         """The wrapper's `run`, from its source and constants."""
         consts = dict(extra)
-        consts.update(
-            state=self._state,
-            empty=np.empty,
-            array=np.array,
-            asarray=np.asarray,
-            ascontiguous=np.ascontiguousarray,
-        )
+        consts.update(runtime_functions(), state=self._state)
         namespace: dict = {}
         exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"), namespace)
         return namespace["_build"](consts)
