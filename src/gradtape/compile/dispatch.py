@@ -33,6 +33,7 @@ from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 from ..transforms.arguments import compile_leaf_message, user_line
 from .memo import remembered
+from .numba.export import NativeHandle
 from .program import (
     Program,
     answer_key,
@@ -638,6 +639,60 @@ class CompiledFunction:
         None when they run eagerly: what `source()` and the numba backend's tiers read."""
         _, variant = self._variant_for(args, kwargs)
         return None if variant is None else variant.lowered
+
+    def as_native(self, *args, **kwargs) -> NativeHandle:
+        """Native entry points of this function: a Numba function for `@njit` code and a C
+        function pointer, with no Python between the caller and the compiled kernels.
+
+        The function must take one float64 array (any shape: close over the other values, or
+        bind them with `functools.partial`; closed-over arrays are bound once, by address) and
+        return one or two float64 results (`value_and_grad`: the value, then the gradient).
+        The C entry point is
+        `int32_t f(int64_t n, const double *x, double *value, double *grad, void *data)`,
+        called with `data = handle.data_address`; `handle.numba` is
+        `status = f(x, value, grad, data)` with `data = handle.data`. The status is 0 when
+        done, positive (3) when a result is NaN or infinite, negative when nothing was
+        computed: -1 a wrong size, -2 a point on another path than the recorded one, -3 bad
+        data, -4 a non-contiguous buffer. See docs/numba-callable.md.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            An example call. Its shapes fix the handle's sizes, and the path it takes through
+            Python branches is the one the handle computes.
+
+        Returns
+        -------
+        NativeHandle
+            `.numba`, `.cfunc`, `.address`, `.ctypes_function`, `.data`, `.data_address`,
+            the sizes `.n`, `.value_size`, `.grad_size`; calling it from Python returns what
+            the compiled function returns.
+
+        Raises
+        ------
+        GradtapeError
+            Naming what cannot be exported: an operation without a native translation, a
+            loop (`scan`, `while_loop`), several traced arguments, results that are not
+            float64, more than two results.
+        ImportError
+            Numba is not installed (`pip install "gradtape[numba]"`).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import gradtape as gt
+        >>> vg = gt.compile(gt.value_and_grad(lambda x: np.sum(x**2)))
+        >>> h = vg.as_native(np.ones(3))
+        >>> value, grad = h(np.array([0.0, 1.0, 2.0]))
+        >>> print(float(value), grad)
+        5.0 [0. 2. 4.]
+        """
+        info = self._call_info(args, kwargs)
+        tape, program, _ = self._record(info)
+        reason = unreplayable_reason(program)
+        if reason is not None:
+            raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
+        return NativeHandle(program, self._name())
 
     def source(self, *args, **kwargs) -> str:
         """The generated source that these arguments replay."""
