@@ -282,3 +282,26 @@ def test_a_second_process_loads_the_handle_from_the_disk_cache(tmp_path: Path):
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split()[-1] == "False"
     assert runs[1].stdout.split()[-1] == "True"
+
+
+@pytest.mark.native
+@needs_numba
+def test_scipy_low_level_callable_wraps_the_entry_point(logistic_handle):
+    scipy = pytest.importorskip("scipy")
+    h = logistic_handle
+    callable_ = scipy.LowLevelCallable(h.ctypes_function, ctypes.c_void_p(h.data_address))
+    assert callable_.signature.startswith("int (")
+    assert callable_.signature.count("double *") == 3 and "void *" in callable_.signature
+    # the pointer it holds is the handle's entry point: calling that gives the Python numbers
+    function = ctypes.cast(h.address, type(h.ctypes_function))
+    x = np.array([0.1, -0.4, 0.2, 0.3])
+    value, grad = np.empty(1), np.empty(4)
+    status = function(
+        4,
+        x.ctypes.data_as(DOUBLE_P),
+        value.ctypes.data_as(DOUBLE_P),
+        grad.ctypes.data_as(DOUBLE_P),
+        ctypes.c_void_p(h.data_address),
+    )
+    assert status == 0
+    np.testing.assert_allclose(value[0], h(x)[0], rtol=1e-14)
