@@ -13,10 +13,10 @@ Examples
 [2. 4.]
 """
 
-from . import process, rules  # noqa: F401  (rules: declares every primitive)
+from . import process, rules, tree_util  # noqa: F401  (rules: declares every primitive)
 from .check import GradCheck, check_grad
 from .compile import CompiledFunction, CompileWarning, NativeFallbackWarning, compile
-from .compile.numba.backend import get_num_threads, set_num_threads
+from .compile.numba.backend import get_num_threads, set_num_threads, wait_for_native
 from .compile.numba.cache import clear as clear_cache
 from .control.custom import custom_jvp, custom_vjp
 from .control.loops import fori_loop, scan, while_loop
@@ -27,6 +27,8 @@ from .transforms.forward import jacfwd, jvp
 from .transforms.higher import hessian, hvp, jacobian, jacrev
 from .transforms.reverse import grad, value_and_grad, vjp
 from .transforms.staging import trace_fn as trace
+from .transforms.toolbox import checkpoint, elementwise_grad, linearize, remat
+from .transforms.vmap import vmap
 
 # The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
@@ -47,6 +49,7 @@ __all__ = [
     "CompiledFunction",
     "get_num_threads",
     "set_num_threads",
+    "wait_for_native",
     "clear_cache",
     # loops and custom rules
     "scan",
@@ -65,6 +68,12 @@ __all__ = [
     "GuardFailure",
     "CompileWarning",
     "NativeFallbackWarning",
+    # batching and the transform toolbox
+    "vmap",
+    "linearize",
+    "checkpoint",
+    "remat",
+    "elementwise_grad",
 ]
 
 process.install()

@@ -26,6 +26,26 @@ def _top_level(args):
     return top
 
 
+def _differentiated_below(level) -> bool:
+    """Whether a differentiating level lies below this (vmap) level."""
+    return any(
+        lv.kind is LevelKind.DIFFERENTIATE and lv.id < level.id for lv in trace.current_levels()
+    )
+
+
+def _per_member(fn, level, args):
+    """A function with a custom rule called on members of a vmap batch that is differentiated
+    outside the vmap: called once per member one level down, where the differentiating level
+    records its rule (batching its body instead would differentiate the body, not the rule)."""
+    vals = [a._value if type(a) is trace.Tracer and a._level is level else None for a in args]
+    outs = []
+    for i in range(level.batch_size):
+        member = [a if v is None else v[i] for a, v in zip(args, vals)]
+        outs.append(fn(*member))
+    out = np.stack(outs)
+    return trace.Tracer(out, level.new_batched_var(out), level)
+
+
 class custom_vjp:
     """A function with a user-supplied reverse-mode rule (a decorator, JAX's convention).
 
@@ -121,6 +141,8 @@ class custom_vjp:
                 ".defvjp(fwd, bwd) first."
             )
         top = _top_level(args)
+        if top is not None and top.batch_size is not None and _differentiated_below(top):
+            return _per_member(self, top, args)
         if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
         vals = tuple(a._value if type(a) is trace.Tracer and a._level is top else a for a in args)
@@ -228,6 +250,8 @@ class custom_jvp:
                 f"{self.fun.__name__}.defjvp(rule) first."
             )
         top = _top_level(args)
+        if top is not None and top.batch_size is not None and _differentiated_below(top):
+            return _per_member(self, top, args)
         if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
         return bind(self._prim, args, {})

@@ -24,9 +24,17 @@ from ..core.errors import GradtapeError
 from ..core.ir import Instruction, Tape, Var
 from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import Level, LevelKind, Tracer, new_level
-from ..rules._complex import COMPLEX_RULES, check_complex
+from ..rules._complex import check_complex
 from ..rules._util import dtype_of, shape_of
-from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call, cast_to
+from . import arguments
+from .reverse import (
+    _check_differentiable,
+    _lower,
+    _normalize_argnums,
+    _trace_call,
+    cast_to,
+    name_forward_line,
+)
 
 # the largest batch of tangents pushed at once, in elements of the largest tape variable
 _MAX_BATCH_ELEMENTS = 1 << 22
@@ -50,7 +58,11 @@ def _forward(tape: Tape, tangents: dict, keep: set | None, batch: int | None) ->
     for k, ins in enumerate(tape.instructions):
         ts = [None if v is None else tangents.get(v.id) for v in ins.invars]
         if any(t is not None for t in ts):
-            out = _apply_jvp(ins, ts, batch)
+            try:
+                out = _apply_jvp(ins, ts, batch)
+            except Exception as error:
+                name_forward_line(error, ins)
+                raise
             if ins.prim.multiple_results:
                 for v, t in zip(ins.outvars, out if out is not None else ()):
                     _store(tangents, v, t, batch, ins)
@@ -77,7 +89,7 @@ def _dead_after(tape: Tape) -> dict:
 
 def _apply_jvp(ins: Instruction, ts: list, batch: int | None):
     prim = ins.prim
-    if prim.name not in COMPLEX_RULES:
+    if not prim.complex_correct:
         check_complex(ins)
     rule = prim.jvp
     if rule is None:
@@ -282,6 +294,7 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fals
     >>> print(out, tangent)
     [1. 4.] [2. 0.]
     """
+    arguments.check_function(f, "jvp")
     tangent_leaves = _tangent_leaves(primals, tangents, "jvp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
@@ -545,6 +558,8 @@ def jacobian_transform(
     f: Callable, argnums, has_aux: bool, method: Callable, who: str, holomorphic: bool = False
 ) -> Callable:
     """A Jacobian transform: record f once, compute the blocks with `method(recording)`."""
+    arguments.check_function(f, who)
+    arguments.check_argnums(argnums, who)
 
     @functools.wraps(f)
     def jac_f(*args, **kwargs):

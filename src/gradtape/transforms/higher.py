@@ -17,6 +17,7 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
 from ..core.tracing import LevelKind, Tracer, new_level
+from . import arguments
 from .forward import (
     Recording,
     basis_rows,
@@ -283,30 +284,39 @@ def hessian(
     [[ 6.  0.]
      [ 0. 12.]]
     """
+    arguments.check_function(f, "hessian")
+    arguments.check_argnums(argnums, "hessian")
     g = grad(
         _scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux, holomorphic=holomorphic
     )
     return jacobian_transform(g, argnums, has_aux, jacobian_by_columns, "hessian", holomorphic)
 
 
-def hvp(f: Callable, x, v):
-    """The Hessian of scalar f at x times v, without forming the Hessian.
+_CURRIED = object()
 
-    Forward over reverse: one jvp of grad(f), so it costs a few gradients.
+
+def hvp(f: Callable, x=_CURRIED, v=None, *args):
+    """The Hessian of scalar f (in its first argument) at x times v, without forming it.
+
+    Forward over reverse: one jvp of grad(f), so it costs a few gradients. Two spellings:
+    `hvp(f, x, v, *args)` and `hvp(f)(x, v, *args)` (a function, to compose with vmap and
+    compile); f is called as `f(x, *args)`.
 
     Parameters
     ----------
     f : callable
-        Plain NumPy/SciPy code of one argument returning a real scalar.
+        Plain NumPy/SciPy code returning a real scalar, differentiated in its first argument.
     x : array or pytree
-        The point.
+        The point (omitted: hvp returns the function of (x, v, *args)).
     v : array or pytree
         The direction, with the structure, shapes and dtypes of `x`.
+    *args
+        Further arguments of `f`, passed through (not differentiated).
 
     Returns
     -------
     array or pytree
-        H(x) @ v, with the structure of `x`.
+        H(x) @ v, with the structure of `x` (or, with only `f`, the function computing it).
 
     Raises
     ------
@@ -319,5 +329,14 @@ def hvp(f: Callable, x, v):
     >>> import gradtape as gt
     >>> print(gt.hvp(lambda x: np.sum(x**3), np.array([1.0, 2.0]), np.array([1.0, 0.0])))
     [6. 0.]
+    >>> print(gt.hvp(lambda x, a: a * np.sum(x**3))(np.ones(2), np.array([1.0, 0.0]), 2.0))
+    [12.  0.]
     """
-    return jvp(grad(_scalar_checked(f, "hvp")), (x,), (v,))[1]
+    arguments.check_function(f, "hvp")
+    if x is _CURRIED:
+        return lambda x, v, *args: hvp(f, x, v, *args)
+    if args:
+        g = grad(_scalar_checked(lambda y: f(y, *args), "hvp"))
+    else:
+        g = grad(_scalar_checked(f, "hvp"))
+    return jvp(g, (x,), (v,))[1]
