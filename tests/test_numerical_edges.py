@@ -452,3 +452,30 @@ def test_nested_out_arrays_that_share_memory_are_refused():
     g = np.zeros(2)
     with pytest.raises(gt.GradtapeError, match="two out= arrays share memory"):
         compiled(x, out=(np.zeros(()), (g, g)))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: np.quantile(x, 0.3),
+        lambda x: np.sum(np.percentile(x, [10.0, 50.0, 90.0]) * np.array([1.0, 2.0, 3.0])),
+        lambda x: np.median(x),
+        lambda x: np.sum(x[:1] ** 2).reshape(()),
+    ],
+    ids=["quantile", "percentile", "median", "reshape of one element to a scalar"],
+)
+def test_quantiles_compile_to_native_kernels(f):
+    numba_backend = _numba_backend()
+    x = np.random.default_rng(3).normal(size=21)
+    compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            value, grad = compiled(x)
+    assert not [w for w in caught if "could not compile" in str(w.message)]
+    assert numba_backend.lowered(compiled, x).tier == "native"
+    expected = gt.value_and_grad(f)(x)
+    np.testing.assert_allclose(value, expected[0], rtol=1e-14)
+    np.testing.assert_allclose(grad, expected[1], rtol=1e-14)
+    np.testing.assert_allclose(grad, fd(f, x), rtol=1e-6, atol=1e-8)
