@@ -479,3 +479,23 @@ def test_quantiles_compile_to_native_kernels(f):
     np.testing.assert_allclose(value, expected[0], rtol=1e-14)
     np.testing.assert_allclose(grad, expected[1], rtol=1e-14)
     np.testing.assert_allclose(grad, fd(f, x), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.native
+def test_division_by_zero_on_the_numba_backend():
+    _numba_backend()
+    x = np.array([1.0, 2.0, 0.0])
+    for f in (
+        lambda x: np.sum(x / 0.0),
+        lambda x: np.sum(x) / 0,
+        lambda x: np.std(x[:1], ddof=1) + np.sum(x),
+    ):
+        compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's, while recording
+            with np.errstate(all="ignore"):
+                expected = gt.value_and_grad(f)(x)
+                for _ in range(2):
+                    value, grad = compiled(x)
+                    np.testing.assert_array_equal(value, expected[0])
+                    np.testing.assert_array_equal(grad, expected[1])
