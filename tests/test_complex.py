@@ -677,6 +677,9 @@ TESTED = set(ELEMENTWISE) | {
 # the linear algebra rules' complex cases (or their own refusals of complex input) are tested
 # in test_linalg.py and test_scipy_linalg.py, against JAX and finite differences
 TESTED_ELSEWHERE = {"dyn_getitem", "dyn_setitem", "dyn_scatter_add", "while_loop"} | {
+    "signal_convolve",  # test_scipy_signal.py
+    "cholesky",
+    "qr",
     # nondifferentiable with complex results (test_numerical_edges.py)
     "rint",
     "stop_gradient",

@@ -495,4 +495,6 @@ def tree_expr(td, leaves, const) -> str:
         return "[" + ", ".join(parts) + "]"
     if td.kind == "namedtuple":
         return f"{const(td.meta, 'namedtuple')}(" + ", ".join(parts) + ")"
+    if td.kind == "custom":  # a registered pytree node or a dataclass
+        return f"{const(td.rebuild, 'node')}([" + ", ".join(parts) + "])"
     return "{" + ", ".join(f"{const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"

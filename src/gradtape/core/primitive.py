@@ -67,8 +67,10 @@ class Primitive:
     user_rule: the derivative rule is user code (custom_vjp/custom_jvp).
     aliases_input: the output is a view of the first argument in NumPy (x.T, reshape): a write
                into that argument is seen by the output, and a write into the output raises.
-    batch:     the batching rule (for vmap): `batch(args, batch_axes, **params)` ->
-               (outputs, output batch axes); None: batched by a loop over the batch.
+    batch:     the batching rule (for vmap): `batch(prim, args, batched, **params)` -> the
+               output, where batched[i] says whether args[i] carries the batch as its first
+               axis, and the output carries it first (rules/batching.py declares them per
+               category); None: run once per member of the batch (tracing.loop_batch).
     complex_correct: the rules are right (and tested) for complex values (JAX's convention,
                rules/_complex.py). The interpreters refuse to differentiate an instruction with
                complex values whose primitive does not declare it, and `bind` refuses a

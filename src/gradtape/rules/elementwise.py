@@ -365,7 +365,7 @@ for _name, _native in (
 # --- scipy.special ------------------------------------------------------------------------------
 gammaln = _spec("gammaln", (lambda ans, x: _sp().digamma(x),), native="float64:math.lgamma")
 gamma = _spec("gamma", (lambda ans, x: ans * _sp().digamma(x),), native="float64:math.gamma")
-digamma = _spec("digamma", (lambda ans, x: _sp().polygamma(1, x),))
+digamma = _spec("digamma", (lambda ans, x: _sp().polygamma(1, x),), native="float64:digamma")
 SCIPY_UFUNCS["psi"] = digamma
 zeta = _spec("zeta", (None, lambda ans, s, q: -s * _sp().zeta(s + 1, q)))
 SCIPY_UFUNCS["_zeta"] = zeta  # scipy.special.zeta is a Python function calling this ufunc
@@ -373,7 +373,7 @@ erf = _spec("erf", (lambda ans, x: (2 / _SQRT_PI) * np.exp(-x * x),), native="fl
 erfc = _spec("erfc", (lambda ans, x: (-2 / _SQRT_PI) * np.exp(-x * x),), native="float64:math.erfc")
 erfinv = _spec("erfinv", (lambda ans, x: (_SQRT_PI / 2) * np.exp(ans * ans),))
 expit = _spec("expit", (lambda ans, x: ans * (1 - ans),), native="float:fast_expit")
-logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True)
+logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True, native="float64:logit")
 log_expit = _spec("log_expit", (lambda ans, x: _sp().expit(-x),), native="float:fast_log_expit")
 xlogy = _spec(
     "xlogy",
@@ -382,12 +382,19 @@ xlogy = _spec(
     native="float64:xlogy",
 )
 xlog1py = _spec(
-    "xlog1py", (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)), safe=True
+    "xlog1py",
+    (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)),
+    safe=True,
+    native="float64:xlog1py",
 )
 ndtr = _spec("ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI),), native="float64:ndtr")
-log_ndtr = _spec("log_ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),))
+log_ndtr = _spec(
+    "log_ndtr",
+    (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),),
+    native="float64:log_ndtr",
+)
 ndtri = _spec("ndtri", (lambda ans, x: np.exp(0.5 * ans * ans + _LOG_SQRT_2PI),), safe=True)
-entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True)
+entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True, native="float64:entr")
 betaln = _spec(
     "betaln",
     (
@@ -539,15 +546,24 @@ SCIPY_UFUNCS["_riemann_zeta"] = Primitive(  # zeta(x) without q: no differentiab
     jvp=lambda ts, ans, x: _zeta_in_x(ans, x),
 )
 rel_entr = _spec(
-    "rel_entr", (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y), safe=True
+    "rel_entr",
+    (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y),
+    safe=True,
+    native="float64:rel_entr",
 )
-kl_div = _spec("kl_div", (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y), safe=True)
+kl_div = _spec(
+    "kl_div",
+    (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y),
+    safe=True,
+    native="float64:kl_div",
+)
 huber = _spec(
     "huber",
     (
         lambda ans, d, r: np.where(np.abs(r) <= d, 0, np.abs(r) - d),
         lambda ans, d, r: np.where(np.abs(r) <= d, r, d * np.sign(r)),
     ),
+    native="float64:huber",
 )
 
 
@@ -570,7 +586,9 @@ def _pseudo_huber_dr(ans, d, r):
     return np.where(zero, 0.0, d * r / big)
 
 
-pseudo_huber = _spec("pseudo_huber", (_pseudo_huber_dd, _pseudo_huber_dr))
+pseudo_huber = _spec(
+    "pseudo_huber", (_pseudo_huber_dd, _pseudo_huber_dr), native="float64:pseudo_huber"
+)
 
 
 # Removable singularities (sinc at 0, spence's derivative at 1): at the point itself the value
