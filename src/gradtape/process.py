@@ -108,6 +108,7 @@ def _wrap_module(name: str, module) -> None:
     if name == "numpy":
         _patch_numpy(table)
     else:
+        replaced = {}  # id(original) -> (original, dispatcher)
         for attr, traced in table.items():
             # "Class.method": a method of a class of the module (scipy.stats' rv_continuous)
             *path, last = attr.split(".")
@@ -116,7 +117,13 @@ def _wrap_module(name: str, module) -> None:
                 owner = getattr(owner, part, None)
             original = getattr(owner, last, None)
             if original is not None and not hasattr(original, "__gradtape_original__"):
-                setattr(owner, last, _dispatcher(original, traced))
+                dispatch = _dispatcher(original, traced)
+                setattr(owner, last, dispatch)
+                if not path:
+                    replaced[id(original)] = (original, dispatch)
+        if replaced:
+            # `from scipy.special import logsumexp` run before gradtape was imported
+            _rebind_imported(replaced)
     _wrapped_modules.add(name)
 
 
@@ -228,7 +235,8 @@ def _patch_numpy(table: dict) -> None:
 
 
 def _rebind_imported(replaced: dict) -> None:
-    """`from numpy import asarray` run before gradtape was imported: rebind to the dispatcher."""
+    """`from numpy import asarray` (or `from scipy.special import logsumexp`) run before
+    gradtape was imported: rebind those module-level names to the dispatcher."""
     ids = replaced.keys()
     for name, module in list(sys.modules.items()):
         if name.split(".", 1)[0] in _KEEP_ORIGINALS:
