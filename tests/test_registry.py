@@ -429,6 +429,7 @@ LOOP_BATCHED = {
     "scipy_eigh",
     "scipy_eigh_general",
     "searchsorted",
+    "signal_convolve",
     "solve_banded",
     "solve_continuous_lyapunov",
     "solve_discrete_lyapunov",
