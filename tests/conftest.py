@@ -74,6 +74,11 @@ SLOW_TIER = ("native", "cluster")
 
 
 def pytest_collection_modifyitems(config, items):
+    if "fuzz" not in (config.getoption("markexpr") or ""):  # long fuzzing: only when named
+        fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
+        if fuzz:
+            config.hook.pytest_deselected(items=fuzz)
+            items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
     if config.getoption("all_tiers") or config.getoption("markexpr"):
         return
     slow = [item for item in items if any(item.get_closest_marker(m) for m in SLOW_TIER)]
@@ -486,6 +491,16 @@ def _no_level_left_behind():
 
     yield
     assert current_levels() == [], "a test left a trace level on the stack"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiled_functions():
+    """Each test compiles afresh: `compile` remembers compiled functions by (function,
+    transform, options), and a test counting recordings must not see another test's."""
+    from gradtape.compile import memo
+
+    memo.forget_all()
+    yield
 
 
 def compile_backends() -> tuple:

@@ -16,7 +16,7 @@ Examples
 from . import process, rules, tree_util  # noqa: F401  (rules: declares every primitive)
 from .check import GradCheck, check_grad
 from .compile import CompiledFunction, CompileWarning, NativeFallbackWarning, compile
-from .compile.numba.backend import get_num_threads, set_num_threads
+from .compile.numba.backend import get_num_threads, set_num_threads, wait_for_native
 from .compile.numba.cache import clear as clear_cache
 from .control.custom import custom_jvp, custom_vjp
 from .control.loops import fori_loop, scan, while_loop
@@ -49,6 +49,7 @@ __all__ = [
     "CompiledFunction",
     "get_num_threads",
     "set_num_threads",
+    "wait_for_native",
     "clear_cache",
     # loops and custom rules
     "scan",

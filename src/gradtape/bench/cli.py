@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradtape.bench import display
+from gradtape.bench import display, sampling, scaling
 from gradtape.bench.environment import (
     machine,
     now_utc,
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the results document (what results.json holds) to stdout instead of the "
         "tables, for CI dashboards; progress stays on stderr",
     )
+    sampling.add_arguments(bench)
     bench.set_defaults(handler=run_bench_command)
     cache = commands.add_parser(
         "cache",
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument("--clear", action="store_true", help="remove every cached kernel")
     cache.set_defaults(handler=run_cache_command)
+    scaling.add_parser(commands)
     return parser
 
 
@@ -130,6 +132,8 @@ def run_cache_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``gradtape bench``: pin threads, run, write the files, print the tables."""
+    if args.sampling:
+        return sampling.run(args)
     threads = pin_threads()
     date, started = now_utc(), time.perf_counter()
     requested = args.workloads or []

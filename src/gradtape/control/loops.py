@@ -32,6 +32,7 @@ from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, bind, new_level
 from ..rules._util import dtype_of, shape_of
+from ..transforms.arguments import TransformedFunction
 from ..transforms.linearize import linearize, record_step_vjp
 from ..transforms.vmap import vmap
 
@@ -258,6 +259,10 @@ class _BodyState:
         if isinstance(v, types.FunctionType):
             self.pinned.append(v)
             return ("function", self._function(v, depth + 1))
+        if isinstance(v, TransformedFunction):  # grad(f): the transform, f and its options
+            self.pinned.append(v)
+            transform, fun, options = v.transformed
+            return ("transformed", id(transform), self._value(fun, depth + 1), options)
         raise _Uncacheable
 
     def keep(self) -> _BodyState:

@@ -437,10 +437,22 @@ _UFUNCS = routes.UFUNCS
 _METHODS = routes.METHODS
 
 
-def _no_float_message(what: str) -> str:
+def _no_float_message(what: str, tracer: Tracer | None = None) -> str:
+    where = _user_source_line()
+    if tracer is not None and tracer._level.kind is LevelKind.STAGE:
+        # a value compile (or trace) records without differentiating it: a
+        # Python number computed from it could not be checked when the code is replayed
+        return (
+            f"{what} was called on a value that compile traces ({where}): compile records "
+            "array and float arguments as inputs, so a Python number made from one (math.exp(s), "
+            "float(s)) cannot be replayed for a new value. If the argument is a setting that "
+            "does not change often, mark it static: gradtape.compile(f, static_argnums=(i,)) "
+            "(or static_argnames=...; each new value records again). If it varies, use NumPy "
+            "on it (np.exp(s) rather than math.exp(s)); x.item() records a guard instead."
+        )
     return (
-        f"{what} was called on a traced value: it would turn the value into a plain Python "
-        "number and silently cut the gradient. Use NumPy functions on the array instead "
+        f"{what} was called on a traced value ({where}): it would turn the value into a plain "
+        "Python number and silently cut the gradient. Use NumPy functions on the array instead "
         "(np.exp, np.sqrt, ... rather than math.exp, math.sqrt). If you are writing it into a "
         "plain NumPy array (a[i] = x), build that array from traced values instead: "
         "y = np.zeros_like(x); y[i] = ...  or  np.stack([...]). If you really want a constant, "
@@ -642,10 +654,10 @@ class Tracer:
         return ans
 
     def __float__(self):
-        raise GradtapeError(_no_float_message("float()"))
+        raise GradtapeError(_no_float_message("float()", self))
 
     def __complex__(self):
-        raise GradtapeError(_no_float_message("complex()"))
+        raise GradtapeError(_no_float_message("complex()", self))
 
     # --- operators ------------------------------------------------------------------------
     def __add__(self, o):

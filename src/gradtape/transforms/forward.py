@@ -26,6 +26,7 @@ from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import Level, LevelKind, Tracer, new_level
 from ..rules._complex import check_complex
 from ..rules._util import dtype_of, shape_of
+from . import arguments
 from .reverse import (
     _check_differentiable,
     _lower,
@@ -293,6 +294,7 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fals
     >>> print(out, tangent)
     [1. 4.] [2. 0.]
     """
+    arguments.check_function(f, "jvp")
     tangent_leaves = _tangent_leaves(primals, tangents, "jvp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
@@ -556,6 +558,8 @@ def jacobian_transform(
     f: Callable, argnums, has_aux: bool, method: Callable, who: str, holomorphic: bool = False
 ) -> Callable:
     """A Jacobian transform: record f once, compute the blocks with `method(recording)`."""
+    arguments.check_function(f, who)
+    arguments.check_argnums(argnums, who)
 
     @functools.wraps(f)
     def jac_f(*args, **kwargs):

@@ -17,6 +17,7 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
 from ..core.tracing import LevelKind, Tracer, new_level
+from . import arguments
 from .forward import (
     Recording,
     basis_rows,
@@ -283,6 +284,8 @@ def hessian(
     [[ 6.  0.]
      [ 0. 12.]]
     """
+    arguments.check_function(f, "hessian")
+    arguments.check_argnums(argnums, "hessian")
     g = grad(
         _scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux, holomorphic=holomorphic
     )
@@ -329,6 +332,7 @@ def hvp(f: Callable, x=_CURRIED, v=None, *args):
     >>> print(gt.hvp(lambda x, a: a * np.sum(x**3))(np.ones(2), np.array([1.0, 0.0]), 2.0))
     [12.  0.]
     """
+    arguments.check_function(f, "hvp")
     if x is _CURRIED:
         return lambda x, v, *args: hvp(f, x, v, *args)
     if args:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from ..core.tracing import LevelKind, new_level
 from ..rules._complex import check_complex, real_part
 from ..rules._util import dtype_of
 from ..rules.indexing import SparseCotangent, materialize
+from . import arguments
 
 Tracer = trace.Tracer
 
@@ -146,6 +146,10 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
 
 # --- argument handling ----------------------------------------------------------------------
 def _check_differentiable(x, where: str):
+    if arguments.labelled_kind(x) is not None:  # pandas, xarray: their values
+        return arguments.unlabelled(x, where)
+    if isinstance(x, np.matrix):
+        arguments.check_argument(x, where)
     dt = getattr(x, "dtype", None)
     if dt is None:
         if isinstance(x, bool) or not isinstance(x, (int, float, complex)):
@@ -168,13 +172,14 @@ def _check_differentiable(x, where: str):
 
 
 def _normalize_argnums(argnums, nargs: int) -> tuple[tuple, bool]:
+    arguments.check_argnums(argnums, "argnums")
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
     for a in nums:
         if not -nargs <= a < nargs:
             raise GradtapeError(
                 f"argnums={argnums!r} but the function was called with {nargs} "
-                "positional arguments."
+                f"positional arguments {arguments.user_line()}."
             )
     return tuple(a % nargs for a in nums), single
 
@@ -184,6 +189,7 @@ def _trace_call(f, args, kwargs, argnums, level):
     new_args = list(args)
     in_trees = []
     for a in argnums:
+        arguments.check_argument(args[a], f"argument {a}")
         leaves, td = tree_flatten(args[a])
         tracers = [level.new_input(_check_differentiable(x, f"argument {a}")) for x in leaves]
         # the input Vars, not the Tracers: f may write into its argument (x[0] = ...), which
@@ -192,6 +198,13 @@ def _trace_call(f, args, kwargs, argnums, level):
         new_args[a] = tree_unflatten(td, tracers)
     try:
         return f(*new_args, **kwargs), in_trees
+    except TypeError as e:
+        clear = arguments.list_argument_error(
+            e, args, argnums, getattr(f, "__name__", "the function")
+        )
+        if clear is not None:
+            raise clear from e
+        raise
     except ValueError as e:
         if "setting an array element with a sequence" in str(e):
             raise GradtapeError(
@@ -210,7 +223,10 @@ def _lower(x, level):
 
 
 def _fresh(g, like):
-    """A gradient the caller owns: writable, with the argument's type for Python floats."""
+    """A gradient the caller owns: writable, with the argument's type for Python floats (and
+    its labels for a pandas or xarray argument)."""
+    if arguments.labelled_kind(like) is not None:
+        return arguments.relabel(g, like)
     if isinstance(g, np.ndarray) and not g.flags.writeable:
         g = np.array(g)
     if (
@@ -327,9 +343,10 @@ def value_and_grad(
     >>> print(float(value), g)
     5.0 [2. 4.]
     """
+    arguments.check_function(f, "value_and_grad")
+    arguments.check_argnums(argnums, "value_and_grad")
     fname = getattr(f, "__name__", "the function")
 
-    @functools.wraps(f)
     def value_and_grad_f(*args, **kwargs):
         nums, single = _normalize_argnums(argnums, len(args))
         with new_level(LevelKind.DIFFERENTIATE) as level:
@@ -354,7 +371,9 @@ def value_and_grad(
             return (value, tree_map(lambda x: _lower(x, level), aux)), g
         return value, g
 
-    return value_and_grad_f
+    return arguments.TransformedFunction(
+        value_and_grad_f, value_and_grad, f, (argnums, has_aux, holomorphic)
+    )
 
 
 def grad(
@@ -400,16 +419,17 @@ def grad(
     >>> print(gt.grad(f)(np.array([1.0, 2.0])))
     [2. 4.]
     """
+    arguments.check_function(f, "grad")
+    arguments.check_argnums(argnums, "grad")
     vg = value_and_grad(f, argnums, has_aux, holomorphic)
 
-    @functools.wraps(f)
     def grad_f(*args, **kwargs):
         (value, g) = vg(*args, **kwargs)
         if has_aux:
             return g, value[1]
         return g
 
-    return grad_f
+    return arguments.TransformedFunction(grad_f, grad, f, (argnums, has_aux, holomorphic))
 
 
 def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
@@ -443,6 +463,7 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     >>> print(out, vjp_fn(np.array([1.0, 1.0])))
     [1. 4.] (array([2., 4.]),)
     """
+    arguments.check_function(f, "vjp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
         out, in_trees = _trace_call(f, primals, {}, nums, level)

@@ -33,11 +33,14 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import math
+import os
 import queue
+import sys
 import threading
 import time
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -187,15 +190,21 @@ class NativeKernels:
         _compiler().put(self)
 
     def compile_now(self) -> None:
-        """Compile in this thread (or wait for the background compiler doing it)."""
-        with self.lock:
-            mine = self.state in (NEW, QUEUED)
+        """Compile in this thread (or wait for the thread doing it; if that compile is
+        interrupted, this thread takes over)."""
+        while True:
+            with self.lock:
+                mine = self.state in (NEW, QUEUED)
+                if mine:
+                    self.state = COMPILING
+                ready = self.ready
             if mine:
-                self.state = COMPILING
-        if mine:
-            self._compile()
-        else:
-            self.ready.wait()
+                self._compile()
+                return
+            ready.wait()
+            with self.lock:
+                if self.state in (READY, FAILED):
+                    return
 
     def _compile(self) -> None:
         start = time.perf_counter()
@@ -207,6 +216,11 @@ class NativeKernels:
         except Exception as exc:  # Numba rejected the generated code: stay on numpy
             functions, from_cache = None, False
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        except BaseException:
+            # KeyboardInterrupt (or SystemExit) in the middle of a compile: nothing was
+            # built; the next request compiles again, and threads waiting are woken to do it
+            self._interrupted()
+            raise
         with self.lock:
             self.functions = functions
             self.error = error
@@ -219,9 +233,28 @@ class NativeKernels:
         for callback in listeners:
             callback(self)
 
+    def _interrupted(self) -> None:
+        with self.lock:
+            self.state = NEW
+            woken, self.ready = self.ready, threading.Event()
+        woken.set()
 
-_REGISTRY: dict[str, NativeKernels] = {}
+    def _reset_after_fork(self) -> None:
+        """In a forked child: fresh locks; a compile the parent had queued or running is
+        requested again by the next call (no thread of the parent exists here)."""
+        self.lock = threading.Lock()
+        if self.state in (QUEUED, COMPILING):
+            self.state = NEW
+            self.ready = threading.Event()
+
+
+# kernels by module key, shared by the variants whose generated text is equal; at most
+# config.max_kernels() (GRADTAPE_MAX_KERNELS), least recently used dropped first (the
+# variants still using dropped kernels keep them; the next variant with that text compiles
+# again, or loads them from the disk cache)
+_REGISTRY: OrderedDict[str, NativeKernels] = OrderedDict()
 _registry_lock = threading.Lock()
+_ALL_KERNELS: weakref.WeakSet = weakref.WeakSet()  # every live NativeKernels (fork reset)
 
 
 def kernels_for(generated: codegen.Generated) -> NativeKernels:
@@ -229,6 +262,12 @@ def kernels_for(generated: codegen.Generated) -> NativeKernels:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
             nk = _REGISTRY[generated.key] = NativeKernels(generated)
+            _ALL_KERNELS.add(nk)
+            limit = config.max_kernels()
+            while len(_REGISTRY) > limit:
+                _REGISTRY.popitem(last=False)
+        else:
+            _REGISTRY.move_to_end(generated.key)
         return nk
 
 
@@ -260,16 +299,28 @@ class _Compiler:
             self.busy += 1
         self.queue.put(nk)
 
+    def put_startup(self) -> None:
+        """Start Numba's import and initialization now, in this thread (see prepare)."""
+        with self.idle:
+            self.busy += 1
+        self.queue.put(None)
+
     def _work(self) -> None:
         while True:
             nk = self.queue.get()
             try:
-                with nk.lock:
-                    mine = nk.state == QUEUED and not self.stopping
+                with _short_switch_interval():
+                    if nk is None:
+                        _numba_startup()
+                        continue
+                    with nk.lock:
+                        mine = nk.state == QUEUED and not self.stopping
+                        if mine:
+                            nk.state = COMPILING
                     if mine:
-                        nk.state = COMPILING
-                if mine:
-                    nk._compile()
+                        nk._compile()
+            except BaseException:  # (_compile reset the kernels; this thread keeps serving)
+                pass
             finally:
                 with self.idle:
                     self.busy -= 1
@@ -278,6 +329,31 @@ class _Compiler:
     def wait(self, timeout: float | None) -> bool:
         with self.idle:
             return self.idle.wait_for(lambda: self.busy == 0, timeout)
+
+
+# While the compiler thread works, Python switches threads every COMPILING_SWITCH_INTERVAL
+# seconds instead of every 5 ms: Numba's import and compiler run Python code holding the GIL,
+# and a caller that never pauses would otherwise wait up to one interval at every switch
+COMPILING_SWITCH_INTERVAL = 0.0005
+_switch_lock = threading.Lock()
+_switch_saved: list[float] = []  # the interval before the compiler shortened it
+
+
+class _short_switch_interval:
+    def __enter__(self):
+        with _switch_lock:
+            if not _switch_saved:
+                _switch_saved.append(sys.getswitchinterval())
+                sys.setswitchinterval(min(_switch_saved[0], COMPILING_SWITCH_INTERVAL))
+
+    def __exit__(self, *exc):
+        with _switch_lock:
+            if _switch_saved:
+                # (a value the program set meanwhile is left alone)
+                if sys.getswitchinterval() == min(_switch_saved[0], COMPILING_SWITCH_INTERVAL):
+                    sys.setswitchinterval(_switch_saved[0])
+                _switch_saved.clear()
+        return False
 
 
 _compiler_instance: list[_Compiler] = []
@@ -296,6 +372,111 @@ def wait_for_kernels(timeout: float | None = None) -> bool:
     if not _compiler_instance:
         return True
     return _compiler_instance[0].wait(timeout)
+
+
+def wait_for_native(timeout: float | None = None) -> bool:
+    """Wait until the native code being compiled in the background is ready.
+
+    With `backend="auto"` a compiled function answers its first calls on the numpy backend
+    while a background thread compiles its native kernels (and eager loops get native
+    drivers after a few calls); this blocks until that thread has nothing left to do, so
+    the next calls run native code. Useful before timing, or before forking workers.
+
+    Args:
+        timeout: the longest wait in seconds (None: as long as it takes).
+
+    Returns:
+        True when nothing is left to compile (also when Numba is not installed or turned
+        off), False when the timeout expired first.
+
+    Example:
+        >>> import numpy as np, gradtape as gt
+        >>> f = gt.compile(gt.grad(lambda x: np.sum(np.sin(x))))
+        >>> _ = f(np.ones(3))
+        >>> gt.wait_for_native(60)
+        True
+    """
+    return wait_for_kernels(timeout)
+
+
+# --- fork safety -----------------------------------------------------------------------------
+# A child created by os.fork (or multiprocessing's fork start method) has only the forking
+# thread. Before the fork, this waits for Numba's startup and for a compile in progress (their
+# locks and half-imported modules would be held forever by a thread the child does not have);
+# in the child, every lock is new, the compiler thread is started again when needed, and kernels
+# the parent had queued are requested again by their next call.
+FORK_WAIT_SECONDS = 120.0  # the longest a fork waits for a compile in progress
+_fork_held: list = []  # the locks the forking thread holds across the fork
+
+
+def _numba_compiler_lock():
+    """Numba's global compiler lock (an RLock inside it), if Numba has been imported."""
+    module = sys.modules.get("numba.core.compiler_lock")
+    return getattr(module, "global_compiler_lock", None)
+
+
+def _before_fork() -> None:
+    _fork_held.clear()
+    if _startup_lock.acquire(timeout=FORK_WAIT_SECONDS):
+        _fork_held.append(_startup_lock)
+    numba_lock = _numba_compiler_lock()
+    if numba_lock is not None and numba_lock._lock.acquire(timeout=FORK_WAIT_SECONDS):
+        _fork_held.append(numba_lock._lock)
+
+
+def _after_fork_in_parent() -> None:
+    for lock in reversed(_fork_held):
+        lock.release()
+    _fork_held.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _startup_lock, _registry_lock, _compiler_lock, _warn_lock, _threads_lock
+    global _switch_lock
+    _fork_held.clear()
+    _startup_lock = threading.Lock()
+    _registry_lock = threading.Lock()
+    _compiler_lock = threading.Lock()
+    _warn_lock = threading.Lock()
+    _threads_lock = threading.Lock()
+    _switch_lock = threading.Lock()
+    numba_lock = _numba_compiler_lock()
+    if numba_lock is not None:
+        numba_lock._lock = threading.RLock()
+    _compiler_instance.clear()  # its thread is the parent's
+    _startup_requested.clear()
+    if _switch_saved:  # the parent's compiler thread was working: the usual interval here
+        sys.setswitchinterval(_switch_saved.pop())
+    for nk in list(_ALL_KERNELS):
+        nk._reset_after_fork()
+    if _threads[0] > 1 and _gnu_openmp_started():
+        # GNU OpenMP kills a forked child that starts a parallel region ("fork() called from
+        # a process already using GNU OpenMP"): the child runs its loops in one thread
+        _threads[0] = 1
+        for variant in list(_thread_dependent):
+            variant._single_thread_after_fork()
+
+
+def _gnu_openmp_started() -> bool:
+    """Whether Numba's threading layer has started, and is GNU OpenMP (not fork-safe)."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is None or not getattr(parallel, "_is_initialized", False):
+        return False
+    try:
+        if parallel.threading_layer() != "omp":
+            return False
+        omppool = sys.modules.get("numba.np.ufunc.omppool")
+        return getattr(omppool, "openmp_vendor", "GNU") == "GNU"
+    except Exception:
+        return True  # unknown: one thread is always safe
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 # --- building kernels (imports Numba) ------------------------------------------------------------
@@ -338,27 +519,13 @@ def _numba_type(arg: KernelArg):
 
 
 def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
-    """Compile (or load) every kernel of a module; returns (entry points, loaded from cache)."""
-    import numba
-
+    """Compile (or load) every kernel of a module; returns (entry points, loaded from cache).
+    The cache decides where the module lives and how Numba caches it (cache.build_kernels)."""
     from . import fastmath  # noqa: F401  (registers the fast functions with Numba)
 
-    directory = cache.kernel_dir()
-    name = f"gradtape_kernel_{nk.key}"
-    if directory is None:
-        module = cache.import_source(nk.module_text, name)
-        return _jit_all(numba, module, nk, use_cache=False)
-    path = cache.module_file(directory, nk.key, nk.module_text)
-    module = cache.import_file(path, name)
-    try:
-        built = _jit_all(numba, module, nk, use_cache=True)
-    except Exception:
-        # Numba's cache files of this module failed to load: delete them, compile again
-        cache.discard(directory, nk.key)
-        module = cache.import_file(path, name)
-        built = _jit_all(numba, module, nk, use_cache=True)
-    cache.prune_once(directory)  # if this process wrote a new entry; here, off the call path
-    return built
+    return cache.build_kernels(
+        nk.key, nk.module_text, lambda jit, module, use_cache: _jit_all(jit, module, nk, use_cache)
+    )
 
 
 def _jit_all(numba, module, nk: NativeKernels, use_cache: bool) -> tuple[tuple, bool]:
@@ -404,7 +571,7 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
         try:
             return numpy_run(*args)
         finally:
-            if not state.requested:
+            if nk.state is NEW:  # (again after an interrupted compile or in a forked child)
                 state.requested = True
                 nk.request()
 
@@ -579,6 +746,30 @@ class NumbaLowered:
             nk.request()
             nk.when_ready(swap)
 
+    def _single_thread_after_fork(self) -> None:
+        """In a forked child whose parallel loops would be killed by GNU OpenMP: the kernels
+        run become stand-ins that, at their first call, switch this variant to its kernels
+        for one thread (compiled then, or loaded from the cache) and call those."""
+        if self.native is None or not self.native.parallel or self.native.functions is None:
+            return
+        switched: list = []
+
+        def stand_in(j: int) -> Callable:
+            def kernel(*args):
+                if not switched:
+                    self._wait = True  # this child compiles in the calling thread
+                    self.use_threads(1)
+                    switched.append(self.native.functions)
+                return switched[0][j](*args)
+
+            return kernel
+
+        stand_ins = tuple(stand_in(j) for j in range(len(self.native.functions)))
+        if self._bound:
+            _rebind(self.run, stand_ins)
+        else:
+            self._state.kernels = stand_ins
+
     @property
     def tier(self) -> str:
         """ "native" once the kernels run, else "numpy"."""
@@ -626,6 +817,19 @@ def lower_waiting(program: Program) -> NumbaLowered:
 def lower_tiered(program: Program) -> NumbaLowered:
     """backend="auto": numpy tier first, kernels compiled in the background."""
     return NumbaLowered(program, wait=False)
+
+
+def prepare() -> None:
+    """Start Numba's import and initialization in the compiler thread (once per process),
+    when a compiled function that will want native code is created: by its first trace the
+    half second of imports is done or under way, instead of starting after its first call."""
+    if not _started and not _startup_requested:
+        _startup_requested.append(True)
+        _compiler().put_startup()
+
+
+_startup_requested: list[bool] = []
+lower_tiered.prepare = prepare
 
 
 def _register() -> None:
