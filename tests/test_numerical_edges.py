@@ -452,3 +452,65 @@ def test_nested_out_arrays_that_share_memory_are_refused():
     g = np.zeros(2)
     with pytest.raises(gt.GradtapeError, match="two out= arrays share memory"):
         compiled(x, out=(np.zeros(()), (g, g)))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: np.quantile(x, 0.3),
+        lambda x: np.sum(np.percentile(x, [10.0, 50.0, 90.0]) * np.array([1.0, 2.0, 3.0])),
+        lambda x: np.median(x),
+        lambda x: np.sum(x[:1] ** 2).reshape(()),
+    ],
+    ids=["quantile", "percentile", "median", "reshape of one element to a scalar"],
+)
+def test_quantiles_compile_to_native_kernels(f):
+    numba_backend = _numba_backend()
+    x = np.random.default_rng(3).normal(size=21)
+    compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            value, grad = compiled(x)
+    assert not [w for w in caught if "could not compile" in str(w.message)]
+    assert numba_backend.lowered(compiled, x).tier == "native"
+    expected = gt.value_and_grad(f)(x)
+    np.testing.assert_allclose(value, expected[0], rtol=1e-14)
+    np.testing.assert_allclose(grad, expected[1], rtol=1e-14)
+    np.testing.assert_allclose(grad, fd(f, x), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.native
+def test_division_by_zero_on_the_numba_backend():
+    _numba_backend()
+    x = np.array([1.0, 2.0, 0.0])
+    for f in (
+        lambda x: np.sum(x / 0.0),
+        lambda x: np.sum(x) / 0,
+        lambda x: np.std(x[:1], ddof=1) + np.sum(x),
+    ):
+        compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's, while recording
+            with np.errstate(all="ignore"):
+                expected = gt.value_and_grad(f)(x)
+                for _ in range(2):
+                    value, grad = compiled(x)
+                    np.testing.assert_array_equal(value, expected[0])
+                    np.testing.assert_array_equal(grad, expected[1])
+
+
+def test_a_recorded_gradient_masks_only_where_a_zero_cotangent_can_meet_an_infinity():
+    x = np.array([1.0, 4.0])
+    # the cotangent of sqrt is the constant 1 (no zero): nothing to mask on replay
+    assert "isfinite" not in str(gt.trace(gt.grad(lambda x: np.sum(np.sqrt(x))), x))
+    # a constant finite partial (3 * x): nothing to mask either
+    assert "isfinite" not in str(gt.trace(gt.grad(lambda x: np.sum(3.0 * x * x)), x))
+    # a traced cotangent meeting a traced partial: masked, and right on new inputs
+    f = lambda x: np.sum(np.where(x > 0, x * np.log(x), 0.0))  # noqa: E731
+    assert "isfinite" in str(gt.trace(gt.grad(f), x))
+    compiled = gt.compile(gt.grad(f), backend="numpy")
+    with np.errstate(all="ignore"):
+        compiled(x)
+        np.testing.assert_allclose(compiled(np.array([0.0, 4.0])), [0.0, np.log(4.0) + 1.0])

@@ -47,6 +47,18 @@ def _value_key(v, depth: int, keep: list):
         return (t, v)
     if t is float:
         return (t, v.hex())
+    transformed = getattr(v, "transformed", None)
+    if transformed is not None and type(transformed) is tuple:
+        # what a transform returns (grad(f), vmap(f), ...): the transform, the user's function
+        # and the options decide what it computes
+        transform, fun, options = transformed
+        keep.append(transform)
+        return (
+            "transformed",
+            id(transform),
+            function_key(fun, depth + 1, keep),
+            _value_key(options, depth, keep),
+        )
     if t is types.FunctionType:
         if _library(v) and not v.__closure__:  # a library's function, not a closure
             keep.append(v)

@@ -76,7 +76,8 @@ def _times_safe(g, partial, ans, args):
     recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
     Concrete values (eager differentiation) pay one sum over the product: a zero times an
     infinite or NaN partial is NaN, so a product whose sum is not NaN needs no mask. A recorded
-    product (compile, higher order) keeps the mask unless the partial is a finite constant.
+    product (compile, higher order) keeps the mask unless the partial is a finite constant or
+    the cotangent a constant with no zero (a constant is the same on every replay).
     """
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
     d = g * p
@@ -86,6 +87,8 @@ def _times_safe(g, partial, ans, args):
     elif type(p) is not Tracer:  # a constant partial (c * x): finite now, finite on replay
         if np.isfinite(p).all():
             return d
+    elif type(g) is not Tracer and np.all(g != 0):  # a constant cotangent with no zero
+        return d
     return np.where((g == 0) & ~np.isfinite(p), 0, d)
 
 

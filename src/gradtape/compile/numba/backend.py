@@ -382,19 +382,24 @@ def wait_for_native(timeout: float | None = None) -> bool:
     drivers after a few calls); this blocks until that thread has nothing left to do, so
     the next calls run native code. Useful before timing, or before forking workers.
 
-    Args:
-        timeout: the longest wait in seconds (None: as long as it takes).
+    Parameters
+    ----------
+    timeout : float, optional
+        The longest wait in seconds (None: as long as it takes).
 
-    Returns:
+    Returns
+    -------
+    bool
         True when nothing is left to compile (also when Numba is not installed or turned
         off), False when the timeout expired first.
 
-    Example:
-        >>> import numpy as np, gradtape as gt
-        >>> f = gt.compile(gt.grad(lambda x: np.sum(np.sin(x))))
-        >>> _ = f(np.ones(3))
-        >>> gt.wait_for_native(60)
-        True
+    Examples
+    --------
+    >>> import numpy as np, gradtape as gt
+    >>> f = gt.compile(gt.grad(lambda x: np.sum(np.sin(x))))
+    >>> _ = f(np.ones(3))
+    >>> gt.wait_for_native(60)
+    True
     """
     return wait_for_kernels(timeout)
 

@@ -169,6 +169,8 @@ def _emit_reshape(w, ins: Instruction, target: str, args: list[str]) -> list[str
     x, out = ins.invars[0], ins.outvars[0]
     if x.shape == ():
         return w.assign(ins, target, f"np.full({w.shape_expr(out.shape)}, {args[0]})")
+    if out.shape == ():  # one element to a scalar (a 0-d array is not a kernel's scalar type)
+        return w.assign(ins, target, f"{w.contiguous(x, args[0])}.ravel()[0]")
     return w.assign(ins, target, f"{w.contiguous(x, args[0])}.reshape({w.shape_expr(out.shape)})")
 
 
