@@ -22,6 +22,8 @@ pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
 # run through NumPy between the numba backend's kernels (no native form, no lowering entry,
 # no fused reduction, no loop driver)
 NATIVE_GAPS = {
+    # a rolled Python loop: its body runs through NumPy between the kernels
+    "rolled_loop",
     # index and search functions, predicates on whole arrays
     "allclose",
     "argmax",
@@ -189,6 +191,7 @@ NUMPY_FALLBACKS = {
     "isclose",
     "nonzero",
     "qr",
+    "rolled_loop",
     "scan",
     "scan_bwd",
     "searchsorted",

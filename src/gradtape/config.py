@@ -10,6 +10,8 @@
   recently used entries first).
 * `GRADTAPE_CACHE_MAX_AGE_DAYS` (default 30): cache entries unused for this long are pruned.
 * `GRADTAPE_MALLOC_TUNE` (default on): `0` leaves glibc's allocator thresholds alone.
+* `GRADTAPE_ROLL` (default on): `0` keeps Python loops unrolled in compiled programs (loop
+  rolling finds runs of instructions that repeat one body and runs them as one loop).
 * `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
   import; `np.asarray` on a traced value then raises instead of passing it through).
 
@@ -31,6 +33,7 @@ CACHE_MAX_MB = "GRADTAPE_CACHE_MAX_MB"
 CACHE_MAX_AGE_DAYS = "GRADTAPE_CACHE_MAX_AGE_DAYS"
 MALLOC_TUNE = "GRADTAPE_MALLOC_TUNE"
 PATCH_NUMPY = "GRADTAPE_PATCH_NUMPY"
+ROLL = "GRADTAPE_ROLL"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -49,6 +52,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
         "cache entries unused for this many days are pruned",
     ),
     MALLOC_TUNE: ("1", "0: leave glibc's allocator thresholds alone"),
+    ROLL: ("1", "0: keep Python loops unrolled in compiled programs (no loop rolling)"),
     PATCH_NUMPY: (
         "1",
         "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
@@ -68,6 +72,12 @@ def numba_enabled() -> bool:
     (`0`, `false`, `no`, `off`, any case) leaves backend="numba" unregistered and keeps eager
     loops in Python."""
     return _text(NUMBA).lower() not in _OFF
+
+
+def roll_enabled() -> bool:
+    """GRADTAPE_ROLL: whether compile rolls the runs of a program that repeat one loop body
+    into loops (default: yes); `0`, `false`, `no`, `off` keep every iteration unrolled."""
+    return _text(ROLL).lower() not in _OFF
 
 
 def cache_enabled() -> bool:

@@ -566,7 +566,7 @@ class NumpyLowered:
             args = [
                 names[v.id] if v is not None else gen.const(a) for v, a in zip(ins.invars, ins.args)
             ]
-            if len(ins.outvars) == 1:
+            if len(ins.outvars) == 1 and not ins.prim.multiple_results:
                 out = names[ins.outvars[0].id]
             else:
                 out = ", ".join(names[v.id] for v in ins.outvars) + ","

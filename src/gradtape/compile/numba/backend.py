@@ -43,6 +43,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ... import config
+from .. import rolling
 from ..numpy_backend import NumpyLowered
 from ..program import Program
 from . import cache, codegen
@@ -413,7 +414,11 @@ def _generated(program: Program, threads: int) -> codegen.Generated | None:
     ):
         return None  # nothing native to do: the numpy backend's code is better
     for stage in generated.plan.stages:
-        if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
+        if (
+            stage.kind == "python"
+            and id(stage.members[0]) not in generated.loops
+            and stage.members[0].prim is not rolling.rolled_loop_p  # (a rolled Python loop)
+        ):
             name = stage.members[0].prim.name
             warn_once(
                 f"numba backend: primitive {name!r} has no native translation; it "
