@@ -28,6 +28,12 @@ def _recording_lower(prog):
     return BACKENDS["numpy"](prog)
 
 
+@pytest.fixture(autouse=True)
+def roll_short_tapes(monkeypatch):
+    """Every tape is searched (not only those beyond MIN_TAPE_LENGTH): small cases suffice."""
+    monkeypatch.setattr(rolling, "MIN_TAPE_LENGTH", 0)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def recording_backend():
     register_backend("record-rolled", _recording_lower)
@@ -365,3 +371,10 @@ def test_a_rolled_program_runs_on_the_numba_backend(monkeypatch):
     got, want = cf(x), f(x)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
+def test_short_tapes_stay_unrolled(monkeypatch):
+    monkeypatch.setattr(rolling, "MIN_TAPE_LENGTH", 10_000)
+    x = np.linspace(0.1, 2.0, 32)
+    _, prog = compiled_program(gt.value_and_grad(sum_of_products(30)), x, True, monkeypatch)
+    assert not rolled_loops(prog)

@@ -15,7 +15,9 @@ comes from the same place:
 * a value computed earlier in the same iteration (same offset in the body);
 * a value computed in the previous iteration (a **carry**; the first iteration reads its
   initial value, computed before the run);
-* one value computed before the run, read by every iteration (**invariant**);
+* one value computed before the run, read by every iteration (**invariant**), or one value
+  per iteration computed before the run (a Python list of arrays indexed by the loop
+  counter: the loop instruction takes them all and each iteration reads its own);
 * a constant equal in every iteration, or a constant of one shape and dtype that differs
   per iteration (stacked into one array, one row per iteration);
 * integer params that progress regularly (`x[i]`, `x[i + 1]`: `idx=(i,)` with `i = i0 + t*s`
@@ -32,7 +34,9 @@ that differ between iterations) ends the run: rolling refuses when unsure, and a
 tape computes the same numbers. Runs are searched again on the rolled tape, so a loop nested
 in a loop rolls into a loop whose body holds a loop.
 
-`GRADTAPE_ROLL=0` turns rolling off (config.py).
+Tapes shorter than MIN_TAPE_LENGTH instructions are left as they are (fused native loops
+beat a rolled body there, and compile quickly). `GRADTAPE_ROLL=0` turns rolling off
+(config.py).
 """
 
 from __future__ import annotations
@@ -45,9 +49,13 @@ import numpy as np
 
 from ..core.ir import Guard, Instruction, Tape, Var
 from ..core.primitive import Primitive
-from ..rules import indexing
+from ..rules import indexing, shape
 
 MIN_TRIPS = 4  # shorter runs stay unrolled (nothing to gain)
+# shorter tapes stay unrolled: the numba backend fuses them into native loops, which run
+# faster than a rolled loop's body (called through NumPy once per iteration) and compile in
+# a few seconds; beyond this, compile time grows faster than the tape and rolling wins
+MIN_TAPE_LENGTH = 1000
 MAX_PERIOD = 4096  # the longest body searched for
 # the longest body searched for in successive passes: inner loops (short bodies) roll first,
 # so that the loop around them then repeats a body holding one loop instruction
@@ -58,6 +66,8 @@ _CANDIDATES = 6  # periods tried at one position
 _WORK_LIMIT = 40_000_000  # instruction comparisons per tape before the search gives up
 # guards a rolled loop checks as one comparison of the stacked values: their kinds, and the
 # dtype kinds of their operands for which the answer is the operand's value itself
+# data movement only: a loop of these would copy rows that its readers can read themselves
+_MOVES = (indexing.getitem_p, shape.reshape_p, shape.broadcast_p)
 # how the `where` of a rolled loop's check ends (dispatch tries other variants when it fails)
 ROLLED_CHECK = " (every iteration of a rolled loop)"
 _GUARD_DTYPES = {"bool": "b", "int": "iu", "index": "iu", "item": "biufc"}
@@ -69,7 +79,8 @@ class BodyStep:
     """One instruction of a rolled body.
 
     refs: per argument, ("body", k, j) output j of body step k in this iteration, ("carry", c),
-    ("in", m) input m of the loop, ("const", value), ("row", m, python) row t of loop input
+    ("in", m) input m of the loop, ("pick", m) input m + t, ("const", value), ("row", m,
+    python) row t of loop input
     m (a constant that differs per iteration; `python`: give it as a Python scalar).
     params: static params; `progress` maps a param name to (start, step) arrays over the flat
     integers of its value (`shape` rebuilds it).
@@ -141,6 +152,8 @@ class RolledLoop:
                         args.append(carry[ref[1]])
                     elif kind == "in":
                         args.append(inputs[ref[1]])
+                    elif kind == "pick":
+                        args.append(inputs[ref[1] + t])
                     elif kind == "const":
                         args.append(ref[1])
                     else:  # "row": a constant that differs per iteration
@@ -309,9 +322,10 @@ def _signature(ins: Instruction):
 class _Roller:
     """One pass over a tape's instructions (see roll_tape)."""
 
-    def __init__(self, tape: Tape, next_id: int, capture, max_period: int):
+    def __init__(self, tape: Tape, next_id: int, capture, max_period: int, gathers: bool):
         self.tape = tape
         self.max_period = max_period
+        self.gathers = gathers
         self.ins = tape.instructions
         self.next_id = next_id
         self.capture = capture
@@ -491,6 +505,11 @@ class _Roller:
                 kind = ref[0]
                 if kind == "invariant":
                     refs.append(("in", input_of(ref[1], first.args[a])))
+                elif kind == "gather":
+                    refs.append(("pick", len(inputs)))
+                    for t, v in enumerate(ref[1]):  # (not shared: they are read by position)
+                        inputs.append(v)
+                        input_values.append(at(t, k).args[a])
                 elif kind == "carry":
                     kj = ref[1]
                     if kj not in carries:
@@ -535,8 +554,10 @@ class _Roller:
             return None
         # steps computing the same value in every iteration run once, before the loop
         hoisted = self.invariant_steps(steps, carries, guards)
-        if len(hoisted) == p:
-            return None
+        if len(hoisted) == p or all(
+            step[0] in _MOVES for k, step in enumerate(steps) if k not in hoisted
+        ):
+            return None  # nothing to loop over, or a loop that only copies rows
         for k in hoisted:
             for j, v in enumerate(at(0, k).outvars):
                 m = input_of(v, _value(at(0, k), j))
@@ -670,6 +691,17 @@ class _Roller:
             # invariant for a while, then not
             t = next(t for t in range(1, limit) if vs[t] is not vs[0])
             return ("invariant", vs[0]), t
+        # one value computed before the run per iteration (a list of arrays indexed by the
+        # loop counter): the loop takes them all and reads one per iteration
+        # (not values of a loop rolled in this pass: the next pass reads their rows inside the
+        # loop through getitems whose index progresses)
+        if not self.gathers or any(v.id in self.subst for v in vs):
+            return None, None
+        if all(d[0] < s for d in defs):
+            return ("gather", vs), None
+        t = next((t for t in range(limit) if defs[t][0] >= s), 0)
+        if t and all(d[0] < s for d in defs[:t]) and t >= MIN_TRIPS:
+            return ("gather", vs[:t]), t
         return None, None
 
     def read_outside(self, v: Var, s: int, end: int) -> bool:
@@ -748,21 +780,28 @@ def roll_tape(tape: Tape, capture=lambda ins: ins) -> Tape:
     """The tape with its repeated runs rolled (see the module docstring); the tape itself
     when nothing rolls. `capture(ins)` is applied to each new loop instruction (the program
     snapshots constant arrays with it)."""
-    if len(tape.instructions) < 2 * MIN_TRIPS:
+    if len(tape.instructions) < max(2 * MIN_TRIPS, MIN_TAPE_LENGTH):
         return tape
     ids = [v.id for v in tape.inputs] + [c[0].id for c in tape.captured]
     ids += [v.id for ins in tape.instructions for v in ins.outvars]
     next_id = max(ids, default=0) + 1
     current = tape
-    passes = [limit for limit in PERIOD_LIMITS for _ in range(MAX_PASSES)]
-    skip_limit = None
-    for limit in passes:
-        if limit == skip_limit:
+    # bodies that read one value per iteration from a list (gathers) are accepted only in the
+    # last passes: a body found without them (in another phase, or longer) is better
+    passes = [
+        (limit, gathers)
+        for gathers in (False, True)
+        for limit in PERIOD_LIMITS
+        for _ in range(MAX_PASSES)
+    ]
+    skip = None
+    for limit, gathers in passes:
+        if (limit, gathers) == skip:
             continue  # (this limit's last pass rolled nothing)
-        roller = _Roller(current, next_id, capture, limit)
+        roller = _Roller(current, next_id, capture, limit, gathers)
         instructions = roller.run()
         if not roller.rolled_any:
-            skip_limit = limit
+            skip = (limit, gathers)
             continue
         rolled = Tape()
         rolled.inputs = current.inputs

@@ -52,9 +52,6 @@ from .parallel import PARALLEL_MIN_CHUNK
 from .wrapper import STATUS_LAYOUT
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
-# Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
-# 3000 stages: 9 s); beyond this many stages a variant stays on the numpy backend
-MAX_NATIVE_STAGES = 4000
 
 
 class NativeFallbackWarning(UserWarning):
@@ -394,20 +391,12 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
 
 def _generated(program: Program, threads: int) -> codegen.Generated | None:
     """The kernels and wrapper of `program`, or None when the numpy backend's code is what
-    should run (nothing native to do, too large a program, or what the generator cannot
-    write: a warning says so)."""
+    should run (nothing native to do, or what the generator cannot write: a warning says so).
+    No program is too long: long ones are split into bounded kernels (fusion.py)."""
     try:
         generated = codegen.generate(program, threads)
     except NotImplementedError as exc:
         warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
-        return None
-    if len(generated.plan.stages) > MAX_NATIVE_STAGES:
-        warn_once(
-            f"numba backend: a program of {len(generated.plan.stages)} steps is too "
-            "large to compile natively (Python loops are unrolled on the tape: "
-            "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
-            "backend"
-        )
         return None
     if not (
         generated.loops or any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)
