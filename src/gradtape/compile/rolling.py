@@ -346,6 +346,7 @@ class _Roller:
         self.output_ids = {v.id for v in tape.outputs if isinstance(v, Var)}
         self.output_ids.update(c[0].id for c in tape.captured)
         self.rolled_any = False
+        self.match_end: dict[int, tuple[int, int]] = {}
 
     def new_var(self, shape, dtype) -> Var:
         v = Var(self.next_id, tuple(shape), np.dtype(dtype))
@@ -427,11 +428,17 @@ class _Roller:
         while j is not None and j - s <= self.max_period and tries < _CANDIDATES:
             p = j - s
             tries += 1
-            # matching length: codes[k] == codes[k + p]
-            k = s
-            while k + p < n and codes[k] == codes[k + p] and codes[k] >= 0:
-                k += 1
-            self.work += k - s + 1
+            # matching length: codes[k] == codes[k + p] (a scan from an earlier position with
+            # this period already knows where its run ends)
+            known = self.match_end.get(p)
+            if known is not None and known[0] <= s < known[1]:
+                k = known[1]
+            else:
+                k = s
+                while k + p < n and codes[k] == codes[k + p] and codes[k] >= 0:
+                    k += 1
+                self.work += k - s + 1
+                self.match_end[p] = (s, k)
             trips = 1 + (k - s) // p
             if trips >= MIN_TRIPS:
                 candidates.append((p, trips))
@@ -439,6 +446,9 @@ class _Roller:
         # the candidate covering the most instructions first (the shortest body on ties)
         candidates.sort(key=lambda c: (-c[0] * c[1], c[0]))
         for p, trips in candidates:
+            # a cheap look at the first iterations before the whole run is checked
+            if self.build(s, p, MIN_TRIPS, probe=True) is None:
+                continue
             while trips >= MIN_TRIPS:
                 result = self.build(s, p, trips)
                 if isinstance(result, int):  # the first iteration that differs
@@ -449,9 +459,10 @@ class _Roller:
                 break
         return None
 
-    def build(self, s: int, p: int, trips: int):
+    def build(self, s: int, p: int, trips: int, probe: bool = False):
         """The rolled instruction for the run at s, or the number of leading iterations
-        that do form a loop (when a later one does not)."""
+        that do form a loop (when a later one does not); None when none do. `probe`: only
+        check (True when these iterations form a loop), change nothing."""
         ins = self.ins
         end = s + p * trips
         self.work += p * trips
@@ -558,6 +569,8 @@ class _Roller:
             step[0] in _MOVES for k, step in enumerate(steps) if k not in hoisted
         ):
             return None  # nothing to loop over, or a loop that only copies rows
+        if probe:
+            return True
         for k in hoisted:
             for j, v in enumerate(at(0, k).outvars):
                 m = input_of(v, _value(at(0, k), j))
