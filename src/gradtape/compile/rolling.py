@@ -136,37 +136,67 @@ class RolledLoop:
     def __repr__(self) -> str:
         return f"<{len(self.steps)} steps x {self.trips}>"
 
+    def _plan(self) -> list:
+        """Per step: (implementation, static params, the step if its params progress, its
+        operands as (code, a, b)); built once (codes: 0 a single-result step's value, 1 one
+        result of a multiple-result step, 2 carry, 3 input, 4 input + t, 5 constant, 6 row)."""
+        plan = getattr(self, "_steps_plan", None)
+        if plan is not None:
+            return plan
+        codes = {"carry": 2, "in": 3, "pick": 4}
+        plan = []
+        for step in self.steps:
+            refs = []
+            for ref in step.refs:
+                kind = ref[0]
+                if kind == "body":
+                    single = step_single(self.steps[ref[1]])
+                    refs.append((0, ref[1], 0) if single else (1, ref[1], ref[2]))
+                elif kind in codes:
+                    refs.append((codes[kind], ref[1], 0))
+                elif kind == "const":
+                    refs.append((5, ref[1], 0))
+                else:  # "row"
+                    refs.append((6, ref[1], ref[2]))
+            impl = step.prim.python_impl or step.prim.impl
+            plan.append((impl, dict(step.params), step if step.progress else None, tuple(refs)))
+        self._steps_plan = plan
+        return plan
+
     def run(self, inputs: tuple) -> tuple:
         """The loop's outputs for these inputs (NumPy values)."""
         steps = self.steps
+        plan = self._plan()
         carry = [inputs[m] for m, _ in self.carries]
         stacked = [[] for _ in self.outputs]
         env: list = [None] * len(steps)
+        last = self.trips - 1
         for t in range(self.trips):
-            for k, step in enumerate(steps):
+            for k, (impl, params, progressing, refs) in enumerate(plan):
                 args = []
-                for ref in step.refs:
-                    kind = ref[0]
-                    if kind == "body":
-                        out = env[ref[1]]
-                        args.append(out if step_single(steps[ref[1]]) else out[ref[2]])
-                    elif kind == "carry":
-                        args.append(carry[ref[1]])
-                    elif kind == "in":
-                        args.append(inputs[ref[1]])
-                    elif kind == "pick":
-                        args.append(inputs[ref[1] + t])
-                    elif kind == "const":
-                        args.append(ref[1])
-                    else:  # "row": a constant that differs per iteration
-                        row = inputs[ref[1]][t]
-                        args.append(row.item() if ref[2] else row)
-                params = step.params_at(t) if step.progress else dict(step.params)
-                impl = step.prim.python_impl or step.prim.impl
-                env[k] = impl(*args, **params)
+                for code, a, b in refs:
+                    if code == 0:
+                        args.append(env[a])
+                    elif code == 3:
+                        args.append(inputs[a])
+                    elif code == 2:
+                        args.append(carry[a])
+                    elif code == 1:
+                        args.append(env[a][b])
+                    elif code == 5:
+                        args.append(a)
+                    elif code == 4:
+                        args.append(inputs[a + t])
+                    else:  # a constant that differs per iteration (b: as a Python scalar)
+                        row = inputs[a][t]
+                        args.append(row.item() if b else row)
+                if progressing is not None:
+                    env[k] = impl(*args, **progressing.params_at(t))
+                else:
+                    env[k] = impl(*args, **params)
             carry = [_pick(steps, env, kj) for _, kj in self.carries]
             for i, (kind, k, j) in enumerate(self.outputs):
-                if kind == "stack" or t == self.trips - 1:
+                if kind == "stack" or t == last:
                     stacked[i].append(_pick(steps, env, (k, j)))
         results = []
         for (kind, _, _), values in zip(self.outputs, stacked):
