@@ -2,32 +2,41 @@
 
 Numba caches a compiled function only if it comes from a real file: a generated kernel
 module is written to `<cache dir>/kernels/k_<key>.py` (key: a hash of its text) and imported
-from there, and Numba keeps its own cache files in the `__pycache__` folder next to it, keyed
-by that file's path and modification time. So a module is written once and never touched
-again: a second process finds the same file, the same stamp, and loads the machine code
-instead of compiling.
+from there, and its Numba cache files are kept in the `__pycache__` folder next to it, keyed
+by that file's contents. So a module is written once and never touched again: a second
+process finds the same file and loads the machine code instead of compiling.
 
 Where: `$GRADTAPE_CACHE_DIR` if set, else `$XDG_CACHE_HOME/gradtape`, else
 `~/.cache/gradtape`. Set `GRADTAPE_CACHE=0` (or call `set_cache_dir(None)`) to keep
-everything in memory. The directory is created readable by its owner only (Numba's cache
-files are pickles: a directory others can write to is refused, with a warning). Files are
-written atomically (a temporary file, then a rename). A module whose text is not the
-expected one (truncated, or another version's) is rewritten; Numba's cache files that fail to
-load are deleted and rebuilt (`discard`).
+everything in memory.
+
+Trust: Numba's cache files are pickles, and loading a pickle runs code. So gradtape's
+kernels are cached only here, whatever `NUMBA_CACHE_DIR` or `NUMBA_CACHE_LOCATOR_CLASSES`
+say (`KernelCache` is a Numba cache with a fixed location). The directories are created
+readable by their owner only; one that belongs to another user or that the group or others
+may write to is refused: a warning (once) and kernels are compiled in memory. So is a
+directory this process cannot write (read-only, full). Every file Numba writes for a kernel
+carries a SHA-256 checksum of its contents, verified before it is unpickled: a file that was
+truncated, zeroed or changed is deleted and the kernel compiled again (a warning says so,
+once). Files are written atomically (a temporary file, then a rename). A module whose text is
+not the expected one (truncated, or another version's) is rewritten.
 
 Pruning: an entry is a module and Numba's files of its key. Loading an entry sets its module's
-access time (its modification time stays: Numba's cache is keyed on it), so that time says
-when it was last used. A process that writes a new entry prunes once, after compiling it (in
-the compiler, never in a call): entries unused for `GRADTAPE_CACHE_MAX_AGE_DAYS` (default
-30) are removed, then the least recently used ones until the rest fit in
-`GRADTAPE_CACHE_MAX_MB` (default 256). `clear()` removes every entry. The settings are read
-through gradtape.config.
+access time, so that time says when it was last used. A process that writes a new entry
+prunes once, after compiling it (in the compiler, never in a call): entries unused for
+`GRADTAPE_CACHE_MAX_AGE_DAYS` (default 30) are removed, then the least recently used ones
+until the rest fit in `GRADTAPE_CACHE_MAX_MB` (default 256). `clear()` removes every entry.
+The settings are read through gradtape.config.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import inspect
+import io
 import os
+import pickle
 import stat
 import sys
 import tempfile
@@ -36,13 +45,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 from ... import config
 
 _override: list = []  # [path or None] after set_cache_dir
 _lock = threading.Lock()
-_warned: set[str] = set()
+_warn_lock = threading.Lock()
+_warned: set[str] = set()  # kinds of problems already reported (see _warn_once)
 
 
 def set_cache_dir(path: str | os.PathLike | None) -> None:
@@ -61,35 +71,48 @@ def cache_root() -> Path | None:
 
 def kernel_dir() -> Path | None:
     """The directory of kernel modules, created with owner-only permissions; None if the cache
-    is disabled or the directory is not safe to use (a warning says why, once)."""
+    is disabled or the directory is not safe or not possible to use (a warning says why,
+    once: kernels are then compiled in memory)."""
     root = cache_root()
     if root is None:
         return None
     path = root / "kernels"
     try:
-        for p in (root, path):
+        for p in (root, path, path / "__pycache__"):
             p.mkdir(mode=0o700, parents=True, exist_ok=True)
             _check_private(p)
-    except (OSError, PermissionError) as exc:
-        _warn_once(f"gradtape: kernel cache disabled: {exc}")
+        for p in (path, path / "__pycache__"):
+            tempfile.TemporaryFile(dir=p).close()  # writable (not read-only, not full)
+    except OSError as exc:
+        _warn_once(
+            "unusable",
+            f"gradtape: the kernel cache {root} cannot be used ({exc}); native kernels are "
+            "compiled in memory instead (set GRADTAPE_CACHE_DIR to a private directory, or "
+            "GRADTAPE_CACHE=0 to silence this)",
+        )
         return None
     return path
 
 
 def _check_private(path: Path) -> None:
+    """Refuse a directory of another user, or one that others may write to (their files
+    would be unpickled, which runs code); narrow an owner's own directory to owner-only."""
     st = path.stat()
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to another user")
+        raise PermissionError(f"{path} belongs to another user (uid {st.st_uid})")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise PermissionError(f"{path} is writable by other users")
     if st.st_mode & 0o077:
         os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
 
 
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+def _warn_once(kind: str, message: str) -> None:
+    """One RuntimeWarning per kind of problem and process."""
+    with _warn_lock:
+        if kind in _warned:
+            return
+        _warned.add(kind)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -166,6 +189,207 @@ def discard(directory: Path, key: str) -> None:
             f.unlink()
         except OSError:
             pass
+
+
+# --- building a module's kernels through the cache ---------------------------------------------
+def build_kernels(key: str, module_text: str, jit_all) -> tuple[tuple, bool]:
+    """Compile (or load from the cache) the kernels of one generated module.
+
+    `jit_all(jit, module, use_cache)` compiles the module's functions with `jit.njit(...)`
+    (Numba's signature) and returns (entry points, whether they came from the cache). With a
+    usable cache directory, `jit.njit(cache=True)` caches in it (`KernelCache`); without one
+    (disabled, refused, read-only, full) the module is compiled in memory.
+    """
+    import numba
+
+    directory = kernel_dir()
+    name = f"gradtape_kernel_{key}"
+    if directory is not None:
+        try:
+            path = module_file(directory, key, module_text)
+        except OSError as exc:  # a full disk, a directory made read-only since
+            _warn_once(
+                "write",
+                f"gradtape: writing to the kernel cache failed ({exc}); native kernels are "
+                "compiled in memory instead",
+            )
+            directory = None
+    if directory is None:
+        module = import_source(module_text, name)
+        return jit_all(_jit_namespace(numba, None), module, False)
+    jit = _jit_namespace(numba, directory / "__pycache__")
+    module = import_file(path, name)
+    try:
+        built = jit_all(jit, module, True)
+    except Exception:
+        # Numba's cache files of this module failed to load: delete them, compile again
+        discard(directory, key)
+        module = import_file(path, name)
+        built = jit_all(jit, module, True)
+    prune_once(directory)  # if this process wrote a new entry; here, off the call path
+    return built
+
+
+def _jit_namespace(numba, cache_path: Path | None) -> SimpleNamespace:
+    """An object with Numba's `njit` whose `cache=True` caches in `cache_path` (KernelCache),
+    never where Numba's own settings point."""
+
+    def njit(cache: bool = False, **options):
+        def decorate(function):
+            dispatcher = numba.njit(cache=False, **options)(function)
+            if cache and cache_path is not None:
+                dispatcher._cache = kernel_cache_class()(function, cache_path)
+            return dispatcher
+
+        return decorate
+
+    return SimpleNamespace(njit=njit)
+
+
+# A checksummed cache file: MAGIC, the SHA-256 of the payload, then the payload (what Numba
+# itself writes). Anything else (an older format, a truncated or damaged file) is discarded.
+CHECKSUM_MAGIC = b"gradtape-checksummed-1\n"
+_DIGEST_SIZE = 32
+corrupt_files: list[str] = []  # cache files this process found damaged and deleted
+
+
+def frame(payload: bytes) -> bytes:
+    """`payload` with its checksum header (what is written to disk)."""
+    return CHECKSUM_MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def unframe(data: bytes) -> bytes | None:
+    """The payload of a checksummed file, or None if the file is damaged or not checksummed."""
+    head = len(CHECKSUM_MAGIC)
+    if len(data) < head + _DIGEST_SIZE or not data.startswith(CHECKSUM_MAGIC):
+        return None
+    digest, payload = data[head : head + _DIGEST_SIZE], data[head + _DIGEST_SIZE :]
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+def _read_verified(path: str) -> bytes:
+    """The payload of the checksummed file at `path`; a damaged file is deleted (and reported
+    once) and FileNotFoundError raised, so the caller compiles as if it were missing."""
+    with open(path, "rb") as f:
+        data = f.read()
+    payload = unframe(data)
+    if payload is not None:
+        return payload
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    corrupt_files.append(path)
+    _warn_once(
+        "corrupt",
+        f"gradtape: a cached kernel file failed its checksum ({path}: truncated, damaged or "
+        "from another version); it was deleted and the kernel is compiled again",
+    )
+    raise FileNotFoundError(path)
+
+
+_kernel_cache: list[type] = []
+
+
+def kernel_cache_class() -> type:
+    """`KernelCache`, a Numba FunctionCache whose files live in a directory gradtape chose and
+    carry checksums (defined on first use: it needs Numba)."""
+    if _kernel_cache:
+        return _kernel_cache[0]
+    from numba.core import caching
+
+    class KernelLocator(caching._CacheLocator):
+        """The cache directory given, whatever Numba's settings say; the source stamp is a
+        hash of the module's text (as Numba's own locators)."""
+
+        def __init__(self, py_func, py_file: str, cache_path: Path):
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = str(cache_path)
+
+        def ensure_cache_path(self) -> None:
+            path = Path(self._cache_path)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _check_private(path)
+
+        def get_cache_path(self) -> str:
+            return self._cache_path
+
+        def get_source_stamp(self):
+            with open(self._py_file, "rb") as f:
+                return hashlib.sha256(f.read()).digest()
+
+        def get_disambiguator(self) -> str:
+            return str(self._lineno)
+
+    class KernelCacheImpl(caching.CompileResultCacheImpl):
+        def __init__(self, py_func, cache_path: Path):  # (no search through Numba's locators)
+            self._lineno = py_func.__code__.co_firstlineno
+            source = inspect.getfile(py_func)
+            self._locator = KernelLocator(py_func, source, cache_path)
+            module = os.path.splitext(os.path.basename(source))[0]
+            abiflags = getattr(sys, "abiflags", "")
+            self._filename_base = self.get_filename_base(
+                f"{module}.{py_func.__qualname__}", abiflags
+            )
+
+    class ChecksummedCacheFile(caching.IndexDataCacheFile):
+        """Numba's index and data files, each behind a checksum verified before unpickling."""
+
+        def _load_index(self):
+            try:
+                payload = _read_verified(self._index_path)
+            except FileNotFoundError:
+                return {}
+            stream = io.BytesIO(payload)
+            if pickle.load(stream) != self._version:
+                return {}
+            stamp, overloads = pickle.loads(stream.read())
+            return overloads if stamp == self._source_stamp else {}
+
+        def _save_index(self, overloads) -> None:
+            payload = pickle.dumps(self._version, protocol=-1)
+            payload += self._dump((self._source_stamp, overloads))
+            with self._open_for_write(self._index_path) as f:
+                f.write(frame(payload))
+
+        def _load_data(self, name):
+            return pickle.loads(_read_verified(self._data_path(name)))
+
+        def _save_data(self, name, data) -> None:
+            with self._open_for_write(self._data_path(name)) as f:
+                f.write(frame(self._dump(data)))
+
+    class KernelCache(caching.FunctionCache):
+        """Numba's cache of one kernel function, in gradtape's directory, checksummed; a cache
+        write that fails (full disk) leaves the compiled kernel in memory, with a warning."""
+
+        def __init__(self, py_func, cache_path: Path):
+            self._name = repr(py_func)
+            self._py_func = py_func
+            self._impl = KernelCacheImpl(py_func, cache_path)
+            self._cache_path = str(cache_path)
+            self._cache_file = ChecksummedCacheFile(
+                cache_path=self._cache_path,
+                filename_base=self._impl.filename_base,
+                source_stamp=self._impl.locator.get_source_stamp(),
+            )
+            self.enable()
+
+        def save_overload(self, sig, data) -> None:
+            try:
+                super().save_overload(sig, data)
+            except OSError as exc:
+                _warn_once(
+                    "write",
+                    f"gradtape: writing to the kernel cache failed ({exc}); native kernels "
+                    "are compiled in memory instead",
+                )
+
+    _kernel_cache.append(KernelCache)
+    return KernelCache
 
 
 # --- pruning and clearing --------------------------------------------------------------------
@@ -263,12 +487,26 @@ def prune_once(directory: Path) -> None:
     try:
         prune(directory, keep=keep)
     except OSError as exc:
-        _warn_once(f"gradtape: pruning the kernel cache failed: {exc}")
+        _warn_once("prune", f"gradtape: pruning the kernel cache failed: {exc}")
 
 
 def clear() -> int:
-    """Remove every cached kernel (module sources and Numba's files); returns how many entries
-    were removed. Kernels already loaded in this process keep running."""
+    """Remove every cached kernel (module sources and Numba's files) from the disk cache.
+
+    Kernels already loaded in this process keep running. The cache's directory is
+    `GRADTAPE_CACHE_DIR` (default: the user's cache directory); `gradtape cache --clear` does
+    the same from the command line.
+
+    Returns
+    -------
+    int
+        How many entries were removed.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> removed = gt.clear_cache()
+    """
     root = cache_root()
     directory = None if root is None else root / "kernels"
     if directory is None or not directory.is_dir():
