@@ -24,6 +24,8 @@ pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
 NATIVE_GAPS = {
     # a checkpointed block: recorded only by differentiating levels, never staged
     "checkpoint",
+    # a rolled Python loop: its body runs through NumPy between the kernels
+    "rolled_loop",
     # index and search functions, predicates on whole arrays
     "allclose",
     "argmax",
@@ -184,6 +186,7 @@ NUMPY_FALLBACKS = {
     "isclose",
     "nonzero",
     "qr",
+    "rolled_loop",
     "scan",
     "scan_bwd",
     "searchsorted",
@@ -424,6 +427,7 @@ LOOP_BATCHED = {
     "partition_index",
     "pos_solve",
     "real",
+    "rolled_loop",  # made by compile after every transform: never batched
     "running_extreme",
     "scan_bwd",
     "scipy_eigh",

@@ -18,6 +18,8 @@
   `compile(value_and_grad(f))` written again returns the one already built.
 * `GRADTAPE_BUFFER_SETS` (default 4): sets of preallocated buffers a numpy-backend variant
   keeps between calls (one per thread calling it at once; more are allocated and freed).
+* `GRADTAPE_ROLL` (default on): `0` keeps Python loops unrolled in compiled programs (loop
+  rolling finds runs of instructions that repeat one body and runs them as one loop).
 * `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
   import; `np.asarray` on a traced value then raises instead of passing it through).
 
@@ -43,6 +45,7 @@ MAX_SIGNATURES = "GRADTAPE_MAX_SIGNATURES"
 MAX_KERNELS = "GRADTAPE_MAX_KERNELS"
 MAX_COMPILED = "GRADTAPE_MAX_COMPILED"
 BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
+ROLL = "GRADTAPE_ROLL"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -81,6 +84,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
         str(DEFAULT_BUFFER_SETS),
         "sets of preallocated buffers a numpy-backend variant keeps between calls",
     ),
+    ROLL: ("1", "0: keep Python loops unrolled in compiled programs (no loop rolling)"),
     PATCH_NUMPY: (
         "1",
         "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
@@ -100,6 +104,12 @@ def numba_enabled() -> bool:
     (`0`, `false`, `no`, `off`, any case) leaves backend="numba" unregistered and keeps eager
     loops in Python."""
     return _text(NUMBA).lower() not in _OFF
+
+
+def roll_enabled() -> bool:
+    """GRADTAPE_ROLL: whether compile rolls the runs of a program that repeat one loop body
+    into loops (default: yes); `0`, `false`, `no`, `off` keep every iteration unrolled."""
+    return _text(ROLL).lower() not in _OFF
 
 
 def cache_enabled() -> bool:

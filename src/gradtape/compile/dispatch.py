@@ -421,14 +421,17 @@ class CompiledFunction:
         sig.used = next(_clock)
         stats = sig.stats
         variant, failure = sig.hot, None
+        tried: list = []
         if failed is not None:
-            variant, failure = self._after_failure(sig, *failed)
+            tried.append(failed[0])
+            variant, failure = self._after_failure(sig, *failed, tried)
         while variant is not None:
             out_leaves = None if out is None else _out_leaves(variant.program, out, info.leaves)
             try:
                 result = variant.run(*info.leaves, out_leaves)
             except GuardFailure as gf:
-                variant, failure = self._after_failure(sig, variant, gf)
+                tried.append(variant)
+                variant, failure = self._after_failure(sig, variant, gf, tried)
                 continue
             self._make_hot(sig, variant, info)
             stats.replays += 1
@@ -438,12 +441,20 @@ class CompiledFunction:
         return self._record_and_run(sig, info, out, failure)
 
     @staticmethod
-    def _after_failure(sig: _Signature, variant: _Variant, gf: GuardFailure):
-        """The variant recorded for the path the failed check took (or None), and the failure."""
+    def _after_failure(sig: _Signature, variant: _Variant, gf: GuardFailure, tried=()):
+        """The variant recorded for the path the failed check took (or None), and the failure.
+
+        A rolled loop's check compares every iteration at once, and variants whose loops ran
+        another number of iterations check other arrays: when a check at or after such a
+        check fails and no variant is known for its answer, the variants not tried yet in this
+        call are."""
         sig.stats.guard_failures += 1
         check = variant.program.checks[gf.index]
         path = variant.path[: gf.index] + (answer_key(check.kind, gf.actual),)
-        return sig.by_prefix.get(path), (check, gf.actual)
+        found = sig.by_prefix.get(path)
+        if found is None and any(c.rolled for c in variant.program.checks[: gf.index + 1]):
+            found = next((v for v in sig.variants if all(v is not t for t in tried)), None)
+        return found, (check, gf.actual)
 
     # --- recording ---------------------------------------------------------------------------
     def _record_and_run(self, sig: _Signature | None, info: _CallInfo, out, failure):

@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..core.ir import Instruction, Tape, Var
 from ..core.primitive import Primitive
 from ..core.pytree import TreeDef
 from ..core.routes import lookup_ufunc
 from ..rules import elementwise, indexing, shape
+from . import rolling
 
 # What a replay can check: the guards the Tracer records, and the shapes of the outputs of
 # primitives declared `shape_from_data` (their shape depends on the input's values). Other
@@ -44,6 +46,7 @@ class Check:
     answer: Any
     where: str
     position: int = -1
+    rolled: bool = False  # the check of every iteration of a rolled loop (rolling.py)
 
 
 @dataclass
@@ -114,12 +117,15 @@ def _is_array_like(value) -> bool:
 # --- building ------------------------------------------------------------------------------
 def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> Program:
     """Simplify a recorded tape into the Program a backend lowers (see the module docstring)."""
+    snapshots: dict[int, np.ndarray] = {}
+    if config.roll_enabled():  # Python loops recorded once per iteration: one loop each
+        tape = rolling.roll_tape(tape, lambda ins: _captured(ins, snapshots))
+        outputs = _rolled_outputs(tape, outputs)
     checks = _ordered_checks(tape)
     subst: dict[int, tuple] = {}  # var id -> ("var", Var) | ("const", value)
     cse: dict = {}
     kept: list[tuple[int, Instruction]] = []
     defs: dict[int, Instruction] = {}  # var id -> the kept instruction that computes it
-    snapshots: dict[int, np.ndarray] = {}
     for pos, ins in enumerate(tape.instructions):
         ins = _forward_broadcasts(_substituted(_captured(ins, snapshots), subst), defs)
         replacement = _peephole(ins)
@@ -165,6 +171,18 @@ def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> P
     return Program(list(tape.inputs), [ins for _, ins in kept], checks, outs, out_tree, tape)
 
 
+def _rolled_outputs(tape: Tape, outputs: list[OutputLeaf]) -> list[OutputLeaf]:
+    """The result leaves after rolling: a leaf computed in a rolled loop reads its output."""
+    if len(tape.outputs) != len(outputs):
+        return outputs
+    return [
+        OutputLeaf(o, None, leaf.scalar, leaf.shape, leaf.dtype)
+        if leaf.var is not None and isinstance(o, Var) and o is not leaf.var
+        else leaf
+        for leaf, o in zip(outputs, tape.outputs)
+    ]
+
+
 def _ordered_checks(tape: Tape) -> list[Check]:
     """Guards and shape checks in replay order, positioned in the recorded tape."""
     produced_at = {}
@@ -188,7 +206,16 @@ def _ordered_checks(tape: Tape) -> list[Check]:
     last = -1
     for g in tape.guards:
         last = max(last, produced_at.get(g.var.id, -1))
-        guards.append(Check(g.var, g.kind, _normalized_answer(g.kind, g.answer), g.where, last))
+        guards.append(
+            Check(
+                g.var,
+                g.kind,
+                _normalized_answer(g.kind, g.answer),
+                g.where,
+                last,
+                g.where.endswith(rolling.ROLLED_CHECK),
+            )
+        )
     # stable merge: at equal positions the shape check (right after its instruction) comes first
     merged, i = [], 0
     for sc in shape_checks:

@@ -46,6 +46,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ... import config
+from .. import rolling
 from ..numpy_backend import NumpyLowered
 from ..program import Program
 from . import cache, codegen
@@ -54,9 +55,6 @@ from .parallel import PARALLEL_MIN_CHUNK
 from .wrapper import STATUS_LAYOUT, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
-# Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
-# 3000 stages: 9 s); beyond this many stages a variant stays on the numpy backend
-MAX_NATIVE_STAGES = 4000
 
 
 class NativeFallbackWarning(UserWarning):
@@ -608,20 +606,12 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
 
 def _generated(program: Program, threads: int) -> codegen.Generated | None:
     """The kernels and wrapper of `program`, or None when the numpy backend's code is what
-    should run (nothing native to do, too large a program, or what the generator cannot
-    write: a warning says so)."""
+    should run (nothing native to do, or what the generator cannot write: a warning says so).
+    No program is too long: long ones are split into bounded kernels (fusion.py)."""
     try:
         generated = codegen.generate(program, threads)
     except NotImplementedError as exc:
         warn_once(f"numba backend: {exc}; this variant runs on the numpy backend")
-        return None
-    if len(generated.plan.stages) > MAX_NATIVE_STAGES:
-        warn_once(
-            f"numba backend: a program of {len(generated.plan.stages)} steps is too "
-            "large to compile natively (Python loops are unrolled on the tape: "
-            "gradtape.scan and fori_loop record a loop once); it runs on the numpy "
-            "backend"
-        )
         return None
     if not (
         generated.loops or any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)
@@ -629,7 +619,11 @@ def _generated(program: Program, threads: int) -> codegen.Generated | None:
         return None  # nothing native to do: the numpy backend's code is better
     complex_names: list = []
     for stage in generated.plan.stages:
-        if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
+        if (
+            stage.kind == "python"
+            and id(stage.members[0]) not in generated.loops
+            and stage.members[0].prim is not rolling.rolled_loop_p  # (a rolled Python loop)
+        ):
             ins = stage.members[0]
             name = ins.prim.name
             if any(v is not None and v.dtype.kind == "c" for v in (*ins.invars, *ins.outvars)):

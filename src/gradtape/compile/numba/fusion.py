@@ -35,6 +35,19 @@ produces g, like a reduction: its result of shape (k,) is an array available aft
 `X @ w` followed by elementwise work and `X.T @ r` (a regression's gradient) thus reads X in
 one pass.
 
+**Bounded kernels.** Numba's compile time grows faster than the size of one function (a
+fused loop of 4000 elementwise instructions: about 25 s of CPU; Numba's own passes, before
+LLVM, are superlinear in a function's length). No loop takes more than MAX_LOOP_MEMBERS
+instructions (the next one opens another loop of the same shape, which reads the stored
+values it needs), and a segment ends after MAX_KERNEL_MEMBERS instructions, so that no kernel
+is larger than that: a longer program becomes several kernels called one after another,
+values handed over as between the segments that python stages separate. No program is too
+long to compile natively; its compile time grows linearly once its kernels reach the bound.
+The bounds are large because a split costs at run time (values that one loop kept in
+registers are stored and read back) and, in Numba, compile time too (every value handed
+over is returned from one kernel and passed to the next); Python loops, the usual source
+of very long programs, are rolled before they get here (compile/rolling.py).
+
 This module knows nothing about code generation: the backend passes predicates saying which
 instructions it can express as scalar expressions (`fusable`) and as ops (`lowerable`).
 """
@@ -55,6 +68,12 @@ from .lowering import REDUCTIONS
 
 LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"
 MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see plan)
+# bounded kernels (see the module docstring): instructions per fused loop, and per kernel
+# (measured: a straight-line program of 4000 elementwise instructions compiled in 25 s of CPU
+# as one loop, in 205 s as four loops of 1024 in two kernels: values handed from loop to
+# loop cost Numba more than the length of one loop)
+MAX_LOOP_MEMBERS = 8192
+MAX_KERNEL_MEMBERS = 16384
 # where a value lives in generated code
 HELD_SCALAR, HELD_ARRAY, HELD_LOOP = "scalar", "array", "loop"
 
@@ -252,6 +271,7 @@ class _Planner:
             if (
                 stage.kind == LOOP
                 and stage.shape == shape
+                and len(stage.members) < MAX_LOOP_MEMBERS  # full: another loop after it
                 and all(self.usable_in(v, stage) for v in reads)
                 and all(self.defined_in.get(v.id) is not stage for v in before)
             ):
@@ -357,15 +377,22 @@ class _Planner:
 
 
 def _number_segments(stages: list[Stage]) -> int:
-    """Python stages separate native kernels: each gets a segment of its own."""
+    """Python stages separate native kernels: each gets a segment of its own. A segment
+    also ends once it holds MAX_KERNEL_MEMBERS instructions (bounded kernels)."""
     segment = 0
+    members = 0
     for stage in stages:
         if stage.kind == PYTHON:
             segment += 1
             stage.segment = segment
             segment += 1
-        else:
-            stage.segment = segment
+            members = 0
+            continue
+        if members >= MAX_KERNEL_MEMBERS and stage.kind != CHECK:
+            segment += 1
+            members = 0
+        stage.segment = segment
+        members += len(stage.members)
     return segment + 1
 
 

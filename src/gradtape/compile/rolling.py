@@ -1,0 +1,874 @@
+"""Loop rolling: a recorded Python loop becomes one loop instruction again.
+
+A Python `for` loop over data points, mixture components or time steps is recorded once per
+iteration, so the tape (and every backend's code and compile time) grows with the trip count.
+`roll_tape` finds runs of instructions that repeat the same body over consecutive iterations
+and replaces each run with one `rolled_loop` instruction that runs the body `trips` times.
+It runs on the tape `build_program` simplifies, which under `compile(grad(f))` holds the
+forward and the backward pass: both are rolled the same way, and nothing is differentiated
+after rolling.
+
+Two iterations are "the same body" when, instruction by instruction, they apply the same
+primitive to values of the same shapes and dtypes with the same params, and every operand
+comes from the same place:
+
+* a value computed earlier in the same iteration (same offset in the body);
+* a value computed in the previous iteration (a **carry**; the first iteration reads its
+  initial value, computed before the run);
+* one value computed before the run, read by every iteration (**invariant**), or one value
+  per iteration computed before the run (a Python list of arrays indexed by the loop
+  counter: the loop instruction takes them all and each iteration reads its own);
+* a constant equal in every iteration, or a constant of one shape and dtype that differs
+  per iteration (stacked into one array, one row per iteration);
+* integer params that progress regularly (`x[i]`, `x[i + 1]`: `idx=(i,)` with `i = i0 + t*s`
+  in iteration `t`), substituted per iteration.
+
+A value of the run read after it is an output of the loop: the last iteration's value, or
+(read for other iterations too) all of them stacked, one row per iteration; its readers then
+read a row (`getitem` with a progressing index, which a later run rolls in turn: the backward
+pass reads the forward pass's stacked values). Guards of values computed in the run become
+one check of the stacked values (every iteration must take the recorded path; an iteration
+that goes another way fails the check and is recorded as another variant). Anything else
+(a value read from two iterations back, a shape check, params that do not progress, guards
+that differ between iterations) ends the run: rolling refuses when unsure, and an unrolled
+tape computes the same numbers. Runs are searched again on the rolled tape, so a loop nested
+in a loop rolls into a loop whose body holds a loop.
+
+Tapes shorter than MIN_TAPE_LENGTH instructions are left as they are (the backends' code
+for the unrolled program runs faster than a rolled body, which calls one primitive at a
+time). `GRADTAPE_ROLL=0` turns rolling off
+(config.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.ir import Guard, Instruction, Tape, Var
+from ..core.primitive import Primitive
+from ..rules import indexing, shape
+
+MIN_TRIPS = 4  # shorter runs stay unrolled (nothing to gain)
+# shorter tapes stay unrolled: a rolled body is evaluated one primitive call at a time,
+# which costs more per instruction than either backend's code for the unrolled program
+# (measured on a Gaussian mixture of 7,600 instructions: 55 ms against 3.9 ms a call on the
+# numpy backend); beyond this, lowering and compiling the unrolled program costs more
+MIN_TAPE_LENGTH = 20_000
+MAX_PERIOD = 4096  # the longest body searched for
+# the longest body searched for in successive passes: inner loops (short bodies) roll first,
+# so that the loop around them then repeats a body holding one loop instruction
+PERIOD_LIMITS = (8, 32, 128, 512, MAX_PERIOD)
+MAX_PASSES = 4  # passes per limit (a rolled tape is searched again: the backward pass
+# reads the forward loop's stacked values through getitems a pass adds)
+_CANDIDATES = 6  # periods tried at one position
+_WORK_LIMIT = 40_000_000  # instruction comparisons per tape before the search gives up
+# guards a rolled loop checks as one comparison of the stacked values: their kinds, and the
+# dtype kinds of their operands for which the answer is the operand's value itself
+# data movement only: a loop of these would copy rows that its readers can read themselves
+_MOVES = (indexing.getitem_p, shape.reshape_p, shape.broadcast_p)
+# how the `where` of a rolled loop's check ends (dispatch tries other variants when it fails)
+ROLLED_CHECK = " (every iteration of a rolled loop)"
+_GUARD_DTYPES = {"bool": "b", "int": "iu", "index": "iu", "item": "biufc"}
+
+
+# --- the loop instruction -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BodyStep:
+    """One instruction of a rolled body.
+
+    refs: per argument, ("body", k, j) output j of body step k in this iteration, ("carry", c),
+    ("in", m) input m of the loop, ("pick", m) input m + t, ("const", value), ("row", m,
+    python) row t of loop input
+    m (a constant that differs per iteration; `python`: give it as a Python scalar).
+    params: static params; `progress` maps a param name to (start, step) arrays over the flat
+    integers of its value (`shape` rebuilds it).
+    """
+
+    prim: Primitive
+    refs: tuple
+    params: tuple  # sorted (name, value) of the static params
+    progress: tuple  # (name, template, start, step)
+    n_out: int
+
+    def params_at(self, t: int) -> dict:
+        params = dict(self.params)
+        for name, template, start, step in self.progress:
+            params[name] = _rebuild(template, [a + t * d for a, d in zip(start, step)])
+        return params
+
+
+@dataclass(eq=False)
+class RolledLoop:
+    """A rolled loop: its body, trip count, carries and outputs (see the module docstring).
+
+    carries: (input index of the initial value, (k, j) of the value the next iteration reads).
+    outputs: ("last", k, j) or ("stack", k, j), in the order of the instruction's outputs.
+    """
+
+    steps: tuple[BodyStep, ...]
+    trips: int
+    carries: tuple
+    outputs: tuple
+    key: Any = None
+
+    def __post_init__(self):
+        self.key = (
+            self.trips,
+            tuple(
+                (id(s.prim), s.refs_key, s.params_key, s.progress, s.n_out)
+                for s in (_Keyed(st) for st in self.steps)
+            ),
+            self.carries,
+            self.outputs,
+        )
+        self._hash = hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RolledLoop) and self._hash == other._hash and self.key == other.key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"<{len(self.steps)} steps x {self.trips}>"
+
+    def _plan(self) -> list:
+        """Per step: (implementation, static params, the step if its params progress, its
+        operands as (code, a, b)); built once (codes: 0 a single-result step's value, 1 one
+        result of a multiple-result step, 2 carry, 3 input, 4 input + t, 5 constant, 6 row)."""
+        plan = getattr(self, "_steps_plan", None)
+        if plan is not None:
+            return plan
+        codes = {"carry": 2, "in": 3, "pick": 4}
+        plan = []
+        for step in self.steps:
+            refs = []
+            for ref in step.refs:
+                kind = ref[0]
+                if kind == "body":
+                    single = step_single(self.steps[ref[1]])
+                    refs.append((0, ref[1], 0) if single else (1, ref[1], ref[2]))
+                elif kind in codes:
+                    refs.append((codes[kind], ref[1], 0))
+                elif kind == "const":
+                    refs.append((5, ref[1], 0))
+                else:  # "row"
+                    refs.append((6, ref[1], ref[2]))
+            impl = step.prim.python_impl or step.prim.impl
+            plan.append((impl, dict(step.params), step if step.progress else None, tuple(refs)))
+        self._steps_plan = plan
+        return plan
+
+    def run(self, inputs: tuple) -> tuple:
+        """The loop's outputs for these inputs (NumPy values)."""
+        steps = self.steps
+        plan = self._plan()
+        carry = [inputs[m] for m, _ in self.carries]
+        stacked = [[] for _ in self.outputs]
+        env: list = [None] * len(steps)
+        last = self.trips - 1
+        for t in range(self.trips):
+            for k, (impl, params, progressing, refs) in enumerate(plan):
+                args = []
+                for code, a, b in refs:
+                    if code == 0:
+                        args.append(env[a])
+                    elif code == 3:
+                        args.append(inputs[a])
+                    elif code == 2:
+                        args.append(carry[a])
+                    elif code == 1:
+                        args.append(env[a][b])
+                    elif code == 5:
+                        args.append(a)
+                    elif code == 4:
+                        args.append(inputs[a + t])
+                    else:  # a constant that differs per iteration (b: as a Python scalar)
+                        row = inputs[a][t]
+                        args.append(row.item() if b else row)
+                if progressing is not None:
+                    env[k] = impl(*args, **progressing.params_at(t))
+                else:
+                    env[k] = impl(*args, **params)
+            carry = [_pick(steps, env, kj) for _, kj in self.carries]
+            for i, (kind, k, j) in enumerate(self.outputs):
+                if kind == "stack" or t == last:
+                    stacked[i].append(_pick(steps, env, (k, j)))
+        results = []
+        for (kind, _, _), values in zip(self.outputs, stacked):
+            results.append(values[-1] if kind == "last" else np.stack(values))
+        return tuple(results)
+
+
+class _Keyed:
+    """Hashable views of a step's refs and params (constants by value where possible)."""
+
+    def __init__(self, step: BodyStep):
+        self.prim = step.prim
+        self.refs_key = tuple(
+            ("const", _value_key(r[1])) if r[0] == "const" else r for r in step.refs
+        )
+        self.params_key = tuple((k, _value_key(v)) for k, v in step.params)
+        self.progress = tuple((n, repr(tpl), tuple(a), tuple(d)) for n, tpl, a, d in step.progress)
+        self.n_out = step.n_out
+
+
+def step_single(step: BodyStep) -> bool:
+    return not step.prim.multiple_results
+
+
+def _pick(steps, env, kj):
+    k, j = kj
+    return env[k] if step_single(steps[k]) else env[k][j]
+
+
+def _rolled_impl(*inputs, loop: RolledLoop):
+    return loop.run(inputs)
+
+
+def _not_differentiated(*args, **params):
+    raise NotImplementedError(
+        "rolled_loop is made by compile after differentiation and is never differentiated"
+    )
+
+
+rolled_loop_p = Primitive("rolled_loop", _rolled_impl, multiple_results=True, nondiff=True)
+rolled_loop_p.vjp_all = _not_differentiated
+
+
+# --- params: flat integers and a template -------------------------------------------------------
+def _flat_ints(value) -> tuple[Any, list] | None:
+    """(template, integers) of a param built of ints, slices of ints, tuples and constants."""
+    ints: list = []
+
+    def walk(v):
+        if isinstance(v, (bool, np.bool_)):
+            return ("v", v)
+        if isinstance(v, (int, np.integer)):
+            ints.append(int(v))
+            return ("i",)
+        if isinstance(v, tuple):
+            return ("t", tuple(walk(x) for x in v))
+        if isinstance(v, slice):
+            parts = []
+            for x in (v.start, v.stop, v.step):
+                if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+                    ints.append(int(x))
+                    parts.append(("i",))
+                else:
+                    parts.append(("v", x))
+            return ("s", tuple(parts))
+        try:
+            hash(v)
+        except TypeError:
+            return None
+        if isinstance(v, np.ndarray):
+            return None
+        return ("v", v)
+
+    template = walk(value)
+    if template is None or _has_none(template):
+        return None
+    return template, ints
+
+
+def _has_none(tpl) -> bool:
+    if tpl is None:
+        return True
+    if tpl[0] in ("t", "s"):
+        return any(_has_none(x) for x in tpl[1])
+    return False
+
+
+def _rebuild(template, ints: list):
+    it = iter(ints)
+
+    def build(tpl):
+        kind = tpl[0]
+        if kind == "i":
+            return next(it)
+        if kind == "v":
+            return tpl[1]
+        if kind == "t":
+            return tuple(build(x) for x in tpl[1])
+        start, stop, step = (build(x) for x in tpl[1])
+        if stop is not None and stop < 0 and (step or 1) < 0 and start is not None:
+            stop = None if stop == -1 else stop  # (a negative stop counts from the end)
+        return slice(start, stop, step)
+
+    return build(template)
+
+
+def _value_key(v):
+    """A hashable key of a constant: by value for scalars and small arrays, else identity."""
+    if isinstance(v, np.ndarray):
+        if v.size <= 16:
+            return ("array", v.shape, v.dtype.str, v.tobytes())
+        return ("id", id(v))
+    if isinstance(v, float) and math.isnan(v):
+        return ("nan",)
+    if isinstance(v, (float, np.floating)) and v == 0:
+        return (type(v).__name__, math.copysign(1.0, float(v)))
+    try:
+        hash(v)
+    except TypeError:
+        return ("id", id(v))
+    return (type(v).__name__, v)
+
+
+# --- signatures: what must be equal between iterations -----------------------------------------
+def _param_signature(value):
+    if isinstance(value, RolledLoop):
+        return ("loop", value.key)
+    flat = _flat_ints(value)
+    if flat is not None:
+        return ("ints", repr(flat[0]), len(flat[1]))
+    return ("id", id(value))
+
+
+def _signature(ins: Instruction):
+    prim = ins.prim
+    if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
+        return None
+    parts = [id(prim)]
+    for v, a in zip(ins.invars, ins.args):
+        if v is not None:
+            parts.append(("v", v.shape, v.dtype.str))
+        else:
+            parts.append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
+    for k in sorted(ins.params):
+        parts.append((k, _param_signature(ins.params[k])))
+    parts.append(tuple((v.shape, v.dtype.str) for v in ins.outvars))
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
+# --- the search -----------------------------------------------------------------------------------
+class _Roller:
+    """One pass over a tape's instructions (see roll_tape)."""
+
+    def __init__(self, tape: Tape, next_id: int, capture, max_period: int, gathers: bool):
+        self.tape = tape
+        self.max_period = max_period
+        self.gathers = gathers
+        self.ins = tape.instructions
+        self.next_id = next_id
+        self.capture = capture
+        self.work = 0
+        self.defpos: dict[int, tuple[int, int]] = {}
+        for pos, ins in enumerate(self.ins):
+            for j, v in enumerate(ins.outvars):
+                self.defpos[v.id] = (pos, j)
+        # readers: var id -> positions of instructions reading it; guards; outputs
+        self.readers: dict[int, list[int]] = {}
+        for pos, ins in enumerate(self.ins):
+            for v in ins.invars:
+                if v is not None:
+                    self.readers.setdefault(v.id, []).append(pos)
+        self.guarded: dict[int, list[int]] = {}
+        for gi, g in enumerate(tape.guards):
+            self.guarded.setdefault(g.var.id, []).append(gi)
+        self.output_ids = {v.id for v in tape.outputs if isinstance(v, Var)}
+        self.output_ids.update(c[0].id for c in tape.captured)
+        self.rolled_any = False
+        self.match_end: dict[int, tuple[int, int]] = {}
+
+    def new_var(self, shape, dtype) -> Var:
+        v = Var(self.next_id, tuple(shape), np.dtype(dtype))
+        self.next_id += 1
+        return v
+
+    def run(self) -> list:
+        ins = self.ins
+        n = len(ins)
+        codes = []
+        interned: dict = {}
+        for x in ins:
+            sig = _signature(x)
+            codes.append(
+                -1 - len(codes) if sig is None else interned.setdefault(sig, len(interned))
+            )
+        nxt = [None] * n
+        last: dict = {}
+        for pos in range(n - 1, -1, -1):
+            nxt[pos] = last.get(codes[pos])
+            last[codes[pos]] = pos
+        self.codes = codes
+        out: list = []
+        self.subst: dict[int, tuple] = {}  # var id -> (stacked var, row) | ("var", Var)
+        self.guard_plan: dict[int, Any] = {}  # guard index -> None (dropped) | Guard
+        pos = 0
+        while pos < n:
+            found = None
+            if self.work < _WORK_LIMIT:
+                found = self.try_roll(pos, nxt)
+            if found is not None:
+                new_instructions, length = found
+                for new_ins in new_instructions:
+                    out.extend(self.materialized(new_ins))
+                pos += length
+                self.rolled_any = True
+                continue
+            out.extend(self.materialized(ins[pos]))
+            pos += 1
+        return out
+
+    # --- reading rows of stacked outputs ---
+    def materialized(self, ins: Instruction) -> list:
+        """`ins` with its reads of rolled values replaced; rows of stacked outputs are read by
+        new getitem instructions right before it."""
+        pre = []
+        if not any(v is not None and v.id in self.subst for v in ins.invars):
+            return [ins]
+        invars = list(ins.invars)
+        for i, v in enumerate(invars):
+            if v is not None and v.id in self.subst:
+                invars[i] = self.resolve(v, pre)
+        return pre + [
+            Instruction(ins.prim, tuple(invars), ins.args, ins.params, ins.outvars, ins.out)
+        ]
+
+    def resolve(self, v: Var, pre: list) -> Var:
+        entry = self.subst[v.id]
+        if entry[0] == "var":
+            return entry[1]
+        _, stacked, row, stacked_value, value = entry
+        w = self.new_var(v.shape, v.dtype)
+        pre.append(
+            Instruction(
+                indexing.getitem_p, (stacked,), (stacked_value,), {"idx": (row,)}, (w,), value
+            )
+        )
+        self.subst[v.id] = ("var", w)
+        return w
+
+    # --- finding and checking one run ---
+    def try_roll(self, s: int, nxt: list):
+        codes = self.codes
+        if codes[s] < 0:
+            return None
+        j, tries = nxt[s], 0
+        candidates = []
+        n = len(codes)
+        while j is not None and j - s <= self.max_period and tries < _CANDIDATES:
+            p = j - s
+            tries += 1
+            # matching length: codes[k] == codes[k + p] (a scan from an earlier position with
+            # this period already knows where its run ends)
+            known = self.match_end.get(p)
+            if known is not None and known[0] <= s < known[1]:
+                k = known[1]
+            else:
+                k = s
+                while k + p < n and codes[k] == codes[k + p] and codes[k] >= 0:
+                    k += 1
+                self.work += k - s + 1
+                self.match_end[p] = (s, k)
+            trips = 1 + (k - s) // p
+            if trips >= MIN_TRIPS:
+                candidates.append((p, trips))
+            j = nxt[j]
+        # the candidate covering the most instructions first (the shortest body on ties)
+        candidates.sort(key=lambda c: (-c[0] * c[1], c[0]))
+        for p, trips in candidates:
+            # a cheap look at the first iterations before the whole run is checked
+            if self.build(s, p, MIN_TRIPS, probe=True) is None:
+                continue
+            while trips >= MIN_TRIPS:
+                result = self.build(s, p, trips)
+                if isinstance(result, int):  # the first iteration that differs
+                    trips = result
+                    continue
+                if result is not None:
+                    return result, p * trips
+                break
+        return None
+
+    def build(self, s: int, p: int, trips: int, probe: bool = False):
+        """The rolled instruction for the run at s, or the number of leading iterations
+        that do form a loop (when a later one does not); None when none do. `probe`: only
+        check (True when these iterations form a loop), change nothing."""
+        ins = self.ins
+        end = s + p * trips
+        self.work += p * trips
+
+        def at(t, k):
+            return ins[s + t * p + k]
+
+        inputs: list[Var] = []  # invariant vars and carry inits
+        input_values: list = []  # their recorded values
+        const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
+        input_index: dict[int, int] = {}
+
+        def input_of(v: Var, value) -> int:
+            m = input_index.get(v.id)
+            if m is None:
+                m = input_index[v.id] = len(inputs)
+                inputs.append(v)
+                input_values.append(value)
+            return m
+
+        carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
+        carry_init: list = []  # (Var, recorded value) of each carry's initial value
+        steps = []
+        limit = trips  # first iteration that disagrees
+
+        for k in range(p):
+            first = at(0, k)
+            refs = []
+            for a, v0 in enumerate(first.invars):
+                if v0 is None:
+                    values = [at(t, k).args[a] for t in range(limit)]
+                    key0 = _value_key(values[0])
+                    if all(_value_key(x) == key0 for x in values[1:]):
+                        refs.append(("const", values[0]))
+                        continue
+                    # a constant that differs per iteration: stacked
+                    arrs = [np.asarray(x) for x in values]
+                    if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
+                        return None
+                    stacked = np.stack(arrs)
+                    stacked.flags.writeable = False
+                    python_scalar = isinstance(values[0], (bool, int, float, complex))
+                    refs.append(("crow", len(const_rows), python_scalar))
+                    const_rows.append(stacked)
+                    continue
+                ref, bad = self.classify(s, p, k, a, limit)
+                if ref is None:
+                    return None if bad is None or bad < MIN_TRIPS else bad
+                if bad is not None:
+                    return bad if bad >= MIN_TRIPS else None
+                kind = ref[0]
+                if kind == "invariant":
+                    refs.append(("in", input_of(ref[1], first.args[a])))
+                elif kind == "gather":
+                    refs.append(("pick", len(inputs)))
+                    for t, v in enumerate(ref[1]):  # (not shared: they are read by position)
+                        inputs.append(v)
+                        input_values.append(at(t, k).args[a])
+                elif kind == "carry":
+                    kj = ref[1]
+                    if kj not in carries:
+                        carries[kj] = len(carry_init)
+                        carry_init.append((ref[2], first.args[a]))
+                    elif carry_init[carries[kj]][0] is not ref[2]:
+                        return None
+                    refs.append(("carry", carries[kj]))
+                else:
+                    refs.append(ref)
+            # params
+            static, progress = [], []
+            for name in sorted(first.params):
+                values = [at(t, k).params[name] for t in range(limit)]
+                v0 = values[0]
+                if all(_param_equal(v, v0) for v in values[1:]):
+                    static.append((name, v0))
+                    continue
+                flat0 = _flat_ints(v0)
+                if flat0 is None:
+                    return None
+                flat1 = _flat_ints(values[1])
+                if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
+                    return None
+                step = [b - a for a, b in zip(flat0[1], flat1[1])]
+                for t in range(2, limit):
+                    ft = _flat_ints(values[t])
+                    if (
+                        ft is None
+                        or repr(ft[0]) != repr(flat0[0])
+                        or any(x != a + t * d for x, a, d in zip(ft[1], flat0[1], step))
+                    ):
+                        return t if t >= MIN_TRIPS else None
+                if not _progression_valid(flat0[0], flat0[1], step, limit):
+                    return None
+                progress.append((name, flat0[0], tuple(flat0[1]), tuple(step)))
+            steps.append([first.prim, refs, tuple(static), tuple(progress), len(first.outvars)])
+
+        # guards on values of the run
+        guards = self.run_guards(s, p, limit)
+        if guards is None:
+            return None
+        # steps computing the same value in every iteration run once, before the loop
+        hoisted = self.invariant_steps(steps, carries, guards)
+        if len(hoisted) == p or all(
+            step[0] in _MOVES for k, step in enumerate(steps) if k not in hoisted
+        ):
+            return None  # nothing to loop over, or a loop that only copies rows
+        if probe:
+            return True
+        for k in hoisted:
+            for j, v in enumerate(at(0, k).outvars):
+                m = input_of(v, _value(at(0, k), j))
+                for t in range(1, limit):
+                    self.subst[at(t, k).outvars[j].id] = ("var", v)
+                for step in steps:
+                    step[1] = [
+                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
+                    ]
+        renumber = {}
+        for k in range(p):
+            if k not in hoisted:
+                renumber[k] = len(renumber)
+        # the outputs: values of the run read after it (or by guards, outputs of the tape)
+        outputs: list[tuple] = []
+        out_vars: list[Var] = []
+        out_values: list = []
+        later: list[tuple] = []  # (var id, output index, t) for stacked outputs
+        for k in range(p):
+            if k in hoisted:
+                continue
+            for j, v0 in enumerate(at(0, k).outvars):
+                read_after = []
+                for t in range(limit):
+                    v = at(t, k).outvars[j]
+                    if self.read_outside(v, s, end):
+                        read_after.append(t)
+                if not read_after and (k, j) not in [g[1] for g in guards]:
+                    continue
+                if read_after == [limit - 1] and (k, j) not in [g[1] for g in guards]:
+                    outputs.append(("last", k, j))
+                    v_last = at(limit - 1, k).outvars[j]
+                    out_vars.append(v_last)
+                    out_values.append(_value(at(limit - 1, k), j))
+                    continue
+                outputs.append(("stack", k, j))
+                stacked_var = self.new_var((limit, *v0.shape), v0.dtype)
+                out_vars.append(stacked_var)
+                values = [_value(at(t, k), j) for t in range(limit)]
+                out_values.append(np.stack([np.asarray(x) for x in values]))
+                for t in read_after:
+                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
+        # loop inputs: invariants and carry inits (vars), then stacked constants (constants)
+        init_index = [input_of(var, value) for var, value in carry_init]
+        row_base = len(inputs)
+        body_steps = []
+        for k, (prim, refs, static, progress, n_out) in enumerate(steps):
+            if k in hoisted:
+                continue
+            refs = tuple(
+                ("row", row_base + r[1], r[2])
+                if r[0] == "crow"
+                else ("body", renumber[r[1]], r[2])
+                if r[0] == "body"
+                else r
+                for r in refs
+            )
+            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
+        carries_t = tuple(
+            (init_index[c], (renumber[kj[0]], kj[1]))
+            for kj, c in sorted(carries.items(), key=lambda e: e[1])
+        )
+        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
+        loop = RolledLoop(tuple(body_steps), limit, carries_t, loop_outputs)
+        invars = tuple(inputs) + (None,) * len(const_rows)
+        args = tuple(input_values) + tuple(const_rows)
+        new = Instruction(
+            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
+        )
+        new = self.capture(new)
+        pre = [self.capture(at(0, k)) for k in sorted(hoisted)]
+        # readers after the run read the loop's outputs
+        for i, (kind, k, j) in enumerate(outputs):
+            if kind == "last":
+                self.subst[at(limit - 1, k).outvars[j].id] = ("var", out_vars[i])
+        for v, i, t in later:
+            pos, j = self.defpos[v.id]
+            self.subst[v.id] = ("row", out_vars[i], t, out_values[i], _value(self.ins[pos], j))
+        # the run's guards become one check of the stacked values
+        for gis, (k, j), first_guard, answers in guards:
+            i = outputs.index(("stack", k, j))
+            for gi in gis:
+                self.guard_plan[gi] = None
+            self.guard_plan[gis[0]] = Guard(
+                out_vars[i],
+                "value",
+                answers,
+                f"{first_guard.where}{ROLLED_CHECK}",
+            )
+        return pre + [new]
+
+    @staticmethod
+    def invariant_steps(steps: list, carries: dict, guards: list) -> set:
+        """Body steps whose value is the same in every iteration: invariant operands,
+        constants and static params only (not carried, not guarded)."""
+        kept = {kj[0] for kj in carries} | {g[1][0] for g in guards}
+        hoisted: set = set()
+        for k, (_, refs, _, progress, _) in enumerate(steps):
+            if progress or k in kept:
+                continue
+            if all(r[0] in ("in", "const") or (r[0] == "body" and r[1] in hoisted) for r in refs):
+                hoisted.add(k)
+        return hoisted
+
+    def classify(self, s: int, p: int, k: int, a: int, limit: int):
+        """(where operand a of body step k comes from, first iteration that disagrees)."""
+        ins = self.ins
+        vs = [ins[s + t * p + k].invars[a] for t in range(limit)]
+        defs = [self.defpos.get(v.id, (-1, 0)) for v in vs]
+        base = [s + t * p for t in range(limit)]
+        # same iteration
+        off0 = defs[0][0] - base[0]
+        if 0 <= off0 < k:
+            for t in range(1, limit):
+                if defs[t][0] - base[t] != off0 or defs[t][1] != defs[0][1]:
+                    return ("body", off0, defs[0][1]), t
+            return ("body", off0, defs[0][1]), None
+        # invariant
+        if defs[0][0] < s and all(v is vs[0] for v in vs[1:]):
+            return ("invariant", vs[0]), None
+        # carry from the previous iteration
+        if defs[0][0] < s and limit > 1:
+            off1 = defs[1][0] - base[0]
+            if 0 <= off1 < p:
+                kj = (off1, defs[1][1])
+                for t in range(2, limit):
+                    if defs[t][0] - base[t - 1] != off1 or defs[t][1] != defs[1][1]:
+                        return ("carry", kj, vs[0]), t
+                return ("carry", kj, vs[0]), None
+        if defs[0][0] < s and all(v is vs[0] for v in vs[1:2]):
+            # invariant for a while, then not
+            t = next(t for t in range(1, limit) if vs[t] is not vs[0])
+            return ("invariant", vs[0]), t
+        # one value computed before the run per iteration (a list of arrays indexed by the
+        # loop counter): the loop takes them all and reads one per iteration
+        # (not values of a loop rolled in this pass: the next pass reads their rows inside the
+        # loop through getitems whose index progresses)
+        if not self.gathers or any(v.id in self.subst for v in vs):
+            return None, None
+        if all(d[0] < s for d in defs):
+            return ("gather", vs), None
+        t = next((t for t in range(limit) if defs[t][0] >= s), 0)
+        if t and all(d[0] < s for d in defs[:t]) and t >= MIN_TRIPS:
+            return ("gather", vs[:t]), t
+        return None, None
+
+    def read_outside(self, v: Var, s: int, end: int) -> bool:
+        if v.id in self.output_ids or v.id in self.guarded:
+            return True
+        return any(r < s or r >= end for r in self.readers.get(v.id, ()))
+
+    def run_guards(self, s: int, p: int, limit: int):
+        """[(guard indices, (k, j), first guard, stacked answers)] of the run, or None when
+        its guards are not the same in every iteration."""
+        ins = self.ins
+        per_offset: dict[tuple, list] = {}
+        for t in range(limit):
+            for k in range(p):
+                for j, v in enumerate(ins[s + t * p + k].outvars):
+                    gis = self.guarded.get(v.id)
+                    if gis:
+                        per_offset.setdefault((k, j), []).append((t, gis))
+        result = []
+        guards = self.tape.guards
+        for kj, entries in per_offset.items():
+            if len(entries) != limit or any(len(g) != 1 for _, g in entries):
+                return None
+            gs = [guards[g[0]] for _, g in entries]
+            kinds = {g.kind for g in gs}
+            dtype_kind = gs[0].var.dtype.kind
+            if (
+                len(kinds) != 1
+                or gs[0].var.shape != ()
+                or gs[0].kind not in _GUARD_DTYPES
+                or dtype_kind not in _GUARD_DTYPES[gs[0].kind]
+            ):
+                return None
+            answers = np.array([_answer_scalar(g.answer) for g in gs], dtype=gs[0].var.dtype)
+            if gs[0].kind != "bool" and any(
+                not np.array_equal(np.asarray(_answer_scalar(g.answer)), a)
+                for g, a in zip(gs, answers)
+            ):
+                return None  # answers the operand's dtype cannot hold exactly
+            result.append(([g[0] for _, g in entries], kj, gs[0], answers))
+        return result
+
+
+def _answer_scalar(answer):
+    if isinstance(answer, (np.ndarray, np.generic)):
+        return answer.item()
+    return answer
+
+
+def _param_equal(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, RolledLoop) or isinstance(b, RolledLoop):
+        return a == b
+    try:
+        return type(a) is type(b) and bool(a == b) and _value_key(a) == _value_key(b)
+    except Exception:
+        return False
+
+
+def _progression_valid(template, start, step, trips) -> bool:
+    """Integers of a progressing param keep their sign over the run (negative indices count
+    from the end: -1, 0, 1 is not a progression of positions)."""
+    for a, d in zip(start, step):
+        last = a + (trips - 1) * d
+        if (a < 0) != (last < 0):
+            return False
+    return True
+
+
+def _value(ins: Instruction, j: int):
+    return ins.out[j] if ins.prim.multiple_results else ins.out
+
+
+def roll_tape(tape: Tape, capture=lambda ins: ins) -> Tape:
+    """The tape with its repeated runs rolled (see the module docstring); the tape itself
+    when nothing rolls. `capture(ins)` is applied to each new loop instruction (the program
+    snapshots constant arrays with it)."""
+    if len(tape.instructions) < max(2 * MIN_TRIPS, MIN_TAPE_LENGTH):
+        return tape
+    ids = [v.id for v in tape.inputs] + [c[0].id for c in tape.captured]
+    ids += [v.id for ins in tape.instructions for v in ins.outvars]
+    next_id = max(ids, default=0) + 1
+    current = tape
+    # bodies that read one value per iteration from a list (gathers) are accepted only in the
+    # last passes: a body found without them (in another phase, or longer) is better
+    passes = [
+        (limit, gathers)
+        for gathers in (False, True)
+        for limit in PERIOD_LIMITS
+        for _ in range(MAX_PASSES)
+    ]
+    skip = None
+    for limit, gathers in passes:
+        if (limit, gathers) == skip:
+            continue  # (this limit's last pass rolled nothing)
+        roller = _Roller(current, next_id, capture, limit, gathers)
+        instructions = roller.run()
+        if not roller.rolled_any:
+            skip = (limit, gathers)
+            continue
+        rolled = Tape()
+        rolled.inputs = current.inputs
+        rolled.captured = current.captured
+        rolled.instructions = instructions
+        pre: list = []
+        rolled.outputs = [
+            roller.resolve(o, pre) if isinstance(o, Var) and o.id in roller.subst else o
+            for o in current.outputs
+        ]
+        rolled.instructions.extend(pre)
+        guards = []
+        for gi, g in enumerate(current.guards):
+            if gi in roller.guard_plan:
+                if roller.guard_plan[gi] is not None:
+                    guards.append(roller.guard_plan[gi])
+            elif g.var.id in roller.subst:
+                var = roller.resolve(g.var, rolled.instructions)
+                guards.append(Guard(var, g.kind, g.answer, g.where))
+            else:
+                guards.append(g)
+        rolled.guards = guards
+        next_id = roller.next_id
+        current = rolled
+    return current
