@@ -514,3 +514,15 @@ def test_a_recorded_gradient_masks_only_where_a_zero_cotangent_can_meet_an_infin
     with np.errstate(all="ignore"):
         compiled(x)
         np.testing.assert_allclose(compiled(np.array([0.0, 4.0])), [0.0, np.log(4.0) + 1.0])
+
+
+def test_power_with_exponent_zero_has_zero_derivative_at_zero():
+    """d/dx x**0 = 0, also at x = 0 (the rule's y * x**(y - 1) is 0 * inf there)."""
+    assert gt.grad(lambda x: np.power(x, 0.0))(0.0) == 0.0
+    assert gt.grad(lambda x: x**0.0)(0.0) == 0.0
+    p = np.array([0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(gt.grad(lambda x: np.sum(x**p))(np.zeros(3)), [0.0, 1.0, 0.0])
+    assert gt.jvp(lambda x: np.power(x, 0.0), (0.0,), (1.0,))[1] == 0.0
+    assert gt.hessian(lambda x: x**0.0)(0.0) == 0.0
+    compiled = gt.compile(gt.grad(lambda x: np.sum(x**p)), backend="numpy")
+    np.testing.assert_array_equal(compiled(np.zeros(3)), [0.0, 1.0, 0.0])

@@ -186,7 +186,12 @@ def _spec(name: str, partials, safe: bool = False, native=None) -> Primitive:
 
 
 def _power_dx(ans, x, y):
-    return y * np.power(x, y - 1)
+    d = y * np.power(x, y - 1)
+    # d/dx x**0 = 0 everywhere, also at x = 0 where y * x**(y - 1) is 0 * inf (autograd's answer;
+    # JAX gives nan there)
+    if isinstance(y, Tracer) or np.any(np.asarray(y) == 0):
+        return np.where(y == 0, 0, d)
+    return d
 
 
 def _power_dy(ans, x, y):
