@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,7 +33,6 @@ from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 from ..transforms.arguments import compile_leaf_message, user_line
 from .memo import remembered
-from .numba.export import NativeHandle
 from .program import (
     Program,
     answer_key,
@@ -41,6 +40,9 @@ from .program import (
     output_leaf,
     unreplayable_reason,
 )
+
+if TYPE_CHECKING:  # the numba backend sits above dispatch: imported where used
+    from .numba.export import NativeHandle
 
 _TRACE_STATE = trace._state  # the thread-local stack of levels: non-empty while tracing
 _ndarray = np.ndarray  # (a global name is found faster than a module attribute)
@@ -703,6 +705,8 @@ class CompiledFunction:
         reason = unreplayable_reason(program)
         if reason is not None:
             raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
+        from .numba.export import NativeHandle
+
         return NativeHandle(program, self._name())
 
     def source(self, *args, **kwargs) -> str:
