@@ -5,12 +5,12 @@ Every gradient test compares gradtape against references that do not use gradtap
 central finite differences (always) and the complex step (where the function accepts
 complex input and is analytic there), both computed in float64.
 
-Tiers: tests that compile Numba kernels are marked `native`. Plain `pytest` is the fast tier:
-it deselects them and turns Numba off for the whole process (GRADTAPE_NUMBA=0, so
-backend="auto" and eager loops never start a background compile). `pytest --all` runs both
-tiers; an explicit `-m` expression selects by itself (Numba stays on unless it excludes
-`native`). gradtape is imported only after this is decided (pytest_configure), so this module
-must not import it at the top.
+Tiers: tests that compile Numba kernels are marked `native`, tests that start a Dask cluster
+`cluster`. Plain `pytest` is the fast tier: it deselects both and turns Numba off for the whole
+process (GRADTAPE_NUMBA=0, so backend="auto" and eager loops never start a background
+compile). `pytest --all` runs both tiers; an explicit `-m` expression selects by itself (Numba
+stays on unless it excludes `native`). gradtape is imported only after this is decided
+(pytest_configure), so this module must not import it at the top.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ def pytest_configure(config):
         os.environ["GRADTAPE_NUMBA"] = "0"  # read when gradtape is imported: no Numba at all
 
 
+#: markers of the tests plain `pytest` deselects: Numba compiles, and real Dask clusters
+SLOW_TIER = ("native", "cluster")
+
+
 def pytest_collection_modifyitems(config, items):
     if "fuzz" not in (config.getoption("markexpr") or ""):  # long fuzzing: only when named
         fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
@@ -77,10 +81,10 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if item.get_closest_marker("fuzz") is None]
     if config.getoption("all_tiers") or config.getoption("markexpr"):
         return
-    native = [item for item in items if item.get_closest_marker("native") is not None]
-    if native:
-        config.hook.pytest_deselected(items=native)
-        items[:] = [item for item in items if item.get_closest_marker("native") is None]
+    slow = [item for item in items if any(item.get_closest_marker(m) for m in SLOW_TIER)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
 
 
 def pytest_report_header(config):
@@ -487,6 +491,16 @@ def _no_level_left_behind():
 
     yield
     assert current_levels() == [], "a test left a trace level on the stack"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiled_functions():
+    """Each test compiles afresh: `compile` remembers compiled functions by (function,
+    transform, options), and a test counting recordings must not see another test's."""
+    from gradtape.compile import memo
+
+    memo.forget_all()
+    yield
 
 
 def compile_backends() -> tuple:

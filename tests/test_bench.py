@@ -97,7 +97,7 @@ def test_cli_writes_json_markdown_and_png(tmp_path: Path) -> None:
     assert "| 10 | hand_numpy |" in markdown
     assert "Threads: pinned to 1" in markdown
     if importlib.util.find_spec("matplotlib") is None:  # plots are optional, like the extra
-        assert "matplotlib not installed: no plots written" in document["notes"]
+        assert any(n.startswith("matplotlib not installed: no plots") for n in document["notes"])
     else:
         assert (tmp_path / "sum_exp.png").read_bytes().startswith(PNG_SIGNATURE)
 
@@ -247,3 +247,75 @@ def test_import_does_not_load_bench_or_heavy_systems() -> None:
         [sys.executable, "-c", code, *heavy], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["[]", "[]"]
+
+
+QUICK_ARGS = ["bench", "--quick", "--sizes", "10", "--workload", "sum_exp", "--repeat", "1"]
+
+
+def test_json_flag_prints_the_results_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = [*QUICK_ARGS, "--methods", "numpy", "hand_numpy", "--json", "--out", tmp_path]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)  # stdout is the JSON document alone
+    assert document == json.loads((tmp_path / "results.json").read_text())
+    assert {r["method"] for r in document["results"]} == {"numpy", "hand_numpy"}
+    assert document["flags"]["json"] is True
+    assert "Wrote " in captured.err and "[2/2]" in captured.err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plots_are_written_when_peers_are_missing_and_name_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+    monkeypatch.setitem(sys.modules, "jax", None)
+    methods = ["numpy", "hand_numpy", "torch", "jax_jit"]
+    assert main([*QUICK_ARGS, "--methods", *methods, "--out", tmp_path]) == 0
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert set(document["absent"]) == {"torch", "jax_jit"}
+    assert (tmp_path / "sum_exp.png").read_bytes().startswith(PNG_SIGNATURE)
+    from gradtape.bench.report import absent_line
+    from gradtape.bench.runner import BenchRun
+
+    run = BenchRun(TINY, [], [], absent=document["absent"])
+    assert absent_line(run) in (
+        "not run (absent): torch, jax_jit",
+        "not run (absent): jax_jit, torch",
+    )
+
+
+def test_without_matplotlib_the_run_says_why_there_are_no_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    assert main([*QUICK_ARGS, "--methods", "numpy", "--out", tmp_path]) == 0
+    assert not list(tmp_path.glob("*.png"))
+    captured = capsys.readouterr()
+    assert "matplotlib not installed: no plots written" in captured.err
+    assert 'pip install matplotlib, or "gradtape[bench]"' in " ".join(captured.out.split())
+
+
+def test_progress_is_not_buffered_when_redirected(tmp_path: Path) -> None:
+    """Redirected to a pipe, each progress line arrives while the benchmark still runs."""
+    code = "import sys; from gradtape.bench.cli import main; sys.exit(main())"
+    argv = [*QUICK_ARGS, "--sizes", "10", "20", "--methods", "numpy", "hand_numpy"]
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, *argv, "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = process.stderr.readline()
+        still_running = process.poll() is None
+        rest, _ = process.communicate(timeout=240)
+    finally:
+        process.kill()
+    assert first.startswith("[1/4] sum_exp N=10"), first
+    assert still_running, "the first progress line arrived only when the run ended"
+    assert process.returncode == 0
+    assert "sum_exp" in rest

@@ -618,7 +618,8 @@ def test_item_of_an_element_runs_eagerly_with_a_warning():
     with pytest.warns(CompileWarning, match="x.item"):
         np.testing.assert_array_equal(cf(np.array([1.0, -1.0])), [3.0, -3.0])
     np.testing.assert_array_equal(cf(np.array([1.0, 1.0])), [2.0, 2.0])
-    assert cf.stats["eager_calls"] == 2
+    assert cf.stats["calls"] == 2
+    assert cf.stats["recordings"] == 1 and cf.stats["eager_calls"] == 1  # each call once
 
 
 def test_loops_and_custom_rules_through_compile():

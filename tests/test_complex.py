@@ -18,7 +18,6 @@ from hypothesis.extra import numpy as hnp
 import gradtape as gt
 from gradtape.core.primitive import REGISTRY
 from gradtape.core.tracing import bind
-from gradtape.rules._complex import COMPLEX_RULES
 
 try:
     import jax
@@ -465,15 +464,16 @@ def test_contractions():
     check_rule(np.matmul, (m, u), _j("matmul"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rules/linalg.py: np.vdot conjugates its first argument, "
-    "gradtape's vdot is a matmul of the raveled arrays (its value is wrong for "
-    "complex a)",
-)
 def test_vdot_conjugates_its_first_argument():
     u, v = random_complex(3), random_complex(3)
     np.testing.assert_allclose(gt.jvp(np.vdot, (u, v), (u, v))[0], np.vdot(u, v))
+    for f in (
+        lambda u: np.abs(np.vdot(u, v)) ** 2,
+        lambda v: np.real(np.vdot(u, v) * (1 - 2j)),
+    ):
+        assert_close(gt.grad(f)(u), fd_grad(f, u))
+    x = RNG.normal(size=3)
+    assert_close(gt.grad(lambda x: np.imag(np.vdot(u, x * v)))(x), np.imag(np.conj(u) * v))
 
 
 def test_norm_of_complex_values():
@@ -677,6 +677,12 @@ TESTED = set(ELEMENTWISE) | {
 # the linear algebra rules' complex cases (or their own refusals of complex input) are tested
 # in test_linalg.py and test_scipy_linalg.py, against JAX and finite differences
 TESTED_ELSEWHERE = {"dyn_getitem", "dyn_setitem", "dyn_scatter_add", "while_loop"} | {
+    "signal_convolve",  # test_scipy_signal.py
+    "cholesky",
+    "qr",
+    # nondifferentiable with complex results (test_numerical_edges.py)
+    "rint",
+    "stop_gradient",
     "svd",
     "eig",
     "eigh",
@@ -712,9 +718,10 @@ def test_every_primitive_is_tested_or_refuses_complex_values():
     """Declared complex rules are tested; every elementwise rule not declared either is
     rejected by NumPy for complex input or refused by gradtape. Other primitives not declared
     are refused by the interpreters' one check (test_refused_complex_rules_raise)."""
-    assert COMPLEX_RULES <= TESTED | TESTED_ELSEWHERE, "declared but not tested"
+    complex_correct = {name for name, prim in REGISTRY.items() if prim.complex_correct}
+    assert complex_correct <= TESTED | TESTED_ELSEWHERE, "declared but not tested"
     for name, prim in sorted(REGISTRY.items()):
-        if name in COMPLEX_RULES or prim.nondiff or name in REFUSED or prim.partials is None:
+        if name in complex_correct or prim.nondiff or name in REFUSED or prim.partials is None:
             continue
         z = random_complex(3)
         args = (z,) * len(prim.partials)
@@ -773,18 +780,13 @@ def test_custom_rules_take_complex_values():
     assert_close(gt.grad(lambda z: np.sum(np.abs(triple(z)) ** 2))(z), 18 * np.conj(z), 1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: np.sign is a primitive with no derivative; for "
-    "complex z, sign(z) = z / |z| has one, and bind drops it (the fix is a "
-    "complex-aware nondiff in core/tracing.py)",
-)
 def test_sign_of_complex_values_is_refused_or_exact():
     z = random_complex(3)
     f = lambda z: np.sum(np.real(np.sign(z) * (1 + 2j)))  # noqa: E731
     try:
         g = gt.grad(f)(z)
-    except gt.GradtapeError:
+    except gt.GradtapeError as e:
+        assert "sign of complex values" in str(e) and "test_complex.py" in str(e)
         return
     assert_close(g, fd_grad(f, z))
 

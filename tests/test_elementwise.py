@@ -173,16 +173,18 @@ def test_masked_branch_gives_finite_gradient(name, fill):
     np.testing.assert_allclose(g[inside], fd[inside], rtol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: multiply's VJP does not mask a zero "
-    "cotangent times log(0) (as in JAX); use scipy.special.xlogy(p, p)",
-)
 def test_masked_product_with_an_infinite_factor():
     p = np.array([0.0, 0.5, 1.0])
+    f = lambda p: np.sum(np.where(p > 0, p * np.log(p), 0.0))  # noqa: E731
+    expected = [0.0, np.log(0.5) + 1.0, 1.0]
     with np.errstate(all="ignore"):
-        g = gt.grad(lambda p: np.sum(np.where(p > 0, p * np.log(p), 0.0)))(p)
-    assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(gt.grad(f)(p), expected, rtol=1e-14)
+        np.testing.assert_allclose(gt.jvp(f, (p,), (np.array([1.0, 0, 0]),))[1], 0.0)
+        np.testing.assert_allclose(gt.jvp(f, (p,), (np.ones(3),))[1], sum(expected))
+        compiled = gt.compile(gt.grad(f), backend="numpy")
+        np.testing.assert_allclose(compiled(p), expected, rtol=1e-14)
+        # second order: d/dp (log p + 1) = 1/p, and 0 where the branch is masked
+        np.testing.assert_allclose(np.diag(gt.hessian(f)(p)), [0.0, 2.0, 1.0], rtol=1e-14)
 
 
 # --- scipy.special functions written in Python (wrapped by gradtape) -------------------------

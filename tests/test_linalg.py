@@ -392,6 +392,42 @@ def test_cholesky_gradients(seed, n, batch, upper):
     check_gradients(lambda y: np.linalg.cholesky(y @ _mT(y) + n * np.eye(n), upper=upper), b)
 
 
+@SETTINGS
+@given(seed=SEEDS, n=SIZES, batch=st.sampled_from(BATCHES), upper=st.booleans())
+def test_complex_cholesky_gradients(seed, n, batch, upper):
+    """Hermitian input, read from one triangle as NumPy reads it (the imaginary part of the
+    diagonal is not read): vjp and jvp against differences of NumPy's own cholesky."""
+    a = hermitian_spread(np.random.default_rng(seed), batch, n)
+    check_values(lambda x: np.linalg.cholesky(x, upper=upper), a)
+    check_vjp(lambda x: np.linalg.cholesky(x, upper=upper), a)
+
+
+@SETTINGS
+@given(
+    seed=SEEDS,
+    m=SIZES,
+    n=SIZES,
+    batch=st.sampled_from(BATCHES),
+    mode=st.sampled_from(["reduced", "r", "complete"]),
+)
+def test_complex_qr_gradients(seed, m, n, batch, mode):
+    """Q and R of complex matrices (tall, square, wide; R's diagonal is real, which fixes the
+    phase of Q's columns) against differences of NumPy's qr; complete mode of a tall matrix
+    is refused."""
+    a = complex_normal(np.random.default_rng(seed), batch + (m, n))
+
+    def f(x):
+        out = np.linalg.qr(x, mode=mode)
+        return out if mode == "r" else tuple(out)
+
+    if mode == "complete" and m > n:
+        with pytest.raises(gt.GradtapeError, match="complete.*complex"):
+            gt.vjp(f, a)
+        return
+    check_values(f, a)
+    check_vjp(f, a)
+
+
 def _sign_fixed(v):
     return v * np.sign(v[..., :1, :])
 
@@ -555,6 +591,18 @@ PRIMITIVE_CASES = {
     ),
     "eigh complex": (la.eigh_p, lambda r, n, b: ((hermitian_spread(r, b, n),), {"UPLO": "U"})),
     "eig complex": (la.eig_p, lambda r, n, b: ((complex_general_spread(r, b, n),), {})),
+    "cholesky complex": (
+        la.cholesky_p,
+        lambda r, n, b: ((hermitian_spread(r, b, n),), {"upper": False}),
+    ),
+    "cholesky complex upper": (
+        la.cholesky_p,
+        lambda r, n, b: ((hermitian_spread(r, b, n),), {"upper": True}),
+    ),
+    "qr complex": (
+        la.qr_p,
+        lambda r, n, b: ((complex_normal(r, b + (n + 1, n)),), {"complete": False}),
+    ),
     "svd complex": (
         la.svd_p,
         lambda r, n, b: ((spread_singular(r, b, n + 1, n, True),), {"full_matrices": False}),
@@ -1326,6 +1374,46 @@ def test_solve_backward_reuses_the_lu_factors():
     assert "solve" not in names and "inv" not in names
 
 
+def test_stacked_solve_backward_reuses_the_lu_factors():
+    a = well_conditioned(np.random.default_rng(8), (3,), la.STACKED_LU_MIN_SIZE)
+    b = np.ones((la.STACKED_LU_MIN_SIZE, 2))
+    tape = _staged_grad(lambda x, y: np.sum(np.sin(np.linalg.solve(x, y))), a, b)
+    names = [ins.prim.name for ins in tape.instructions]
+    assert names.count("lu_factors") == 1 and names.count("lu_solve") == 2
+    assert "solve" not in names and "inv" not in names
+    with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+        gt.grad(lambda x: np.sum(np.linalg.solve(x, b)))(np.zeros_like(a))
+
+
+@pytest.mark.parametrize(
+    "batch_a, batch_b, k",
+    [((2,), (), 1), ((2,), (2,), 3), ((3, 2), (2,), 2), ((2, 1), (3,), 1), ((), (2,), 2)]
+    + [((2,), (), None), ((3, 1), (), None)],
+)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32])
+def test_solve_of_stacks_through_their_lu_factors(monkeypatch, batch_a, batch_b, k, dtype):
+    """Every batch shape (broadcasting either way) on the stacked LU path, small matrices
+    included (the size threshold lowered), against differences, forward mode and NumPy."""
+    monkeypatch.setattr(la, "STACKED_LU_MIN_SIZE", 1)
+    rng = np.random.default_rng(11)
+    n = 3
+    a = well_conditioned(rng, batch_a, n)
+    b = normal(rng, batch_b + (n,) + (() if k is None else (k,)))
+    if dtype == np.complex128:
+        a = a + 0.3j * well_conditioned(rng, batch_a, n)
+        b = b + 1j * normal(rng, b.shape)
+    a, b = a.astype(dtype), b.astype(dtype)
+    value, _ = gt.vjp(np.linalg.solve, a, b)
+    np.testing.assert_allclose(value, np.linalg.solve(a, b), rtol=1e-5)
+    assert value.dtype == np.linalg.solve(a, b).dtype
+    names = [ins.prim.name for ins in gt.trace(np.linalg.solve, a, b).instructions]
+    assert "lu_solve" in names and "solve" not in names
+    if dtype == np.complex128:
+        check_vjp(np.linalg.solve, a, b)
+    else:
+        check_gradients(np.linalg.solve, a, b)
+
+
 def test_cholesky_backward_is_one_instruction_and_traced_through_when_differentiated():
     """Staged, the backward pass of cholesky is one instruction (its LAPACK path: trmm and
     sygst); differentiated again, it is traced through (triangular solves)."""
@@ -1428,6 +1516,11 @@ def test_gradients_match_jax(jax_modules):
         np.testing.assert_allclose(ours, theirs, rtol=1e-7, atol=1e-9, err_msg=name)
 
 
+def _flat_pair(m, pair):
+    """Two arrays as one vector (m: numpy or jax.numpy)."""
+    return m.concatenate([pair[0].ravel(), pair[1].ravel()])
+
+
 def test_complex_gradients_match_jax(jax_modules):
     """The complex convention is JAX's: compare vjps with complex cotangents."""
     jax, jnp = jax_modules
@@ -1443,6 +1536,15 @@ def test_complex_gradients_match_jax(jax_modules):
         ("svdvals", lambda m: lambda x: m.linalg.svd(x, compute_uv=False), s),
         ("pinv", lambda m: m.linalg.pinv, s),
         ("solve", lambda m: lambda x: m.linalg.solve(x, a[:, 0]), a),
+        ("qr", lambda m: lambda x: _flat_pair(m, m.linalg.qr(x)), s),
+        ("qr wide", lambda m: lambda x: _flat_pair(m, m.linalg.qr(x.T)), s),
+        # through a Hermitian parametrization: JAX symmetrizes, NumPy reads one triangle
+        ("cholesky", lambda m: lambda x: m.linalg.cholesky(x @ x.conj().T + 3 * m.eye(3)), a),
+        (
+            "cholesky upper",
+            lambda m: lambda x: m.linalg.cholesky(x @ x.conj().T + 3 * m.eye(3), upper=True),
+            a,
+        ),
     ]
     for name, f, x in cases:
         out, vjp_fn = gt.vjp(f(np), x)

@@ -683,3 +683,19 @@ def test_kernel_texts_name_the_runtime_they_inline():
     x = np.linspace(0.0, 1.0, 5)
     cf(x)
     assert numba_codegen._runtime_digest() in lowered(cf, x).native.module_text
+
+
+def test_the_wrapper_calls_numpys_own_constructors_not_the_dispatchers():
+    from gradtape.compile.numba.wrapper import runtime_functions
+
+    functions = runtime_functions()
+    for name, numpy_function in [
+        ("array", np.array),
+        ("asarray", np.asarray),
+        ("ascontiguous", np.ascontiguousarray),
+        ("empty", np.empty),
+    ]:
+        bound = functions[name]
+        assert not hasattr(bound, "__gradtape_original__")
+        assert bound is getattr(numpy_function, "__gradtape_original__", numpy_function)
+    assert hasattr(np.array, "__gradtape_original__")  # gradtape patched it: the test means it

@@ -335,15 +335,21 @@ def test_index_guards_recorded_as_0d_arrays_are_python_answers():
     assert check.kind == "index" and type(check.answer) is int and check.answer == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: np.nonzero under compile/trace records one value holding a tuple (shape "
-    "(ndim, n)), so x[np.nonzero(m)] has shape (1, n) and 2-d masks index wrongly",
-)
 def test_indexing_with_nonzero_under_compile():
     x = np.array([[0.1, 0.9], [0.7, 0.2]])
     cf = gt.compile(lambda x: x[np.nonzero(x > 0.5)] * 2.0, backend="numpy")
     np.testing.assert_array_equal(cf(x), [1.8, 1.4])
+    np.testing.assert_array_equal(cf(x), [1.8, 1.4])  # replayed
+    more = np.array([[0.6, 0.9], [0.7, 0.2]])
+    np.testing.assert_array_equal(cf(more), [1.2, 1.8, 1.4])  # another shape: a new variant
+    tape = gt.trace(lambda x: x[np.nonzero(x > 0.5)], x)
+    assert "c:i64[2] d:i64[2] = nonzero b" in str(tape)
+    # one axis: a tuple of one index array, unpacked as such on replay
+    one = gt.compile(lambda v: v[v.nonzero()] * 2.0, backend="numpy")
+    for v in (np.array([0.0, 1.0, 2.0]), np.array([0.0, 1.0, 2.0])):
+        np.testing.assert_array_equal(one(v), [2.0, 4.0])
+    grad = gt.compile(gt.grad(lambda x: np.sum(x[np.nonzero(x > 0.5)] ** 2)), backend="numpy")
+    np.testing.assert_array_equal(grad(more), np.where(more > 0.5, 2 * more, 0.0))
 
 
 # --- what a replay cannot check --------------------------------------------------------------
@@ -398,3 +404,15 @@ def test_outputs_describe_their_leaves():
     prog, _ = compiled(lambda x: (np.sum(x), x * 2.0), X)
     assert prog.out_is_flat_tuple
     assert [leaf.scalar for leaf in prog.outputs] == [True, False]
+
+
+def test_a_complex_product_with_one_is_not_folded():
+    """NumPy computes (inf + 1j) * 1 as a full complex product: inf + nanj; the fold of a
+    multiplication by one keeps real values only."""
+    z = np.array([complex(np.inf, 1.0), complex(1.0, np.inf), 1 + 2j])
+    for f in (lambda z: z * 1.0, lambda z: (1 + 0j) * z, lambda z: z * np.ones(3)):
+        with np.errstate(invalid="ignore"):
+            expected = f(z)
+            np.testing.assert_array_equal(gt.compile(f, backend="numpy")(z), expected)
+    prog, _ = compiled(lambda x: x * 1.0, X)
+    assert not prog.instructions  # real values: still folded

@@ -383,7 +383,8 @@ def test_second_derivatives_of_a_scan_are_loops_under_compile():
     ):
         compiled = gt.compile(transform, backend="numpy")
         _same(compiled(a), expected, rtol=1e-9)
-        assert len(compiled.tape(a).instructions) < 60  # not one group per step
+        # not one group per step (40 steps unrolled would be hundreds of instructions)
+        assert len(compiled.tape(a).instructions) < 80
 
 
 def test_compiled_derivatives_of_a_while_loop_follow_the_trip_count():

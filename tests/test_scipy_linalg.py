@@ -21,6 +21,8 @@ from test_linalg import (
     central_jvp,
     check_gradients,
     check_values,
+    check_vjp,
+    hermitian_spread,
     normal,
     spd,
     well_conditioned,
@@ -370,8 +372,15 @@ def test_complex_expm_follows_jax_convention():
 def test_matrix_function_refusals_are_clear():
     with pytest.raises(gt.GradtapeError, match="complex"):
         gt.grad(lambda x: np.sum(sl.sqrtm(x)))(-np.eye(2) + 0.1)
-    with pytest.raises(gt.GradtapeError, match="complex"):
-        gt.grad(lambda x: np.sum(sl.cholesky(x)))(np.eye(2) + 0j)
+    with pytest.raises(gt.GradtapeError, match="scipy.linalg.cho_factor.*complex"):
+        gt.vjp(lambda x: sl.cho_factor(x)[0], np.eye(2) + 0j)
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_complex_cholesky_reads_the_triangle_scipy_reads(lower):
+    a = hermitian_spread(np.random.default_rng(4), (), 3)
+    check_values(lambda x: sl.cholesky(x, lower=lower), a)
+    check_vjp(lambda x: sl.cholesky(x, lower=lower), a)
 
 
 # --- matrix equations -----------------------------------------------------------------------------

@@ -88,3 +88,17 @@ def test_gaussian_process_marginal_likelihood():
     )
     res = so.minimize(neg_log_marginal, p, jac=gt.grad(neg_log_marginal), method="L-BFGS-B")
     assert res.fun < neg_log_marginal(p)
+
+
+def test_odeint_is_refused_naming_the_users_line():
+    t = np.linspace(0.0, 1.0, 3)
+
+    def final_state(y0):
+        return np.sum(si.odeint(lambda y, s: -y, y0, t))  # the integration a user writes
+
+    with pytest.raises(gt.GradtapeError, match="scipy.integrate.odeint") as info:
+        gt.grad(final_state)(np.ones(2))
+    message = str(info.value)
+    assert "test_scipy_real_code.py:" in message and "the integration a user writes" in message
+    assert "fori_loop" in message
+    np.testing.assert_allclose(final_state(np.ones(2)), 2 * np.sum(np.exp(-t)), rtol=1e-6)

@@ -8,6 +8,7 @@ complex step in test_elementwise.py (the domains are in conftest.py).
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -76,7 +77,7 @@ NEW_UFUNCS = [
 
 
 def _args(data, name, dtype=np.float64):
-    domain = DOMAINS[name]
+    domain = DOMAINS["psi" if name == "digamma" else name]
     shapes = data.draw(
         st.sampled_from(
             UNARY_SHAPES
@@ -339,6 +340,49 @@ def test_arguments_without_a_derivative_are_refused(case, mode):
     assert np.isfinite(gt.grad(lambda z: sp.jv(2.5, z))(1.5))
 
 
+def _bessel_of_sine(order, x):
+    y = np.sin(x)
+    return np.sum(sp.jv(order, y))  # the line a refusal names
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f, v, x: gt.grad(f, argnums=(0, 1))(v, x),
+        lambda f, v, x: gt.jvp(f, (v, x), (np.ones_like(v), np.ones_like(x))),
+        lambda f, v, x: gt.compile(gt.grad(f, argnums=(0, 1)), backend="numpy")(v, x),
+        lambda f, v, x: gt.grad(lambda v, x: gt.grad(f, argnums=(0, 1))(v, x)[1].sum())(v, x),
+    ],
+    ids=["grad", "jvp", "compiled grad", "grad of grad"],
+)
+def test_a_refusal_in_the_derivative_names_the_users_line(transform):
+    v, x = np.array([1.0, 2.0]), np.array([0.3, 0.4])
+    with pytest.raises(gt.GradtapeError) as info:
+        transform(_bessel_of_sine, v, x)
+    message = str(info.value)
+    assert "order" in message
+    assert "test_scipy_special.py:" in message
+    assert "np.sum(sp.jv(order, y))  # the line a refusal names" in message
+    assert message.count("recorded at") == 1
+    assert current_levels() == []
+
+
+def test_an_error_of_another_type_in_a_rule_gets_the_line_as_a_note(monkeypatch):
+    from gradtape.rules.linalg import inv_p
+
+    def f(a):
+        return np.sum(np.linalg.inv(a))  # inv's derivative meets an error
+
+    def failing_rule(g, ans, a):
+        raise ValueError("a failing rule")
+
+    monkeypatch.setattr(inv_p, "vjps", (failing_rule,))
+    with pytest.raises(ValueError, match="a failing rule") as info:
+        gt.grad(f)(np.eye(2) * 2.0)
+    if sys.version_info >= (3, 11):  # exception notes
+        assert any("inv's derivative meets an error" in note for note in info.value.__notes__)
+
+
 def test_gammasgn_has_zero_derivative_and_compiles():
     f = gt.compile(gt.grad(lambda x: np.sum(sp.gammasgn(x) * x)))
     np.testing.assert_array_equal(f(np.array([-1.5, 2.0])), [1.0, 1.0])
@@ -360,3 +404,86 @@ def test_compiled_matches_eager():
             np.testing.assert_allclose(g, ge, rtol=1e-10)
     fd = central_difference_grad(f, [x], 0)
     np.testing.assert_allclose(gt.grad(f)(x), fd, rtol=1e-6)
+
+
+# --- native scalar forms: the numba backend computes these in its fused loops ------------------
+_EDGES = [0.0, -0.0, 1.0, -1.0, -2.0, 0.5, 0.3, 0.65, np.inf, -np.inf, np.nan, 1e-300, -1e-300]
+_EDGES += [5e-324, 1e300, -1e300, 1.4616321449683622, -2.5, 10.0, -37.0, -38.5, -40.0]
+NATIVE_SPECIAL = {  # name: (function, the interval of its random sample per argument)
+    "digamma": (sp.psi, [(-30.0, 30.0)]),
+    "log_ndtr": (sp.log_ndtr, [(-60.0, 12.0)]),
+    "logit": (sp.logit, [(0.0, 1.0)]),
+    "entr": (sp.entr, [(-1.0, 5.0)]),
+    "xlog1py": (sp.xlog1py, [(-2.0, 5.0), (-1.0, 5.0)]),
+    "rel_entr": (sp.rel_entr, [(-1.0, 5.0), (-1.0, 5.0)]),
+    "kl_div": (sp.kl_div, [(-1.0, 5.0), (-1.0, 5.0)]),
+    "huber": (sp.huber, [(-1.0, 3.0), (-5.0, 5.0)]),
+    "pseudo_huber": (sp.pseudo_huber, [(-1.0, 3.0), (-5.0, 5.0)]),
+}
+
+
+def _native_samples(intervals, dtype):
+    """A random sample of each argument's interval, then the edge values (every pair of them
+    for two arguments); for float32, the edges float32 represents (no overflow to inf)."""
+    rng = np.random.default_rng(7)
+    edges = np.array(_EDGES)
+    if dtype == np.float32:
+        finfo = np.finfo(np.float32)
+        magnitude = np.abs(edges)
+        edges = edges[
+            ~np.isfinite(edges)
+            | (edges == 0)
+            | ((magnitude < finfo.max) & (magnitude > finfo.tiny))
+        ]
+    samples = [rng.uniform(lo, hi, 4000) for lo, hi in intervals]
+    if len(intervals) == 1:
+        return [np.concatenate([samples[0], edges]).astype(dtype)]
+    pairs = np.meshgrid(edges, edges)
+    return [np.concatenate([s, e.ravel()]).astype(dtype) for s, e in zip(samples, pairs)]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", NATIVE_SPECIAL)
+def test_native_forms_compute_scipys_values(name, dtype):
+    from gradtape.compile.numba.backend import lowered
+    from gradtape.compile.numba.fusion import PYTHON
+
+    function, intervals = NATIVE_SPECIAL[name]
+    args = _native_samples(intervals, dtype)
+    compiled = gt.compile(lambda *a: function(*a) * 1.0, backend="numba")
+    with np.errstate(all="ignore"):
+        ours, expected = compiled(*args), function(*args)
+    low = lowered(compiled, *args)
+    assert low.tier == "native", name
+    assert all(stage.kind != PYTHON for stage in low.generated.plan.stages), name
+    assert ours.dtype == expected.dtype
+    same = (ours == expected) | (np.isnan(ours) & np.isnan(expected))
+    scale = np.maximum(1.0, np.abs(expected))
+    rtol = 1e-13 if dtype == np.float64 else 1e-6
+    with np.errstate(invalid="ignore"):
+        close = np.abs(ours.astype(float) - expected) <= rtol * scale
+    assert np.all(same | close), list(zip(*(a[~(same | close)][:5] for a in args)))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", NATIVE_SPECIAL)
+def test_native_forms_differentiate_like_the_numpy_backend(name):
+    from gradtape.compile.numba.backend import lowered
+
+    function = NATIVE_SPECIAL[name][0]
+    domain = DOMAINS["psi" if name == "digamma" else name]
+    rng = np.random.default_rng(3)
+    args = [rng.uniform(*intervals[0], 40) for intervals in domain.args]
+
+    def loss(*a):
+        return np.sum(function(*a) * weights_like((40,), np.float64))
+
+    argnums = tuple(range(len(args)))
+    native = gt.compile(gt.value_and_grad(loss, argnums=argnums), backend="numba")
+    value, grads = native(*args)
+    reference_value, reference_grads = gt.value_and_grad(loss, argnums=argnums)(*args)
+    np.testing.assert_allclose(value, reference_value, rtol=1e-13)
+    for g, r in zip(grads, reference_grads):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-14)
+    assert lowered(native, *args).tier == "native"

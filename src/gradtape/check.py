@@ -12,7 +12,31 @@ from .core.pytree import tree_flatten, tree_unflatten
 
 @dataclass
 class GradCheck:
-    """The worst errors of gradtape's gradient against each numerical reference."""
+    """The worst errors of gradtape's gradient against each numerical reference (`check_grad`).
+
+    Attributes
+    ----------
+    max_error_fd : float
+        The worst relative error against central differences.
+    max_error_cs : float or None
+        The worst relative error against the complex step; None where `f` rejects complex input.
+    tolerance : float
+        The relative error that passes.
+    gradient : array or pytree
+        gradtape's gradient.
+    fd_gradient : array or pytree
+        The central-difference gradient.
+    ok : bool
+        Whether either reference agrees within `tolerance` (also the object's truth value).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> result = gt.check_grad(lambda x: np.sum(x**2), np.array([1.0, 2.0]))
+    >>> result.ok, result.max_error_cs
+    (True, 0.0)
+    """
 
     max_error_fd: float
     max_error_cs: float | None  # None where the function does not accept complex input
@@ -51,6 +75,37 @@ def check_grad(
 
     Complex step (exact to rounding) is used where f accepts complex input; central
     differences always. The check passes when either reference agrees within `tolerance`.
+
+    Parameters
+    ----------
+    f : callable
+        A scalar function of `*args`.
+    *args
+        The point at which to check.
+    argnums : int, default 0
+        The argument to differentiate.
+    eps : float, optional
+        The central-difference step (default: about eps^(1/3) times each element's scale).
+    tolerance : float, optional
+        The relative error that passes (default 1e-5; larger for float32 arguments).
+
+    Returns
+    -------
+    GradCheck
+        Truthy when the check passes; prints the worst errors.
+
+    Raises
+    ------
+    GradtapeError
+        When gradtape cannot differentiate `f`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> result = gt.check_grad(lambda x: np.sum(np.exp(x)), np.array([1.0, 2.0]))
+    >>> bool(result)
+    True
     """
     from .transforms.reverse import grad
 

@@ -10,6 +10,14 @@
   recently used entries first).
 * `GRADTAPE_CACHE_MAX_AGE_DAYS` (default 30): cache entries unused for this long are pruned.
 * `GRADTAPE_MALLOC_TUNE` (default on): `0` leaves glibc's allocator thresholds alone.
+* `GRADTAPE_MAX_SIGNATURES` (default 64): call signatures one compiled function keeps (least
+  recently used dropped first, with their variants, generated code and buffers).
+* `GRADTAPE_MAX_KERNELS` (default 256): native kernel modules kept in memory for sharing
+  between variants (least recently used dropped first; variants still using one keep it).
+* `GRADTAPE_MAX_COMPILED` (default 256): compiled functions `compile` remembers, so that
+  `compile(value_and_grad(f))` written again returns the one already built.
+* `GRADTAPE_BUFFER_SETS` (default 4): sets of preallocated buffers a numpy-backend variant
+  keeps between calls (one per thread calling it at once; more are allocated and freed).
 * `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
   import; `np.asarray` on a traced value then raises instead of passing it through).
 
@@ -31,9 +39,17 @@ CACHE_MAX_MB = "GRADTAPE_CACHE_MAX_MB"
 CACHE_MAX_AGE_DAYS = "GRADTAPE_CACHE_MAX_AGE_DAYS"
 MALLOC_TUNE = "GRADTAPE_MALLOC_TUNE"
 PATCH_NUMPY = "GRADTAPE_PATCH_NUMPY"
+MAX_SIGNATURES = "GRADTAPE_MAX_SIGNATURES"
+MAX_KERNELS = "GRADTAPE_MAX_KERNELS"
+MAX_COMPILED = "GRADTAPE_MAX_COMPILED"
+BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
+DEFAULT_MAX_SIGNATURES = 64
+DEFAULT_MAX_KERNELS = 256
+DEFAULT_MAX_COMPILED = 256
+DEFAULT_BUFFER_SETS = 4
 
 # name -> (default, meaning), in the order of the list above
 SETTINGS: dict[str, tuple[str, str]] = {
@@ -49,6 +65,22 @@ SETTINGS: dict[str, tuple[str, str]] = {
         "cache entries unused for this many days are pruned",
     ),
     MALLOC_TUNE: ("1", "0: leave glibc's allocator thresholds alone"),
+    MAX_SIGNATURES: (
+        str(DEFAULT_MAX_SIGNATURES),
+        "call signatures one compiled function keeps (least recently used dropped)",
+    ),
+    MAX_KERNELS: (
+        str(DEFAULT_MAX_KERNELS),
+        "native kernel modules kept in memory for sharing (least recently used dropped)",
+    ),
+    MAX_COMPILED: (
+        str(DEFAULT_MAX_COMPILED),
+        "compiled functions compile() remembers by (function, transform, options)",
+    ),
+    BUFFER_SETS: (
+        str(DEFAULT_BUFFER_SETS),
+        "sets of preallocated buffers a numpy-backend variant keeps between calls",
+    ),
     PATCH_NUMPY: (
         "1",
         "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
@@ -109,6 +141,43 @@ def patch_numpy() -> bool:
     """GRADTAPE_PATCH_NUMPY: whether NumPy's array constructors (np.asarray & co.) are replaced
     by dispatchers that pass traced values through (default: yes); `0` leaves NumPy alone."""
     return os.environ.get(PATCH_NUMPY) != "0"
+
+
+def max_signatures() -> int:
+    """GRADTAPE_MAX_SIGNATURES: how many call signatures one compiled function keeps (default
+    64); a new one beyond that drops the least recently used (it is recorded again if it
+    comes back). Read when the compiled function is created."""
+    return _count(MAX_SIGNATURES, DEFAULT_MAX_SIGNATURES)
+
+
+def max_kernels() -> int:
+    """GRADTAPE_MAX_KERNELS: how many native kernel modules stay in memory for variants to
+    share (default 256, least recently used dropped first)."""
+    return _count(MAX_KERNELS, DEFAULT_MAX_KERNELS)
+
+
+def max_compiled() -> int:
+    """GRADTAPE_MAX_COMPILED: how many compiled functions `compile` remembers by (function,
+    transform, options) (default 256, least recently used dropped first)."""
+    return _count(MAX_COMPILED, DEFAULT_MAX_COMPILED)
+
+
+def buffer_sets() -> int:
+    """GRADTAPE_BUFFER_SETS: sets of preallocated buffers a numpy-backend variant keeps
+    between calls (default 4: threads calling it at once beyond that allocate their own)."""
+    return _count(BUFFER_SETS, DEFAULT_BUFFER_SETS)
+
+
+def _count(name: str, default: int) -> int:
+    """A positive whole number (at least 1): a value that is not warns once; default used."""
+    value = _number(name, default)
+    if value != int(value) or value < 1:
+        message = f"gradtape: {name}={value!r} is not a whole number of at least 1; using {default}"
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return default
+    return int(value)
 
 
 def _number(name: str, default: float) -> float:

@@ -7,13 +7,14 @@ benchmark methods on first use, after ``pin_threads`` has set their thread envir
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradtape.bench import display
+from gradtape.bench import display, sampling, scaling
 from gradtape.bench.environment import (
     machine,
     now_utc,
@@ -22,7 +23,14 @@ from gradtape.bench.environment import (
     versions,
 )
 from gradtape.bench.methods import METHODS, select_methods
-from gradtape.bench.report import RunContext, build_tables, header_lines, write_outputs
+from gradtape.bench.report import (
+    NO_MATPLOTLIB,
+    RunContext,
+    build_tables,
+    header_lines,
+    results_document,
+    write_outputs,
+)
 from gradtape.bench.runner import RunConfig, count_steps, run_benchmark
 from gradtape.bench.workloads import PLANNED_WORKLOADS, WORKLOADS, select_workloads
 
@@ -88,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"timing samples per measurement (default: {QUICK_REPEAT} "
         f"with --quick, else {FULL_REPEAT})",
     )
+    bench.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results document (what results.json holds) to stdout instead of the "
+        "tables, for CI dashboards; progress stays on stderr",
+    )
+    sampling.add_arguments(bench)
     bench.set_defaults(handler=run_bench_command)
     cache = commands.add_parser(
         "cache",
@@ -97,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument("--clear", action="store_true", help="remove every cached kernel")
     cache.set_defaults(handler=run_cache_command)
+    scaling.add_parser(commands)
     return parser
 
 
@@ -116,6 +132,8 @@ def run_cache_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``gradtape bench``: pin threads, run, write the files, print the tables."""
+    if args.sampling:
+        return sampling.run(args)
     threads = pin_threads()
     date, started = now_utc(), time.perf_counter()
     requested = args.workloads or []
@@ -135,7 +153,10 @@ def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         budget_s=QUICK_BUDGET_S if args.quick else FULL_BUDGET_S,
     )
     use_rich = display.rich_available()
-    with display.progress_display(count_steps(workloads, methods, config), use_rich) as sink:
+    # rich draws its progress bar only on a terminal: redirected, plain lines show progress
+    live_progress = use_rich and sys.stderr.isatty()
+    total = count_steps(workloads, methods, config)
+    with display.progress_display(total, live_progress) as sink:
         run = run_benchmark(workloads, methods, config, sink)
     threads["after_run"] = runtime_thread_counts()
     # the output directory is this machine's path: the recorded results name it by its role
@@ -154,19 +175,30 @@ def run_bench_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         wall_time_s=time.perf_counter() - started,
     )
     paths = write_outputs(run, context, args.out)
-    display.print_report(header_lines(run, context), build_tables(run), use_rich)
-    print(f"\nWrote {', '.join(str(p) for p in paths)}")
+    if args.json:
+        print(json.dumps(results_document(run, context), indent=1, allow_nan=False))
+    else:
+        display.print_report(header_lines(run, context), build_tables(run), use_rich)
+    if NO_MATPLOTLIB in run.notes:
+        print(NO_MATPLOTLIB, file=sys.stderr)
+    print(
+        f"\nWrote {', '.join(str(p) for p in paths)}", file=sys.stderr if args.json else sys.stdout
+    )
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gradtape`` script; ``argv`` defaults to ``sys.argv[1:]``."""
+    for stream in (sys.stdout, sys.stderr):  # lines appear as they are printed, also redirected
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
     argv = [str(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)
     return args.handler(args, argv)
 
 
-def _without_out_dir(argv: list[str]) -> list[str]:
+def _without_out_dir(argv: Sequence[str]) -> list[str]:
     """The command line with the --out directory replaced by OUT_DIR (no machine paths)."""
     out, skip = [], False
     for a in argv:

@@ -84,7 +84,8 @@ def build_tables(run: BenchRun) -> list[Table]:
     tables = []
     for workload in run.workloads:
         table = Table(workload.name, f"{workload.name}: {workload.description}")
-        best_peers, skipped = [], {}
+        best_peers: list[str] = []
+        skipped: dict[str, list[str]] = {}
         for size in run.sizes_of(workload.name):
             row = [m for m in run.measurements if m.workload == workload.name and m.size == size]
             shown = [m for m in row if m.status not in (ABSENT, SKIPPED)]
@@ -211,14 +212,30 @@ def results_document(run: BenchRun, context: RunContext) -> dict[str, Any]:
     }
 
 
+NO_MATPLOTLIB = (
+    'matplotlib not installed: no plots written (pip install matplotlib, or "gradtape[bench]")'
+)
+
+
+def absent_line(run: BenchRun) -> str:
+    """'not run (absent): jax_jit, torch', or '' when every method ran."""
+    return f"not run (absent): {', '.join(run.absent)}" if run.absent else ""
+
+
 def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
-    """One log-log PNG per workload (time vs N, a line per method); none if no matplotlib."""
+    """One log-log PNG per workload (time vs N, a line per method); none if no matplotlib.
+
+    Written whatever methods ran: a plot names the methods that were absent (a peer that is
+    not installed) below its axes, so a plot without JAX's line says why. Without matplotlib
+    the run's notes say that no plots were written and how to get them.
+    """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        run.notes.append("matplotlib not installed: no plots written")
+        run.notes.append(NO_MATPLOTLIB)
         return []
+    missing = absent_line(run)
     markers = "os^vD<>pP*Xh"
     colors = [*(f"C{i}" for i in range(10)), "navy", "maroon"]
     written = []
@@ -250,6 +267,8 @@ def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
             ylabel="median time per call [s]",
         )
         axes.grid(True, which="both", alpha=0.3)
+        if missing:
+            figure.text(0.01, 0.005, missing, fontsize="x-small", va="bottom", wrap=True)
         if axes.lines:
             axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
         path = out_dir / f"{workload.name}.png"

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+import gradtape
 from gradtape.bench.methods import Absent, Method, PreparedCall, ValueAndGrad
 from gradtape.bench.workloads import Problem, Workload
 
@@ -198,15 +199,14 @@ def measure(
     return result
 
 
+SETTLE_CALLS = 5  # calls before waiting: eager loops request native drivers after a few
+
+
 def _settle(call: PreparedCall) -> None:
     """A few more calls, then wait for kernels and loop drivers compiling in the background."""
-    from gradtape.compile.numba import backend as numba_backend
-    from gradtape.control.loops import EAGER_NATIVE_AFTER
-
-    for _ in range(EAGER_NATIVE_AFTER):
+    for _ in range(SETTLE_CALLS):
         call()
-    if numba_backend.available():
-        numba_backend.wait_for_kernels(120)
+    gradtape.wait_for_native(120)
     call()  # the first call that runs what was compiled
 
 

@@ -630,3 +630,68 @@ def select_workloads(names: Sequence[str] | None) -> list[Workload]:
     if unknown:
         raise KeyError(", ".join(unknown))
     return [w for w in WORKLOADS.values() if w.name in names]
+
+
+# =============================================================================================
+# Batched workloads (vmap): a per-example transform over a batch, timed by
+# ``python -m gradtape.bench.transforms``. Each is a function of one example written against
+# ``xp``, the transform applied per example, and the arguments: gradtape runs
+# ``compile(vmap(transform(f)))``, JAX ``jit(vmap(transform(f)))``, and a Python loop of the
+# un-batched gradtape transform is the baseline vmap replaces. Every method's result is
+# checked against the loop's before it is timed.
+# =============================================================================================
+@dataclasses.dataclass(frozen=True)
+class BatchedWorkload:
+    """One batched benchmark: ``transform`` ("grad" or "hessian") of ``body(xp, *args)`` per
+    example, mapped over the arguments with ``in_axes``."""
+
+    name: str
+    description: str
+    body: Callable[..., Any]
+    transform: str
+    in_axes: tuple[int | None, ...]
+    make_args: Callable[[np.random.Generator], tuple[np.ndarray, ...]]
+
+
+def logistic_loss(xp: Any, w: Any, x: Any, y: Any) -> Any:
+    """The logistic loss of one example (x, y) at weights w."""
+    return xp.log1p(xp.exp(-y * (x @ w)))
+
+
+def logistic_batch(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    n, d = 1_000, 20
+    x = rng.standard_normal((n, d))
+    return 0.1 * rng.standard_normal(d), x, np.sign(rng.standard_normal(n))
+
+
+def softplus_quadratic(xp: Any, x: Any) -> Any:
+    """A smooth non-separable scalar function of a short vector (its Hessian is dense)."""
+    return xp.sum(xp.log1p(xp.exp(x))) + 0.5 * xp.sum(x * x) * xp.sum(xp.sin(x))
+
+
+def hessian_batch(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return (rng.standard_normal((1_000, 5)),)
+
+
+BATCHED_WORKLOADS: dict[str, BatchedWorkload] = {
+    w.name: w
+    for w in (
+        BatchedWorkload(
+            "per_example_grad",
+            "per-example gradients of the logistic loss, 1000 examples x 20 features "
+            "(vmap(grad(loss), in_axes=(None, 0, 0)))",
+            logistic_loss,
+            "grad",
+            (None, 0, 0),
+            logistic_batch,
+        ),
+        BatchedWorkload(
+            "batched_hessian",
+            "Hessians of a dense 5-dimensional function at 1000 points (vmap(hessian(f)))",
+            softplus_quadratic,
+            "hessian",
+            (0,),
+            hessian_batch,
+        ),
+    )
+}

@@ -15,6 +15,7 @@ re-recording is reported once and then runs eagerly on paths not yet recorded.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 import warnings
@@ -24,12 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..core import tracing as trace
 from ..core.errors import GradtapeError, GuardFailure
 from ..core.ir import Tape, Var
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 from ..transforms.arguments import compile_leaf_message, user_line
+from .memo import remembered
+from .numba.export import NativeHandle
 from .program import (
     Program,
     answer_key,
@@ -71,6 +75,8 @@ def resolve_backend(name: str) -> Callable[[Program], Any]:
             if candidate in BACKENDS:
                 return BACKENDS[candidate]
     lower = BACKENDS.get(name)
+    if lower is None and name == "numba":
+        raise _numba_unavailable()
     if lower is None:
         raise ValueError(
             f"compile: unknown backend {name!r}; available: {', '.join(['auto', *BACKENDS])}"
@@ -78,8 +84,41 @@ def resolve_backend(name: str) -> Callable[[Program], Any]:
     return lower
 
 
+def _numba_unavailable() -> ImportError:
+    """The error for backend="numba" where it is not registered: Numba is not installed (the
+    command that installs it), or GRADTAPE_NUMBA turned the backend off."""
+    import importlib.util
+
+    from .. import config
+
+    if not config.numba_enabled():
+        return ImportError(
+            'compile: backend="numba" is turned off by GRADTAPE_NUMBA=0 in the environment; '
+            'unset it, or use backend="numpy" (or "auto")'
+        )
+    if importlib.util.find_spec("numba") is None:
+        return ImportError(
+            'compile: backend="numba" needs Numba, which is not installed; install it with '
+            '`pip install "gradtape[numba]"` (or `pip install numba`), or use '
+            'backend="numpy" (or "auto", which uses Numba when it is installed)'
+        )
+    return ImportError('compile: backend="numba" is not available in this process')
+
+
 class CompileWarning(UserWarning):
-    """A compiled function could not stay compiled (it keeps taking new paths, ...)."""
+    """A compiled function could not stay compiled (it keeps taking new paths, ...).
+
+    Emitted when a signature exceeds `max_variants` or a function cannot be replayed (it reads
+    random numbers or global state through traced values); the calls then run the function
+    eagerly, with the same results.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import gradtape as gt
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", gt.CompileWarning)  # make it an error in tests
+    """
 
 
 # --- signatures -----------------------------------------------------------------------------
@@ -164,6 +203,8 @@ def _render(td, types) -> str:
     inner = [_render(c, types) for c in td.children]
     if td.kind == "dict":
         return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(td.meta, inner)) + "}"
+    if td.kind == "custom":
+        return f"{td.meta[0].__name__}(" + ", ".join(inner) + ")"
     text = ", ".join(inner)
     return f"[{text}]" if td.kind == "list" else f"({text}{',' if len(inner) == 1 else ''})"
 
@@ -195,7 +236,7 @@ class _Variant:
 class _Signature:
     """The variants recorded for one signature, and the tree that selects among them."""
 
-    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason")
+    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason", "used")
 
     def __init__(self, label: str):
         self.label = label
@@ -204,6 +245,7 @@ class _Signature:
         self.hot: _Variant | None = None
         self.stats = SignatureStats()
         self.eager_reason: str | None = None
+        self.used = next(_clock)  # when last dispatched to: the least recent is dropped
 
     def add(self, variant: _Variant) -> _Variant:
         for v in self.variants:
@@ -215,6 +257,9 @@ class _Signature:
             self.by_prefix.setdefault(path[:i], variant)
         self.stats.variants = len(self.variants)
         return variant
+
+
+_clock = itertools.count()  # (next() on it is atomic: threads need no lock)
 
 
 class _CallInfo:
@@ -232,7 +277,25 @@ class _CallInfo:
 
 # --- the compiled function ---------------------------------------------------------------------
 class CompiledFunction:
-    """`compile(f)`: records `f` once per signature and replays the lowered code."""
+    """What `compile(f)` returns: records `f` once per signature and replays the lowered code.
+
+    Call it as `f` (with `out=` to write into given arrays). `source(*args)` is the generated
+    code for those arguments' signature, `tape(*args)` and `tapes(*args)` the recorded tapes
+    with their guards, `stats` the counts of calls, recordings and variants. It pickles when
+    `f` does (the variants are recorded again in the new process).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def f(x):
+    ...     return np.sum(np.exp(x))
+    >>> cf = gt.compile(f, backend="numpy")
+    >>> float(cf(np.zeros(3)))
+    3.0
+    >>> "exp" in cf.source(np.zeros(3))
+    True
+    """
 
     def __init__(
         self,
@@ -254,6 +317,9 @@ class CompiledFunction:
         self._fun = fun
         self._backend_name = backend
         self._lower = resolve_backend(backend)
+        prepare = getattr(self._lower, "prepare", None)
+        if prepare is not None:  # the backend starts what it needs (Numba's import) now
+            prepare()
         self._static = tuple(
             sorted(
                 {
@@ -270,7 +336,10 @@ class CompiledFunction:
             (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         )
         self._max_variants = int(max_variants)
+        # at most _max_signatures, least recently used dropped first (GRADTAPE_MAX_SIGNATURES)
         self._signatures: dict = {}
+        self._max_signatures = config.max_signatures()
+        self._dropped = SignatureStats()  # the counters of dropped signatures
         self._lock = threading.Lock()
         self._warned = False
         self._last: tuple = (None,) * 5  # the hot path's signature; see _make_hot
@@ -307,6 +376,7 @@ class CompiledFunction:
         variant = None if sig is None else sig.hot
         if variant is None:
             return self._dispatch(self._call_info(args, kwargs), out)[0]
+        sig.used = next(_clock)
         try:
             if out is None:
                 result = variant.run(*args, None)
@@ -348,6 +418,7 @@ class CompiledFunction:
         sig = self._signatures.get(info.key)
         if sig is None:
             return self._record_and_run(None, info, out, None)
+        sig.used = next(_clock)
         stats = sig.stats
         variant, failure = sig.hot, None
         if failed is not None:
@@ -389,6 +460,7 @@ class CompiledFunction:
                 sig = self._signatures.get(info.key)
                 if sig is None:
                     sig = self._signatures[info.key] = _Signature(self._label(info))
+                    self._drop_least_recent()
             sig.stats.recordings += 1
             if reason is not None:
                 sig.eager_reason = reason
@@ -396,8 +468,7 @@ class CompiledFunction:
                 variant = sig.add(_Variant(tape, program, lowered))
         if reason is not None:
             self._warn_once(f"compile: {self._name()} runs eagerly for {sig.label}: {reason}.")
-            sig.stats.eager_calls += 1
-            return self._deliver(traced, out), None
+            return self._deliver(traced, out), None  # counted once: as the recording
         out_leaves = None if out is None else _out_leaves(program, out, info.leaves)
         try:
             result = variant.run(*info.leaves, out_leaves)
@@ -414,6 +485,18 @@ class CompiledFunction:
             return self._deliver(traced, out), variant
         self._make_hot(sig, variant, info)
         return (out if out is not None else result), variant
+
+    def _drop_least_recent(self) -> None:
+        """Keep at most _max_signatures signatures (under self._lock): drop the least recently
+        used, with its variants, lowered code and buffers; it is recorded again if it comes
+        back."""
+        while len(self._signatures) > self._max_signatures:
+            key = min(self._signatures, key=lambda k: self._signatures[k].used)
+            dropped = self._signatures.pop(key)
+            for name, count in asdict(dropped.stats).items():
+                setattr(self._dropped, name, getattr(self._dropped, name) + count)
+            if self._last[3] in dropped.variants:
+                self._last = (None,) * 5
 
     def _make_hot(self, sig: _Signature, variant: _Variant, info: _CallInfo) -> None:
         """Make `variant` the one the hot path replays first for `sig`; a one-array signature
@@ -477,6 +560,8 @@ class CompiledFunction:
                     f"compile: out= leaf of shape {getattr(o, 'shape', None)} "
                     f"cannot hold a result of shape {np.shape(r)}."
                 )
+        _refuse_overlapping_out(out_leaves)
+        for o, r in zip(out_leaves, res_leaves):
             np.copyto(o, r)
         return out
 
@@ -555,6 +640,60 @@ class CompiledFunction:
         _, variant = self._variant_for(args, kwargs)
         return None if variant is None else variant.lowered
 
+    def as_native(self, *args, **kwargs) -> NativeHandle:
+        """Native entry points of this function: a Numba function for `@njit` code and a C
+        function pointer, with no Python between the caller and the compiled kernels.
+
+        The function must take one float64 array (any shape: close over the other values, or
+        bind them with `functools.partial`; closed-over arrays are bound once, by address) and
+        return one or two float64 results (`value_and_grad`: the value, then the gradient).
+        The C entry point is
+        `int32_t f(int64_t n, const double *x, double *value, double *grad, void *data)`,
+        called with `data = handle.data_address`; `handle.numba` is
+        `status = f(x, value, grad, data)` with `data = handle.data`. The status is 0 when
+        done, positive (3) when a result is NaN or infinite, negative when nothing was
+        computed: -1 a wrong size, -2 a point on another path than the recorded one, -3 bad
+        data, -4 a non-contiguous buffer. See docs/numba-callable.md.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            An example call. Its shapes fix the handle's sizes, and the path it takes through
+            Python branches is the one the handle computes.
+
+        Returns
+        -------
+        NativeHandle
+            `.numba`, `.cfunc`, `.address`, `.ctypes_function`, `.data`, `.data_address`,
+            the sizes `.n`, `.value_size`, `.grad_size`; calling it from Python returns what
+            the compiled function returns.
+
+        Raises
+        ------
+        GradtapeError
+            Naming what cannot be exported: an operation without a native translation, a
+            loop (`scan`, `while_loop`), several traced arguments, results that are not
+            float64, more than two results.
+        ImportError
+            Numba is not installed (`pip install "gradtape[numba]"`).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import gradtape as gt
+        >>> vg = gt.compile(gt.value_and_grad(lambda x: np.sum(x**2)))
+        >>> h = vg.as_native(np.ones(3))
+        >>> value, grad = h(np.array([0.0, 1.0, 2.0]))
+        >>> print(float(value), grad)
+        5.0 [0. 2. 4.]
+        """
+        info = self._call_info(args, kwargs)
+        tape, program, _ = self._record(info)
+        reason = unreplayable_reason(program)
+        if reason is not None:
+            raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
+        return NativeHandle(program, self._name())
+
     def source(self, *args, **kwargs) -> str:
         """The generated source that these arguments replay."""
         sig, variant = self._variant_for(args, kwargs)
@@ -565,13 +704,21 @@ class CompiledFunction:
     @property
     def stats(self) -> dict:
         """Totals of calls, replays, recordings, guard failures, eager calls, variants, and the
-        same counters per signature (`per_signature`, keyed by a readable signature)."""
+        same counters per signature (`per_signature`, keyed by a readable signature). Signatures
+        dropped as least recently used (GRADTAPE_MAX_SIGNATURES) leave `per_signature`; their
+        counters stay in the totals."""
         per = {}
         for sig in list(self._signatures.values()):
             counts = asdict(sig.stats)
             counts["calls"] = counts["replays"] + counts["recordings"] + counts["eager_calls"]
             per[sig.label] = counts
-        totals = {k: sum(s[k] for s in per.values()) for k in ("calls", *asdict(SignatureStats()))}
+        dropped = asdict(self._dropped)
+        dropped["calls"] = dropped["replays"] + dropped["recordings"] + dropped["eager_calls"]
+        dropped["variants"] = 0  # (no longer held)
+        totals = {
+            k: sum(s[k] for s in per.values()) + dropped[k]
+            for k in ("calls", *asdict(SignatureStats()))
+        }
         totals["per_signature"] = per
         return totals
 
@@ -630,7 +777,21 @@ def _out_leaves(program: Program, out, arg_leaves) -> list:
                 raise GradtapeError(
                     "compile: an out= array shares memory with an argument; pass separate arrays."
                 )
+    _refuse_overlapping_out(leaves)
     return leaves
+
+
+def _refuse_overlapping_out(leaves) -> None:
+    """Raise when two out= arrays share memory: one result would overwrite another."""
+    for i, o in enumerate(leaves):
+        for p in leaves[:i]:
+            # arrays that own their memory overlap only if they are the same array
+            if p is o or (p.base is not None or o.base is not None) and np.may_share_memory(p, o):
+                raise GradtapeError(
+                    "compile: two out= arrays share memory (the same array twice, or "
+                    "overlapping views), so one result would overwrite another; pass a "
+                    "separate array for each result."
+                )
 
 
 def _bad_out(o, shape, dtype) -> GradtapeError:
@@ -666,5 +827,66 @@ def compile(
     closes over) is captured when a variant is recorded, as in JAX; `static_argnames` name
     keyword arguments; pickling needs a picklable `fun` (a module-level function, not the
     closure `grad(f)` returns).
+
+    Compiling the same function again returns the compiled function already built, so
+    `compile(value_and_grad(f))` may be written inside a loop: the key is the function's
+    code, the values of its closure cells, defaults and the globals it names, and these
+    options (see compile/memo.py; GRADTAPE_MAX_COMPILED of them are remembered).
+
+    Parameters
+    ----------
+    fun : callable
+        Plain NumPy/SciPy code, or a transform of it (`grad(f)`, `value_and_grad(f)`, ...).
+    backend : {"auto", "numpy", "numba"}, default "auto"
+        "numpy" replays generated NumPy code. "numba" compiles fused native loops before the
+        first call returns. "auto" uses Numba when it can be imported: the numpy backend answers
+        at once and a background thread compiles the native kernels, which later calls use;
+        without Numba (or with `GRADTAPE_NUMBA=0`) it is the numpy backend, quietly.
+    static_argnums : int or sequence of int, default ()
+        Positional arguments that are Python values baked into the recording (a new value
+        records a new variant); they must be hashable.
+    max_variants : int, default 8
+        Paths kept per signature before the function runs eagerly (with a `CompileWarning`).
+    static_argnames : str or sequence of str, default ()
+        Keyword arguments treated as `static_argnums`.
+
+    Returns
+    -------
+    CompiledFunction
+        Called as `fun` is (plus `out=`); `.source(*args)`, `.tape(*args)` and `.stats` show
+        what was recorded and generated.
+
+    Raises
+    ------
+    ImportError
+        `backend="numba"` where Numba is not installed (the message names
+        `pip install "gradtape[numba]"`) or is turned off by `GRADTAPE_NUMBA=0`.
+    ValueError
+        An unknown backend, or `max_variants` below 1.
+    TypeError
+        `fun` is not callable.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> vg = gt.compile(gt.value_and_grad(lambda x: np.sum(x**2)))
+    >>> value, g = vg(np.array([1.0, 2.0]))
+    >>> print(float(value), g)
+    5.0 [2. 4.]
+    >>> value_buf, grad_buf = np.empty(()), np.empty(2)
+    >>> _ = vg(np.array([3.0, 4.0]), out=(value_buf, grad_buf))  # writes into the buffers
+    >>> print(float(value_buf), grad_buf)
+    25.0 [6. 8.]
     """
-    return CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames)
+    options = (
+        backend,
+        static_argnums if isinstance(static_argnums, int) else tuple(static_argnums),
+        max_variants,
+        static_argnames if isinstance(static_argnames, str) else tuple(static_argnames),
+    )
+    return remembered(
+        fun,
+        options,
+        lambda: CompiledFunction(fun, backend, static_argnums, max_variants, static_argnames),
+    )

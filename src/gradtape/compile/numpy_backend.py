@@ -10,6 +10,7 @@ call their own NumPy implementation, so every primitive is supported.
 
 from __future__ import annotations
 
+import collections
 import math
 import operator
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import config
 from ..core.errors import GuardFailure
 from ..core.ir import Instruction, Var
 from ..core.primitive import Primitive
@@ -536,7 +538,9 @@ class NumpyLowered:
         namespace: dict = {}
         exec(compile(self.source, f"<gradtape compiled {id(self):x}>", "exec"), namespace)
         slots = plan.slots
-        pool: list = []
+        # buffer sets kept between calls: one per thread calling at once, at most
+        # GRADTAPE_BUFFER_SETS (a deque drops the oldest set beyond that)
+        pool = self.pool = collections.deque(maxlen=config.buffer_sets())
         gen.consts.update(
             _pool_pop=pool.pop,
             _pool_push=pool.append,
@@ -566,7 +570,7 @@ class NumpyLowered:
             args = [
                 names[v.id] if v is not None else gen.const(a) for v, a in zip(ins.invars, ins.args)
             ]
-            if len(ins.outvars) == 1:
+            if len(ins.outvars) == 1 and not ins.prim.multiple_results:
                 out = names[ins.outvars[0].id]
             else:
                 out = ", ".join(names[v.id] for v in ins.outvars) + ","

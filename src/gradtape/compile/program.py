@@ -414,6 +414,8 @@ def _peephole(ins: Instruction):
                 and ins.invars[other] is None
                 and _is_one(ins.args[other])
                 and _same_type(v, out)
+                # a complex product is computed in full: (inf + 1j) * 1 is inf + nanj
+                and v.dtype.kind != "c"
             ):
                 return ("var", v)
     if prim in _BOOLEAN_FOLDS and out.dtype == bool and len(ins.invars) == 2:
@@ -493,4 +495,6 @@ def tree_expr(td, leaves, const) -> str:
         return "[" + ", ".join(parts) + "]"
     if td.kind == "namedtuple":
         return f"{const(td.meta, 'namedtuple')}(" + ", ".join(parts) + ")"
+    if td.kind == "custom":  # a registered pytree node or a dataclass
+        return f"{const(td.rebuild, 'node')}([" + ", ".join(parts) + "])"
     return "{" + ", ".join(f"{const(k, 'key')}: {p}" for k, p in zip(td.meta, parts)) + "}"

@@ -26,8 +26,28 @@ def _top_level(args):
     return top
 
 
+def _differentiated_below(level) -> bool:
+    """Whether a differentiating level lies below this (vmap) level."""
+    return any(
+        lv.kind is LevelKind.DIFFERENTIATE and lv.id < level.id for lv in trace.current_levels()
+    )
+
+
+def _per_member(fn, level, args):
+    """A function with a custom rule called on members of a vmap batch that is differentiated
+    outside the vmap: called once per member one level down, where the differentiating level
+    records its rule (batching its body instead would differentiate the body, not the rule)."""
+    vals = [a._value if type(a) is trace.Tracer and a._level is level else None for a in args]
+    outs = []
+    for i in range(level.batch_size):
+        member = [a if v is None else v[i] for a, v in zip(args, vals)]
+        outs.append(fn(*member))
+    out = np.stack(outs)
+    return trace.Tracer(out, level.new_batched_var(out), level)
+
+
 class custom_vjp:
-    """A function with a user-supplied reverse-mode rule.
+    """A function with a user-supplied reverse-mode rule (a decorator, JAX's convention).
 
         @custom_vjp
         def f(x, y): ...
@@ -39,6 +59,37 @@ class custom_vjp:
     `bwd`; elsewhere (plain calls, `trace`, `compile` without differentiation) it calls `f`.
     Forward mode (jvp, jacfwd, hessian, hvp) uses the rule given with `f.defjvp(rule)`,
     `rule(primals, tangents) -> (out, tangent_out)`, and is an error without one.
+
+    Parameters
+    ----------
+    fun : callable
+        The function; it returns a single array.
+
+    Returns
+    -------
+    custom_vjp
+        A callable with `defvjp(fwd, bwd)` and `defjvp(rule)`.
+
+    Raises
+    ------
+    GradtapeError
+        Differentiating before `defvjp` was called, forward mode without `defjvp`, or a `bwd`
+        that returns the wrong number or shapes of cotangents.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> @gt.custom_vjp
+    ... def f(x):
+    ...     return np.sin(x)
+    >>> def f_fwd(x):
+    ...     return np.sin(x), np.cos(x)
+    >>> def f_bwd(cos_x, g):
+    ...     return (g * cos_x,)
+    >>> _ = f.defvjp(f_fwd, f_bwd)
+    >>> print(gt.grad(lambda x: np.sum(f(x)))(np.array([0.0])))
+    [1.]
     """
 
     def __init__(self, fun: Callable):
@@ -90,6 +141,8 @@ class custom_vjp:
                 ".defvjp(fwd, bwd) first."
             )
         top = _top_level(args)
+        if top is not None and top.batch_size is not None and _differentiated_below(top):
+            return _per_member(self, top, args)
         if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
         vals = tuple(a._value if type(a) is trace.Tracer and a._level is top else a for a in args)
@@ -126,7 +179,7 @@ def _rule_tangent(rule: Callable, args: tuple, tangents, name: str):
 
 
 class custom_jvp:
-    """A function with a user-supplied forward-mode rule (JAX's convention).
+    """A function with a user-supplied forward-mode rule (a decorator, JAX's convention).
 
         @custom_jvp
         def f(x, y): ...
@@ -144,6 +197,36 @@ class custom_jvp:
     rule, not f's body, gives the gradient too; it must be NumPy code linear in the
     tangents. An argument that is not differentiated gets a zero tangent. Elsewhere (plain
     calls, trace, compile) f is called. f returns a single array.
+
+    Parameters
+    ----------
+    fun : callable
+        The function; it returns a single array.
+
+    Returns
+    -------
+    custom_jvp
+        A callable with `defjvp(rule)` (usable as a decorator).
+
+    Raises
+    ------
+    GradtapeError
+        Differentiating before `defjvp` was called, or a rule whose tangent is not linear in
+        the tangents.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> @gt.custom_jvp
+    ... def f(x):
+    ...     return np.exp(x)
+    >>> @f.defjvp
+    ... def f_jvp(primals, tangents):
+    ...     y = np.exp(primals[0])
+    ...     return y, y * tangents[0]
+    >>> print(gt.grad(lambda x: np.sum(f(x)))(np.array([0.0])))
+    [1.]
     """
 
     def __init__(self, fun: Callable):
@@ -167,6 +250,8 @@ class custom_jvp:
                 f"{self.fun.__name__}.defjvp(rule) first."
             )
         top = _top_level(args)
+        if top is not None and top.batch_size is not None and _differentiated_below(top):
+            return _per_member(self, top, args)
         if top is None or top.kind is not LevelKind.DIFFERENTIATE:
             return self.fun(*args)
         return bind(self._prim, args, {})

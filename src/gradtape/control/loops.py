@@ -34,14 +34,14 @@ from ..core.tracing import LevelKind, bind, new_level
 from ..rules._util import dtype_of, shape_of
 from ..transforms.arguments import TransformedFunction
 from ..transforms.linearize import linearize, record_step_vjp
+from ..transforms.vmap import vmap
 
 _MAX_BODY_VARIANTS = 32
 
 
 def _concrete(x):
-    while type(x) is trace.Tracer:
-        x = x._value
-    return x
+    # a member of a vmap batch stands for one example: the body is recorded on one
+    return trace.example_value(x)
 
 
 def _is_tracer(x) -> bool:
@@ -732,7 +732,47 @@ def _stored_cotangents(g_hidden, hidden) -> list:
     ]
 
 
-scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp)
+def _scan_batch(prim, args, batched, program, n_carry, n_x, length, reverse, checkpoint):
+    """vmap of scan: one scan over the batch, whose step is the member's step mapped over the
+    batch (so a compiled batch runs one loop). When the scan is also differentiated per member
+    (a grad inside the vmap), each member runs its own scan: the gradient above reads each
+    member's stored carries."""
+    params = dict(
+        program=program,
+        n_carry=n_carry,
+        n_x=n_x,
+        length=length,
+        reverse=reverse,
+        checkpoint=checkpoint,
+    )
+    if trace.read_above():
+        return trace.loop_batch(prim, args, batched, **params)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    carry = [
+        a if b else np.broadcast_to(a, (size,) + shape_of(a))
+        for a, b in zip(args[:n_carry], batched[:n_carry])
+    ]
+    # batched xs step along their second axis: the scan's axis first, the batch second
+    xs = [
+        np.swapaxes(a, 0, 1) if b else a
+        for a, b in zip(args[n_carry : n_carry + n_x], batched[n_carry : n_carry + n_x])
+    ]
+    x_axes = [0 if b else None for b in batched[n_carry : n_carry + n_x]]
+    caps = list(args[n_carry + n_x :])
+    cap_axes = [0 if b else None for b in batched[n_carry + n_x :]]
+    member_step = vmap(
+        lambda c, x, k: program.run(list(c) + list(x), list(k)), in_axes=(0, x_axes, cap_axes)
+    )
+
+    def step(c, x):
+        out = member_step(c, x, caps)
+        return list(out[:n_carry]), list(out[n_carry:])
+
+    outs, _, _, nc, ny = _bind_scan(step, carry, xs, length, reverse, checkpoint)
+    return tuple(list(outs[:nc]) + [np.swapaxes(o, 0, 1) for o in outs[nc:]])
+
+
+scan_p = Primitive("scan", _scan_impl, multiple_results=True, jvp=_scan_jvp, batch=_scan_batch)
 scan_p.python_impl = _scan_python
 scan_p.vjp_all = _scan_vjp_all
 
@@ -752,6 +792,47 @@ def scan(
     one instruction on the tape, so a new length re-records nothing. `checkpoint=k`
     keeps every k-th carry for the backward pass and recomputes the others
     (memory T/k + k carries instead of T). `unroll` is accepted for compatibility.
+
+    Parameters
+    ----------
+    body : callable
+        `body(carry, x) -> (carry, y)`, plain NumPy code; the carry keeps its structure, shapes
+        and dtypes.
+    init : array, float or pytree
+        The initial carry.
+    xs : array or pytree, optional
+        Sliced along the leading axis, one slice per step; None with `length`.
+    length : int, optional
+        The number of steps when `xs` is None.
+    reverse : bool, default False
+        Walk the steps from last to first.
+    unroll : int, default 1
+        Accepted for compatibility with JAX; ignored.
+    checkpoint : int, optional
+        Keep every k-th carry for the backward pass.
+
+    Returns
+    -------
+    tuple
+        `(final_carry, ys)`, the `y` of every step stacked along a new leading axis.
+
+    Raises
+    ------
+    GradtapeError
+        A body whose carry changes structure, shape or dtype, or does something that cannot be
+        differentiated.
+    ValueError
+        Neither `xs` nor `length`, or leading axes that disagree.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def step(total, x):
+    ...     return total + x, total * x
+    >>> carry, ys = gt.scan(step, 0.0, np.array([1.0, 2.0, 3.0]))
+    >>> print(float(carry), ys)
+    6.0 [0. 2. 9.]
     """
     outs, carry_td, y_td, nc, ny = _bind_scan(body, init, xs, length, reverse, checkpoint)
     return tree_unflatten(carry_td, list(outs[:nc])), tree_unflatten(y_td, list(outs[nc : nc + ny]))
@@ -853,7 +934,33 @@ def _check_carry(program: BodyProgram, carry_leaves, name: str) -> None:
 
 
 def fori_loop(lower: int, upper: int, body, init_val):
-    """`body(i, val) -> val` for i in range(lower, upper), recorded once (a scan over i)."""
+    """`body(i, val) -> val` for i in range(lower, upper), recorded once (a scan over i).
+
+    Parameters
+    ----------
+    lower, upper : int
+        The counter's range (Python integers, or traced integers under `while_loop`).
+    body : callable
+        `body(i, val) -> val`, plain NumPy code.
+    init_val : array, float or pytree
+        The initial value.
+
+    Returns
+    -------
+    array, float or pytree
+        The value after the last step.
+
+    Raises
+    ------
+    GradtapeError
+        A body that changes the value's structure, shape or dtype.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> print(gt.fori_loop(0, 3, lambda i, v: v * 2.0, 1.0))
+    8.0
+    """
     lower, upper = int(lower), int(upper)
 
     def step(carry, i):
@@ -948,11 +1055,83 @@ native_loops.register_driver(scan_bwd_p, native_loops.backward_spec)
 native_loops.register_driver(while_p, native_loops.while_spec)
 
 
+def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
+    """vmap of while_loop, as JAX: one loop over the whole batch that runs while any member's
+    condition holds; a member whose condition fails keeps its carry (np.where). When the loop
+    is also differentiated per member (a grad inside the vmap), each member runs its own loop
+    instead, and the members must take the same number of steps."""
+    params = dict(body=body, cond=cond, n_carry=n_carry, n_body_caps=n_body_caps)
+    if trace.read_above():
+        results = trace.member_results(prim, args, batched, params)
+        if len(trace.member_shapes(prim, results)) > 1:
+            raise GradtapeError(
+                "while_loop differentiated inside vmap: the members of the batch ran different "
+                "numbers of iterations, and the gradient of each needs its own stored carries. "
+                "Differentiate outside the vmap (grad of vmap), or use fori_loop or scan with a "
+                "fixed number of steps."
+            )
+        return trace.stack_members(prim, results)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    carry = [
+        a if b else np.broadcast_to(a, (size,) + shape_of(a))
+        for a, b in zip(args[:n_carry], batched[:n_carry])
+    ]
+    bcaps = list(args[n_carry : n_carry + n_body_caps])
+    ccaps = list(args[n_carry + n_body_caps :])
+    b_axes = [0 if b else None for b in batched[n_carry : n_carry + n_body_caps]]
+    c_axes = [0 if b else None for b in batched[n_carry + n_body_caps :]]
+    member_cond = vmap(lambda c, k: cond.run(list(c), list(k))[0], in_axes=(0, c_axes))
+    member_body = vmap(lambda c, k: body.run(list(c), list(k)), in_axes=(0, b_axes))
+
+    def any_member(c):
+        return np.any(member_cond(c, ccaps))
+
+    def step_active_members(c):
+        going = member_cond(c, ccaps)
+        new = member_body(c, bcaps)
+        return [
+            np.where(np.reshape(going, (size,) + (1,) * (len(shape_of(o)) - 1)), n, o)
+            for n, o in zip(new, c)
+        ]
+
+    outs, _, n = _bind_while(any_member, step_active_members, carry)
+    return tuple(list(outs[:n]) + [np.swapaxes(h, 0, 1) for h in outs[n:]])
+
+
+while_p.batch = _while_batch
+
+
 def while_loop(cond_fun, body_fun, init_val):
     """`while cond_fun(val): val = body_fun(val)`, recorded once; differentiable in reverse mode.
 
     The trip count is found at run time; the backward pass walks back through the
     stored carries of the iterations that ran.
+
+    Parameters
+    ----------
+    cond_fun : callable
+        `cond_fun(val) -> bool`.
+    body_fun : callable
+        `body_fun(val) -> val`, plain NumPy code.
+    init_val : array, float or pytree
+        The initial value.
+
+    Returns
+    -------
+    array, float or pytree
+        The value once `cond_fun` is false.
+
+    Raises
+    ------
+    GradtapeError
+        A body that changes the value's structure, shape or dtype, or forward-mode
+        differentiation through the loop (reverse mode only).
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> print(gt.while_loop(lambda v: v < 10.0, lambda v: v * 2.0, 1.0))
+    16.0
     """
     outs, td, n = _bind_while(cond_fun, body_fun, init_val)
     return tree_unflatten(td, list(outs[:n]))

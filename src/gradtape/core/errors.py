@@ -6,15 +6,38 @@ from typing import Any
 
 
 class GradtapeError(TypeError):
-    """A traced function did something gradtape cannot differentiate; the message says why."""
+    """A traced function did something gradtape cannot differentiate or record; the message says
+    what, where (the user's source line) and what to write instead.
+
+    A subclass of `TypeError`, as NumPy raises for operations a type does not support.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> try:
+    ...     gt.grad(lambda x: float(x[0]))(np.array([1.0]))
+    ... except gt.GradtapeError:
+    ...     print("refused")
+    refused
+    """
 
 
 class GuardFailure(Exception):
     """A recorded path does not hold for these inputs: another path must be recorded.
 
+    gradtape catches it itself (a compiled function records the new path as another variant); it
+    reaches user code only through an evaluated tape or a compiled program called directly.
+
     `check` is what failed: a `Guard` of a tape being evaluated (core.interpret), or the index of
     a check in a compiled program (compile.program). `actual` is the value seen instead of the
     recorded answer.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> str(gt.GuardFailure(0, True))
+    '0: got True'
     """
 
     def __init__(self, check: Any, actual: Any):

@@ -33,6 +33,8 @@ _ASK = {
 def guard_holds(guard: Guard, value) -> tuple[bool, object]:
     """Ask `value` what the guard asked while recording; True if it answers the same."""
     if guard.kind == "value":
+        if getattr(getattr(value, "_level", None), "batch_size", None) is not None:
+            value = np.asarray(value.tolist())  # a member of a vmap batch: the same for all
         got = np.asarray(_concrete(value))
         answer = np.asarray(guard.answer)
         same = got.shape == answer.shape and bool(

@@ -59,18 +59,21 @@ class Instruction:
 
     `invars[i]` is the Var of argument i when it is traced at this tape's level,
     else None (a constant, whose value is `args[i]`). `args` and `out` hold the
-    values seen while recording; the reverse interpreter reads them.
+    values seen while recording; the reverse interpreter reads them. `source` is where the
+    user's code asked for the operation, `(code object, line number)`, on the tapes that are
+    differentiated (None elsewhere): an error raised by a derivative rule names that line.
     """
 
-    __slots__ = ("prim", "invars", "args", "params", "outvars", "out")
+    __slots__ = ("prim", "invars", "args", "params", "outvars", "out", "source")
 
-    def __init__(self, prim, invars, args, params, outvars, out):
+    def __init__(self, prim, invars, args, params, outvars, out, source=None):
         self.prim = prim
         self.invars = invars
         self.args = args
         self.params = params
         self.outvars = outvars
         self.out = out
+        self.source = source
 
     def __repr__(self) -> str:
         outs = " ".join(repr(v) for v in self.outvars)
@@ -81,6 +84,18 @@ class Instruction:
         if self.params:
             ps = "[" + ", ".join(f"{k}={_param_str(p)}" for k, p in self.params.items()) + "]"
         return f"{outs} = {self.prim.name}{ps} {ins}"
+
+
+def source_text(source) -> str | None:
+    """`file.py:12: the source line` for an Instruction's `source`, or None."""
+    if source is None:
+        return None
+    import linecache
+    import os
+
+    code, lineno = source
+    line = linecache.getline(code.co_filename, lineno).strip()
+    return f"{os.path.basename(code.co_filename)}:{lineno}: {line}"
 
 
 @dataclass
@@ -98,7 +113,30 @@ class Guard:
 
 
 class Tape:
-    """A recorded program: input vars, instructions, output vars and guards."""
+    """A recorded program: input vars, instructions, output vars and guards.
+
+    `trace(f, *args)` returns one; printing it lists every instruction with its shapes and
+    dtypes, then the guards with the source lines that made them.
+
+    Attributes
+    ----------
+    inputs : list of Var
+        One var per leaf of the arguments.
+    instructions : list of Instruction
+        The recorded operations, in order.
+    outputs : list
+        The output vars (or constants).
+    guards : list of Guard
+        The Python values the function asked of traced values, with their source lines.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> tape = gt.trace(lambda x: np.sum(x * 2.0), np.array([1.0, 2.0]))
+    >>> len(tape), len(tape.inputs), tape.guards
+    (2, 1, [])
+    """
 
     def __init__(self):
         self.inputs: list[Var] = []

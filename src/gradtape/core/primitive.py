@@ -15,6 +15,20 @@ from . import tracing as trace
 # name -> primitive: every primitive declared (what backends and the registry test walk)
 REGISTRY: dict = {}
 
+# names declared complex-correct before their primitive is (control flow declares its loops
+# above the rules): the primitive takes the declaration when it is created
+_COMPLEX_CORRECT_NAMES: set = set()
+
+
+def declare_complex_correct(*names: str) -> None:
+    """Declare that these primitives' rules are right (and tested) for complex values
+    (Primitive.complex_correct), for primitives declared elsewhere or later."""
+    for name in names:
+        _COMPLEX_CORRECT_NAMES.add(name)
+        prim = REGISTRY.get(name)
+        if prim is not None:
+            prim.complex_correct = True
+
 
 class Primitive:
     """A named operation with its rules.
@@ -53,8 +67,16 @@ class Primitive:
     user_rule: the derivative rule is user code (custom_vjp/custom_jvp).
     aliases_input: the output is a view of the first argument in NumPy (x.T, reshape): a write
                into that argument is seen by the output, and a write into the output raises.
-    batch:     the batching rule (for vmap): `batch(args, batch_axes, **params)` ->
-               (outputs, output batch axes); None: batched by a loop over the batch.
+    batch:     the batching rule (for vmap): `batch(prim, args, batched, **params)` -> the
+               output, where batched[i] says whether args[i] carries the batch as its first
+               axis, and the output carries it first (rules/batching.py declares them per
+               category); None: run once per member of the batch (tracing.loop_batch).
+    complex_correct: the rules are right (and tested) for complex values (JAX's convention,
+               rules/_complex.py). The interpreters refuse to differentiate an instruction with
+               complex values whose primitive does not declare it, and `bind` refuses a
+               nondifferentiable one with a complex result at a differentiating level (np.sign
+               of complex z has a derivative; dropping it would be a silent zero). Declared
+               here or with `declare_complex_correct(name, ...)`; custom rules are the user's.
     """
 
     __slots__ = (
@@ -80,6 +102,7 @@ class Primitive:
         "user_rule",
         "batch",
         "aliases_input",
+        "complex_correct",
     )
 
     def __init__(
@@ -104,6 +127,7 @@ class Primitive:
         user_rule: bool = False,
         batch=None,
         aliases_input: bool = False,
+        complex_correct: bool = False,
     ):
         self.name = name
         self.impl = impl
@@ -128,6 +152,7 @@ class Primitive:
         self.user_rule = user_rule
         self.batch = batch
         self.aliases_input = aliases_input
+        self.complex_correct = complex_correct or user_rule or name in _COMPLEX_CORRECT_NAMES
         if user_rule:  # one per custom_vjp/custom_jvp function: not part of the library
             return
         if name in REGISTRY:

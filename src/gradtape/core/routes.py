@@ -59,6 +59,9 @@ def _is_ufunc(f) -> bool:
 def implements(*numpy_functions) -> Callable:
     """Register a Tracer implementation of NumPy functions (used by `__array_function__`).
 
+    A None among `numpy_functions` is skipped: `getattr(np.linalg, "matmul", None)` names a
+    function that only newer NumPy versions have.
+
     Example::
 
         @implements(np.sum)
@@ -67,7 +70,8 @@ def implements(*numpy_functions) -> Callable:
 
     def deco(fn):
         for f in numpy_functions:
-            FUNCTIONS[f] = fn
+            if f is not None:
+                FUNCTIONS[f] = fn
         return fn
 
     return deco

@@ -9,6 +9,7 @@ among its arguments and computes the value by binding again one level down.
 from __future__ import annotations
 
 import enum
+import operator
 import os
 import sys
 import threading
@@ -34,11 +35,15 @@ class LevelKind(enum.Enum):
         new inputs (trace, compile).
     LOOP_BODY: like STAGE, for a loop body recorded once; Tracers of outer levels the body
         closes over become inputs of its own (closure conversion).
+    BATCH: vmap. Records nothing: a Tracer of this level stands for one member of a batch and
+        holds the whole batch (batch axis first) one level down; `bind` applies the
+        primitive's batching rule to it (`batch_bind`).
     """
 
     DIFFERENTIATE = "differentiate"
     STAGE = "stage"
     LOOP_BODY = "loop body"
+    BATCH = "batch"
 
 
 class Level:
@@ -53,10 +58,11 @@ class Level:
         "captures",
         "_nvars",
         "_frozen",
+        "batch_size",
         "__weakref__",
     )
 
-    def __init__(self, kind: LevelKind):
+    def __init__(self, kind: LevelKind, batch_size: int | None = None):
         with _counter_lock:
             self.id = next(_level_counter)
         self.kind = kind
@@ -68,12 +74,19 @@ class Level:
         self.active = True
         self._nvars = 0
         self._frozen = None  # id -> (array, read-only copy): see freeze
+        self.batch_size = batch_size  # BATCH levels: the size of the batch axis
 
     def new_var(self, value) -> Var:
         try:
             v = Var(self._nvars, value.shape, value.dtype)
         except AttributeError:  # a Python scalar
             v = Var(self._nvars, np.shape(value), _dtype_of(value))
+        self._nvars += 1
+        return v
+
+    def new_batched_var(self, value) -> Var:
+        """The Var of one member of the batch `value` (batch axis first): BATCH levels."""
+        v = Var(self._nvars, value.shape[1:], value.dtype)
         self._nvars += 1
         return v
 
@@ -87,9 +100,7 @@ class Level:
         """The Var standing for a Tracer of an outer level used inside a body being recorded."""
         hit = self.captures.get(id(outer))
         if hit is None:
-            value = outer
-            while type(value) is Tracer:
-                value = value._value
+            value = example_value(outer)  # a member of a vmap batch: one member's value
             hit = self.captures[id(outer)] = (self.new_var(value), outer, value)
             self.tape.captured.append(hit)
         return hit
@@ -151,10 +162,10 @@ class new_level:
 
     __slots__ = ("level", "stack")
 
-    def __init__(self, kind: LevelKind):
+    def __init__(self, kind: LevelKind, batch_size: int | None = None):
         for hook in level_hooks:
             hook()
-        self.level = Level(kind)
+        self.level = Level(kind, batch_size)
 
     def __enter__(self) -> Level:
         self.stack = _stack()
@@ -188,6 +199,8 @@ def bind(prim, args: tuple, params: dict):
         return prim.impl(*args, **params)
     if not top.active:
         raise _leaked_error(top)
+    if top.batch_size is not None:
+        return batch_bind(top, prim, args, params)
     if prim.transparent and not top.record_all:
         # differentiated through its implementation (which is written with primitives)
         return prim.impl(*args, **params)
@@ -206,17 +219,26 @@ def bind(prim, args: tuple, params: dict):
             invars.append(None)
     out = prim.impl(*vals, **params)
     if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+        if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
+            # np.sign(z): zero derivative on the reals, not on the complex plane
+            raise GradtapeError(
+                f"{_user_source_line()}: "
+                + complex_refusal(prim.name, "taken as a constant, with zero derivative")
+            )
         return out
     if top.record_all or not prim.linear:  # rules or a replay will read the constants later
         vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
     vals = tuple(vals)
     invars = tuple(invars)
+    # a differentiated tape remembers the user's line of each operation: an error raised by
+    # a derivative rule later (in the backward pass) names it
+    source = None if top.record_all else user_frame()
     if prim.multiple_results:
         outvars = tuple(top.new_var(o) for o in out)
-        top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out))
+        top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out, source))
         return type(out)(Tracer(o, v, top) for o, v in zip(out, outvars))
     var = top.new_var(out)
-    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out))
+    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out, source))
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
         add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
@@ -231,6 +253,106 @@ def _recompute_view(prim, rest: tuple, params: dict):
     return recompute
 
 
+def batch_bind(level: Level, prim, args: tuple, params: dict):
+    """Apply `prim` to arguments of which some are members of `level`'s batch.
+
+    The primitive's batching rule (`Primitive.batch`) receives the arguments one level down,
+    the batched ones with the batch axis first, and returns the batched result (batch axis
+    first). A primitive without a rule runs once per member of the batch (`loop_batch`).
+    """
+    vals = []
+    batched = []
+    for a in args:
+        if type(a) is Tracer and a._level is level:
+            vals.append(a._value)
+            batched.append(True)
+        else:
+            vals.append(a)
+            batched.append(False)
+    rule = prim.batch if prim.batch is not None else loop_batch
+    outer = getattr(_state, "batch_level", None)
+    _state.batch_level = level
+    try:
+        out = rule(prim, tuple(vals), tuple(batched), **params)
+    finally:
+        _state.batch_level = outer
+    if prim.multiple_results:
+        return type(out)(Tracer(o, level.new_batched_var(o), level) for o in out)
+    tracer = Tracer(out, level.new_batched_var(out), level)
+    if prim.aliases_input and type(args[0]) is Tracer:
+        add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
+    return tracer
+
+
+def read_above(level: Level | None = None) -> bool:
+    """Whether a level above the BATCH level whose rule is running (or `level`) records what
+    the rule returns (a grad inside vmap: its rules read the primitive's outputs)."""
+    level = level if level is not None else _state.batch_level
+    return any(lv.id > level.id and lv.batch_size is None for lv in _stack())
+
+
+def loop_batch(prim, args: tuple, batched: tuple, **params):
+    """The batching rule of a primitive without one: the primitive once per member of the
+    batch, the results stacked (correct for every primitive, but not fused into one call)."""
+    return stack_members(prim, member_results(prim, args, batched, params))
+
+
+def member_results(prim, args: tuple, batched: tuple, params: dict) -> list:
+    """The primitive applied to each member of the batch, one level down."""
+    size = next(a.shape[0] for a, b in zip(args, batched) if b)
+    return [
+        bind(prim, tuple(a[i] if b else a for a, b in zip(args, batched)), params)
+        for i in range(size)
+    ]
+
+
+def member_shapes(prim, results: list) -> set:
+    return {
+        tuple(np.shape(o) for o in r) if prim.multiple_results else np.shape(r) for r in results
+    }
+
+
+def stack_members(prim, results: list):
+    """The members' results stacked along a new first axis (the batch axis)."""
+    shapes = member_shapes(prim, results)
+    if len(shapes) > 1:
+        raise GradtapeError(
+            f"{_user_source_line()}: vmap: {prim.name} gives results of different shapes for "
+            f"different members of the batch ({', '.join(map(str, sorted(shapes)))}); a batch "
+            "needs one shape for all its members. Compute a fixed-size result instead (a "
+            "mask with np.where rather than the selected elements, for instance)."
+        )
+    if prim.multiple_results:
+        return type(results[0])(np.stack([r[k] for r in results]) for k in range(len(results[0])))
+    return np.stack(results)
+
+
+def example_value(x):
+    """The concrete value of one member of every batch `x` belongs to (for code that needs a
+    representative value, such as recording a loop body once): the innermost value, indexed
+    at 0 along the batch axis of every BATCH level it passes."""
+    members = 0
+    while type(x) is Tracer:
+        if x._level.batch_size is not None:
+            members += 1
+        x = x._value
+    return x[(0,) * members] if members else x
+
+
+def _batch_answer(tracer, ask, kind: str):
+    """A Python value asked of a member of a batch: the same for every member, or an error."""
+    values = tracer._value
+    first = values[0]
+    if not bool(np.all(values == first)):
+        raise GradtapeError(
+            f"{_user_source_line()}: {kind}() of a value that differs across the batch of "
+            "vmap: the function takes a different path for different members. Write the "
+            "branch with np.where (both sides computed), or use gradtape.while_loop / "
+            "gradtape.fori_loop / gradtape.scan, which vmap runs for each member."
+        )
+    return ask(first)
+
+
 def _inexact(out, multiple: bool) -> bool:
     if multiple:
         return any(_inexact(o, False) for o in out)
@@ -238,6 +360,23 @@ def _inexact(out, multiple: bool) -> bool:
     if dt is None:
         return isinstance(out, (float, complex))
     return dt.kind in "fc"
+
+
+def _complex(out, multiple: bool) -> bool:
+    if multiple:
+        return any(_complex(o, False) for o in out)
+    dt = getattr(out, "dtype", None)
+    return dt.kind == "c" if dt is not None else isinstance(out, complex)
+
+
+def complex_refusal(name: str, why: str = "") -> str:
+    """The message for a primitive that does not differentiate complex values."""
+    return (
+        f"gradtape cannot differentiate {name} of complex values: its derivative rule is "
+        "written for real numbers" + (f" ({why})" if why else "") + ", and applied to complex "
+        "ones it could give a wrong result. Write the computation with real and imaginary "
+        "parts (np.real, np.imag) as real arrays, or give it a rule with gradtape.custom_vjp."
+    )
 
 
 def _leaked_error(level) -> GradtapeError:
@@ -251,6 +390,30 @@ def _leaked_error(level) -> GradtapeError:
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gradtape package
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
+
+
+_SCIPY_MARK = os.sep + "scipy" + os.sep
+_LIBRARY_CODE: dict = {}  # code object -> True when it is gradtape's, NumPy's or SciPy's
+
+
+def user_frame(depth: int = 2) -> tuple | None:
+    """`(code, line number)` of the first frame outside gradtape, NumPy and SciPy (the user's
+    line that led to this operation; a SciPy function's own lines are skipped so that
+    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame."""
+    f = sys._getframe(depth)
+    library = _LIBRARY_CODE
+    while f is not None:
+        code = f.f_code
+        inside = library.get(code)
+        if inside is None:
+            fn = code.co_filename
+            inside = library[code] = (
+                fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
+            )
+        if not inside:
+            return (code, f.f_lineno)
+        f = f.f_back
+    return None
 
 
 def _user_source_line() -> str:
@@ -297,9 +460,34 @@ def _no_float_message(what: str, tracer: Tracer | None = None) -> str:
     )
 
 
+def _index_trick() -> str | None:
+    """'np.r_', 'np.c_' (...) when NumPy's index tricks are converting their items: they make
+    plain arrays of them before they concatenate."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "__getitem__" and f.f_code.co_filename.endswith(
+            "_index_tricks_impl.py"
+        ):
+            trick = f.f_locals.get("self")
+            for name in ("r_", "c_", "s_", "index_exp", "mgrid", "ogrid"):
+                if getattr(np, name, None) is trick:
+                    return f"np.{name}"
+            return "NumPy's index tricks"
+        f = f.f_back
+    return None
+
+
 def _as_array_message() -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
     where = _user_source_line()
+    trick = _index_trick()
+    if trick is not None:
+        return (
+            f"{trick}[...] makes plain arrays of its items ({where}), which would copy the "
+            "numbers of a traced value out and cut the gradient. Write np.concatenate([a, b]) "
+            "(np.atleast_1d for scalars) instead of np.r_[a, b], and np.column_stack([a, b]) "
+            "instead of np.c_[a, b]."
+        )
     if ".dot(" in where:
         advice = (
             "A plain array's method (X.dot(w)) cannot see a traced argument: write "
@@ -426,11 +614,15 @@ class Tracer:
 
     # --- Python values: answered with the concrete value, recorded as a guard -----------
     def __bool__(self) -> bool:
+        if self._level.batch_size is not None:
+            return _batch_answer(self, bool, "bool")
         ans = bool(self._value)
         self._level.add_guard(self._var, "bool", ans)
         return ans
 
     def __int__(self) -> int:
+        if self._level.batch_size is not None:
+            return _batch_answer(self, int, "int")
         ans = int(self._value)
         self._level.add_guard(self._var, "int", ans)
         return ans
@@ -438,6 +630,8 @@ class Tracer:
     def __index__(self) -> int:
         if self.dtype.kind not in "iub":
             raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
+        if self._level.batch_size is not None:
+            return _batch_answer(self, operator.index, "index")
         ans = self._value.__index__()
         self._level.add_guard(self._var, "index", ans)
         return ans
@@ -445,12 +639,16 @@ class Tracer:
     def item(self, *args):
         """The concrete value as a Python scalar; records a guard (the gradient stops here)."""
         v = self._value
+        if self._level.batch_size is not None:
+            return _batch_answer(self, lambda m: m.item(*args), "item")
         ans = v.item(*args) if hasattr(v, "item") else v
         self._level.add_guard(self._var, "item", ans)
         return ans
 
     def tolist(self):
         v = self._value
+        if self._level.batch_size is not None:
+            return _batch_answer(self, lambda m: m.tolist(), "tolist")
         ans = v.tolist()
         self._level.add_guard(self._var, "value", np.array(v))
         return ans
@@ -662,26 +860,28 @@ class Tracer:
         self._assign(_METHODS["__setitem__"](self, idx, value))
 
     # --- methods ----------------------------------------------------------------------
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    # The reductions take ndarray's keywords (initial=, where=, ...) as their np. spellings do;
+    # a keyword is passed on only when given, as ndarray's methods leave NumPy's defaults.
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims)
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def max(self, axis=None, out=None, keepdims=False):
-        return np.max(self, axis=axis, out=out, keepdims=keepdims)
+    def max(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.max(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def min(self, axis=None, out=None, keepdims=False):
-        return np.min(self, axis=axis, out=out, keepdims=keepdims)
+    def min(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.min(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.var(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs)
 
-    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        return np.std(self, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, **kwargs)
 
     def cumsum(self, axis=None, dtype=None, out=None):
         return np.cumsum(self, axis=axis, dtype=dtype, out=out)
@@ -698,11 +898,11 @@ class Tracer:
     def argsort(self, axis=-1, kind=None, order=None):
         return np.argsort(self, axis=axis, kind=kind, order=order)
 
-    def any(self, axis=None, out=None, keepdims=False):
-        return np.any(self, axis=axis, out=out, keepdims=keepdims)
+    def any(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.any(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def all(self, axis=None, out=None, keepdims=False):
-        return np.all(self, axis=axis, out=out, keepdims=keepdims)
+    def all(self, axis=None, out=None, keepdims=False, **kwargs):
+        return np.all(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
     def dot(self, b, out=None):
         return np.dot(self, b, out=out)

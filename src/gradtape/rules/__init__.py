@@ -6,6 +6,7 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 
 from . import (  # noqa: F401  (imported for their declarations)
     array_api,
+    batching,
     conversion,
     elementwise,
     fft,
@@ -26,3 +27,4 @@ from . import (  # noqa: F401  (imported for their declarations)
 )
 
 ufunc_methods.register_all()  # the methods of every ufunc declared above
+batching.declare()  # the batching rules (vmap) of each category of primitive declared above

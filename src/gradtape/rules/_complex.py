@@ -6,11 +6,13 @@ conjugation. A rule written for real numbers can be silently wrong on complex on
 derivative that is not the complex one, a result that should be conjugated, a function with no
 derivative on the reals, such as sign, that has one on the complex plane). So the reverse and
 forward interpreters differentiate an instruction that has complex inputs or outputs only when
-its primitive's complex behaviour is declared here (and tested); any other raises a
-GradtapeError that names it. Real tapes pay one set lookup per instruction.
+its primitive declares its complex behaviour right (Primitive.complex_correct, tested); any
+other raises a GradtapeError that names it, and so does `bind` for a nondifferentiable primitive
+with a complex result (np.sign). Real tapes pay one attribute read per instruction.
 
-Rule files declare their own primitives with `complex_rules(...)`. The primitives of files that
-say nothing about complex numbers are listed below, with the reason their rules hold.
+Rule files declare their own primitives with `complex_rules(...)` (or `complex_correct=True`
+in the declaration). The primitives of files that say nothing about complex numbers are listed
+below, with the reason their rules hold.
 """
 
 from __future__ import annotations
@@ -18,14 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import GradtapeError
-
-# names of the primitives whose VJP and JVP rules are right for complex values
-COMPLEX_RULES: set[str] = set()
+from ..core.primitive import declare_complex_correct
+from ..core.tracing import complex_refusal
 
 
 def complex_rules(*names: str) -> None:
     """Declare that these primitives' rules are right (and tested) for complex values."""
-    COMPLEX_RULES.update(names)
+    declare_complex_correct(*names)
 
 
 complex_rules(
@@ -57,12 +58,19 @@ complex_rules(
     "scan",
     "scan_bwd",
     "while_loop",
+    # nondifferentiable with complex results whose derivative is zero: a rounding (both parts
+    # are rounded), stop_gradient, and the factorizations the solve rules read (their
+    # derivatives are taken by those rules)
+    "rint",
+    "stop_gradient",
+    "cho_factors",
+    "lu_factors",
 )
 
 
 def check_complex(ins) -> None:
     """Raise when instruction `ins` has complex values and its primitive's rules are not
-    declared right for them (call it only for primitives not in COMPLEX_RULES)."""
+    declared right for them (call it only for primitives not declared complex_correct)."""
     for v in ins.outvars:
         if v.dtype.kind == "c":
             break
@@ -79,16 +87,6 @@ def check_complex(ins) -> None:
     if name.startswith(("custom_vjp[", "custom_jvp[")):
         return  # the user's own rule
     raise GradtapeError(complex_refusal(name))
-
-
-def complex_refusal(name: str, why: str = "") -> str:
-    """The message for a primitive that does not differentiate complex values."""
-    return (
-        f"gradtape cannot differentiate {name} of complex values: its derivative rule is "
-        "written for real numbers" + (f" ({why})" if why else "") + ", and applied to complex "
-        "ones it could give a wrong result. Write the computation with real and imaginary "
-        "parts (np.real, np.imag) as real arrays, or give it a rule with gradtape.custom_vjp."
-    )
 
 
 def real_part(x):

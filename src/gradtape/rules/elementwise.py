@@ -74,13 +74,19 @@ def _times_safe(g, partial, ans, args):
 
     The mask asks only where the partial is not finite: elsewhere g * partial is kept as
     recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
+    Concrete values (eager differentiation) pay one sum over the product: a zero times an
+    infinite or NaN partial is NaN, so a product whose sum is not NaN needs no mask. A recorded
+    product (compile, higher order) keeps the mask unless the partial is a finite constant.
     """
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
     d = g * p
-    finite = np.isfinite(p)  # the common case: one pass over the partial, no mask
-    if isinstance(finite, (np.ndarray, np.bool_)) and finite.all():
-        return d
-    return np.where((g == 0) & ~finite, 0, d)
+    if type(d) is not Tracer:
+        if not np.isnan(np.sum(d) if type(d) is np.ndarray else d):
+            return d
+    elif type(p) is not Tracer:  # a constant partial (c * x): finite now, finite on replay
+        if np.isfinite(p).all():
+            return d
+    return np.where((g == 0) & ~np.isfinite(p), 0, d)
 
 
 def _make_jvp(partials, safe: bool, name: str):
@@ -203,6 +209,17 @@ def _arccosh_partial(ans, x):
     return 1 / np.sqrt(x * x - 1)
 
 
+def _inverse(y):
+    """1 / y, with NumPy's inf or nan (and its warning) for a Python zero: `x / 0.0` is inf in
+    NumPy, and its derivative must not raise ZeroDivisionError. A Python number stays one, so
+    it keeps NumPy's weak promotion (a float32 cotangent stays float32)."""
+    if type(y) in (int, float, bool):
+        return float(np.divide(1.0, y))
+    if type(y) is complex:
+        return complex(np.divide(1.0, y))
+    return 1 / y
+
+
 def _max_dx(ans, x, y):
     return (x > y) + 0.5 * (x == y)
 
@@ -225,11 +242,12 @@ subtract = _np("subtract", (1, -1), native=("signed:({0} - {1})", "np.subtract")
 multiply = _np(
     "multiply",
     (lambda ans, x, y: y, lambda ans, x, y: x),
+    safe=True,  # p * log(p) masked where p == 0: the zero cotangent meets log(0) = -inf
     native=("signed:({0} * {1})", "np.multiply"),
 )
 divide = _np(
     "divide",
-    (lambda ans, x, y: 1 / y, lambda ans, x, y: -ans / y),
+    (lambda ans, x, y: _inverse(y), lambda ans, x, y: -ans / y),
     safe=True,
     native=("@invariant_divisor", "float:({0} / {1})", "np.divide"),
 )
@@ -344,7 +362,7 @@ for _name, _native in (
 # --- scipy.special ------------------------------------------------------------------------------
 gammaln = _spec("gammaln", (lambda ans, x: _sp().digamma(x),), native="float64:math.lgamma")
 gamma = _spec("gamma", (lambda ans, x: ans * _sp().digamma(x),), native="float64:math.gamma")
-digamma = _spec("digamma", (lambda ans, x: _sp().polygamma(1, x),))
+digamma = _spec("digamma", (lambda ans, x: _sp().polygamma(1, x),), native="float64:digamma")
 SCIPY_UFUNCS["psi"] = digamma
 zeta = _spec("zeta", (None, lambda ans, s, q: -s * _sp().zeta(s + 1, q)))
 SCIPY_UFUNCS["_zeta"] = zeta  # scipy.special.zeta is a Python function calling this ufunc
@@ -352,7 +370,7 @@ erf = _spec("erf", (lambda ans, x: (2 / _SQRT_PI) * np.exp(-x * x),), native="fl
 erfc = _spec("erfc", (lambda ans, x: (-2 / _SQRT_PI) * np.exp(-x * x),), native="float64:math.erfc")
 erfinv = _spec("erfinv", (lambda ans, x: (_SQRT_PI / 2) * np.exp(ans * ans),))
 expit = _spec("expit", (lambda ans, x: ans * (1 - ans),), native="float:fast_expit")
-logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True)
+logit = _spec("logit", (lambda ans, x: 1 / (x * (1 - x)),), safe=True, native="float64:logit")
 log_expit = _spec("log_expit", (lambda ans, x: _sp().expit(-x),), native="float:fast_log_expit")
 xlogy = _spec(
     "xlogy",
@@ -361,12 +379,19 @@ xlogy = _spec(
     native="float64:xlogy",
 )
 xlog1py = _spec(
-    "xlog1py", (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)), safe=True
+    "xlog1py",
+    (lambda ans, x, y: np.log1p(y), lambda ans, x, y: x / (1 + y)),
+    safe=True,
+    native="float64:xlog1py",
 )
 ndtr = _spec("ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI),), native="float64:ndtr")
-log_ndtr = _spec("log_ndtr", (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),))
+log_ndtr = _spec(
+    "log_ndtr",
+    (lambda ans, x: np.exp(-0.5 * x * x - _LOG_SQRT_2PI - ans),),
+    native="float64:log_ndtr",
+)
 ndtri = _spec("ndtri", (lambda ans, x: np.exp(0.5 * ans * ans + _LOG_SQRT_2PI),), safe=True)
-entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True)
+entr = _spec("entr", (lambda ans, x: -(np.log(x) + 1),), safe=True, native="float64:entr")
 betaln = _spec(
     "betaln",
     (
@@ -518,15 +543,24 @@ SCIPY_UFUNCS["_riemann_zeta"] = Primitive(  # zeta(x) without q: no differentiab
     jvp=lambda ts, ans, x: _zeta_in_x(ans, x),
 )
 rel_entr = _spec(
-    "rel_entr", (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y), safe=True
+    "rel_entr",
+    (lambda ans, x, y: np.log(x / y) + 1, lambda ans, x, y: -x / y),
+    safe=True,
+    native="float64:rel_entr",
 )
-kl_div = _spec("kl_div", (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y), safe=True)
+kl_div = _spec(
+    "kl_div",
+    (lambda ans, x, y: np.log(x / y), lambda ans, x, y: 1 - x / y),
+    safe=True,
+    native="float64:kl_div",
+)
 huber = _spec(
     "huber",
     (
         lambda ans, d, r: np.where(np.abs(r) <= d, 0, np.abs(r) - d),
         lambda ans, d, r: np.where(np.abs(r) <= d, r, d * np.sign(r)),
     ),
+    native="float64:huber",
 )
 
 
@@ -549,7 +583,9 @@ def _pseudo_huber_dr(ans, d, r):
     return np.where(zero, 0.0, d * r / big)
 
 
-pseudo_huber = _spec("pseudo_huber", (_pseudo_huber_dd, _pseudo_huber_dr))
+pseudo_huber = _spec(
+    "pseudo_huber", (_pseudo_huber_dd, _pseudo_huber_dr), native="float64:pseudo_huber"
+)
 
 
 # Removable singularities (sinc at 0, spence's derivative at 1): at the point itself the value

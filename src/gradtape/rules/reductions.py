@@ -18,6 +18,7 @@ from ._util import (
     shape_of,
     shift_axes,
 )
+from .stop import stop_gradient
 
 
 def _no_out(out, name):
@@ -337,8 +338,14 @@ def cumprod(a, axis=None, dtype=None, out=None):
 
 
 # --- no derivative: arg-reductions and predicates (recorded when staging) ----------------------
-def _nondiff_function(func, name, shape_from_data=False):
-    prim = Primitive(name, func, nondiff=True, shape_from_data=shape_from_data)
+def _nondiff_function(func, name, shape_from_data=False, multiple_results=False):
+    prim = Primitive(
+        name,
+        func,
+        nondiff=True,
+        shape_from_data=shape_from_data,
+        multiple_results=multiple_results,
+    )
 
     @implements(func)
     def impl(*args, **kwargs):
@@ -366,7 +373,10 @@ for _f in (
 ):
     if hasattr(_f, "__name__") and not isinstance(_f, np.ufunc):
         _nondiff_function(
-            _f, _f.__name__, shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero)
+            _f,
+            _f.__name__,
+            shape_from_data=_f in (np.nonzero, np.argwhere, np.flatnonzero),
+            multiple_results=_f is np.nonzero,  # a tuple of index arrays, one per axis
         )
 
 
@@ -497,6 +507,34 @@ def _var_masked(a, axes, dtype, ddof, keepdims, where, mean):
     return _astype(total / _count_as(np.maximum(np.subtract(count, ddof), 0), rdtype), rdtype)
 
 
+def _masked_extreme(function, a, selected, fill, axes, keepdims):
+    """function(a) over the `selected` entries, the others filled with `fill` (max or min of
+    where=, nanmax), with the gradient of the selected entries alone.
+
+    A filled entry that ties with the result (every selected entry is -inf in nanmax, or
+    equals initial=) would take a share of the gradient and lose it: such slices give each of
+    the k selected entries attaining the extreme 1/k of it instead.
+    """
+    filled = np.where(selected, a, fill)
+    r = function(filled, axis=axes, keepdims=keepdims)
+    if not hasattr(a, "_var"):
+        return r
+    r_wide = expand_reduced(r, shape_of(a), axes, keepdims)
+    selected = np.broadcast_to(selected, shape_of(a))
+    tied = np.logical_and(np.logical_not(selected), np.equal(filled, r_wide))
+    if not np.any(tied):  # the common case (when staging: a guard)
+        return r
+    hits = np.logical_and(selected, np.equal(a, r_wide))
+    k = np.sum(hits, axis=axes, keepdims=keepdims)
+    share = np.sum(np.where(hits, a, 0), axis=axes, keepdims=keepdims) / np.maximum(k, 1)
+    # r's value exactly (k equal finite values need not sum to k times one) with share's
+    # gradient; an infinite extreme is the share itself
+    finite = np.isfinite(r)
+    finite_share = np.where(finite, share, 0)
+    exact = np.where(finite, stop_gradient(r) + (finite_share - stop_gradient(finite_share)), share)
+    return np.where(np.any(tied, axis=axes, keepdims=keepdims) & (k > 0), exact, r)
+
+
 def _extreme_masked(function, combine, a, axis, keepdims, initial, where):
     """np.max/np.min with where= (which needs initial=, as in NumPy) or initial=."""
     name = combine.__name__
@@ -507,18 +545,23 @@ def _extreme_masked(function, combine, a, axis, keepdims, initial, where):
         )
     axes = normalize_axis(axis, ndim_of(a))
     if where is not True:
-        a = _where_mask(a, where, initial)
+        _where_mask(a, where, initial)  # where= must broadcast to a
     shape = shape_of(a)
     if any(shape[ax] == 0 for ax in axes):  # an empty reduction is `initial`
         kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
         oshape = kshape if keepdims else tuple(d for i, d in enumerate(shape) if i not in axes)
         dt = np.result_type(dtype_of(a), dtype_of(initial) if hasattr(initial, "_var") else initial)
         return (
-            combine(np.zeros(oshape, dt), initial)
+            np.full(oshape, initial, dt)
             if not hasattr(initial, "_var")
             else (np.broadcast_to(_astype(initial, dt), oshape))
         )
-    return combine(function(a, axis=axes, keepdims=keepdims), initial)
+    if where is not True:
+        fill = _astype(initial, dtype_of(a)) if hasattr(initial, "_var") else initial
+        r = _masked_extreme(function, a, where, fill, axes, keepdims)
+    else:
+        r = function(a, axis=axes, keepdims=keepdims)
+    return combine(r, initial)
 
 
 def _ufunc_reduce(function, a, axis, dtype, out, keepdims, initial, where):
@@ -610,7 +653,7 @@ def _nan_extreme(function, fill, a, axis, out, keepdims, initial, where, name):
     if any(shape[ax] == 0 for ax in axes):
         return function(a, axis=axes, keepdims=keepdims, **kwargs)  # initial, or NumPy's error
     none = np.all(mask, axis=axes, keepdims=keepdims)
-    r = function(np.where(mask, fill, a), axis=axes, keepdims=keepdims)
+    r = _masked_extreme(function, a, ~mask, fill, axes, keepdims)
     r = np.where(none, np.nan, r)
     if initial is not None:
         r = (np.fmax if name == "nanmax" else np.fmin)(r, initial)

@@ -90,6 +90,10 @@ def _trans_code(trans) -> int:
 
 def _real_square(a, what: str):
     _refuse_complex(f"scipy.linalg.{what}", a)
+    return _square(a)
+
+
+def _square(a):
     a = _operand(a)
     if ndim_of(a) < 2 or shape_of(a)[-1] != shape_of(a)[-2]:
         raise ValueError("expected square matrix")
@@ -98,8 +102,9 @@ def _real_square(a, what: str):
 
 # --- cholesky, cho_factor, cho_solve --------------------------------------------------------------
 def cholesky(a, lower=False, overwrite_a=False, check_finite=True):
-    """The factor alone (the other triangle zero): NumPy's cholesky rule."""
-    return np.linalg.cholesky(_real_square(a, "cholesky"), upper=not lower)
+    """The factor alone (the other triangle zero): NumPy's cholesky rule (real symmetric or
+    complex Hermitian a, read from the triangle SciPy reads)."""
+    return np.linalg.cholesky(_square(a), upper=not lower)
 
 
 def cho_factor(a, lower=False, overwrite_a=False, check_finite=True):

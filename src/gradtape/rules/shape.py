@@ -75,11 +75,20 @@ concatenate_p = Primitive(
     jvp_batched=True,
 )
 
+
+def _cast(t, dtype):
+    """A cotangent or tangent cast to `dtype`: from complex to real it is the real part (the
+    transpose of the real-to-complex cast; `astype` would warn that it discards the rest)."""
+    if dtype.kind != "c" and dtype_of(t).kind == "c":
+        t = np.real(t)
+    return t.astype(dtype)
+
+
 astype_p = Primitive(
     "astype",
     lambda x, dtype: x.astype(dtype),
-    vjps=(lambda g, ans, x, dtype: g.astype(dtype_of(x)),),
-    jvp=lambda ts, ans, x, dtype: ts[0].astype(dtype),
+    vjps=(lambda g, ans, x, dtype: _cast(g, dtype_of(x)),),
+    jvp=lambda ts, ans, x, dtype: _cast(ts[0], dtype),
     linear=True,
     jvp_batched=True,
     native="@convert",

@@ -17,6 +17,24 @@ stop_gradient_p = Primitive("stop_gradient", _stop_impl, nondiff=True, identity=
 
 
 def stop_gradient(x):
-    """`x` as a constant: no derivative flows through it (a pytree of arrays is accepted)."""
+    """`x` as a constant: no derivative flows through it.
+
+    Parameters
+    ----------
+    x : array, float or pytree of them
+        Traced or plain values.
+
+    Returns
+    -------
+    array, float or pytree
+        The same values, treated as constants by every transform.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.grad(lambda x: np.sum(x * gt.stop_gradient(x)))(np.array([1.0, 2.0])))
+    [1. 2.]
+    """
     leaves, td = tree_flatten(x)
     return tree_unflatten(td, [bind(stop_gradient_p, (v,), {}) for v in leaves])

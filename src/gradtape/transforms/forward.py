@@ -24,10 +24,17 @@ from ..core.errors import GradtapeError
 from ..core.ir import Instruction, Tape, Var
 from ..core.pytree import TreeDef, tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import Level, LevelKind, Tracer, new_level
-from ..rules._complex import COMPLEX_RULES, check_complex
+from ..rules._complex import check_complex
 from ..rules._util import dtype_of, shape_of
 from . import arguments
-from .reverse import _check_differentiable, _lower, _normalize_argnums, _trace_call, cast_to
+from .reverse import (
+    _check_differentiable,
+    _lower,
+    _normalize_argnums,
+    _trace_call,
+    cast_to,
+    name_forward_line,
+)
 
 # the largest batch of tangents pushed at once, in elements of the largest tape variable
 _MAX_BATCH_ELEMENTS = 1 << 22
@@ -51,7 +58,11 @@ def _forward(tape: Tape, tangents: dict, keep: set | None, batch: int | None) ->
     for k, ins in enumerate(tape.instructions):
         ts = [None if v is None else tangents.get(v.id) for v in ins.invars]
         if any(t is not None for t in ts):
-            out = _apply_jvp(ins, ts, batch)
+            try:
+                out = _apply_jvp(ins, ts, batch)
+            except Exception as error:
+                name_forward_line(error, ins)
+                raise
             if ins.prim.multiple_results:
                 for v, t in zip(ins.outvars, out if out is not None else ()):
                     _store(tangents, v, t, batch, ins)
@@ -78,7 +89,7 @@ def _dead_after(tape: Tape) -> dict:
 
 def _apply_jvp(ins: Instruction, ts: list, batch: int | None):
     prim = ins.prim
-    if prim.name not in COMPLEX_RULES:
+    if not prim.complex_correct:
         check_complex(ins)
     rule = prim.jvp
     if rule is None:
@@ -252,9 +263,36 @@ def _split_aux(out, who: str):
 def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
     """Forward mode: `(f(*primals), J @ tangents)`, from one recorded pass of f.
 
-    Each tangent has its primal's structure, shapes and dtype (a Python number takes
-    its primal's dtype). With has_aux, f returns `(output, aux)` and jvp returns
-    `(output, tangent, aux)`.
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    primals : sequence
+        The point, one value per positional argument of `f`.
+    tangents : sequence
+        One tangent per primal, with its primal's structure, shapes and dtype (a Python number
+        takes its primal's dtype).
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; `jvp` then returns `(output, tangent_out, aux)`.
+
+    Returns
+    -------
+    tuple
+        `(output, tangent_out)`: the output of `f` and its directional derivative.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated, or a tangent does not match its
+        primal.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> out, tangent = gt.jvp(lambda x: x**2, (np.array([1.0, 2.0]),), (np.array([1.0, 0.0]),))
+    >>> print(out, tangent)
+    [1. 4.] [2. 0.]
     """
     arguments.check_function(f, "jvp")
     tangent_leaves = _tangent_leaves(primals, tangents, "jvp")
@@ -482,6 +520,36 @@ def jacfwd(
     Shapes and structure follow JAX: out.shape + in.shape per (output leaf, input leaf).
     Best when the input is smaller than the output. Inputs are real (outputs may be complex),
     or, with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex inputs.
+
+    Returns
+    -------
+    callable
+        `jac(*args)` returning the Jacobian blocks.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated, or a complex input without
+        `holomorphic=True`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.jacfwd(lambda x: x**2)(np.array([1.0, 2.0])))
+    [[2. 0.]
+     [0. 4.]]
     """
     return jacobian_transform(f, argnums, has_aux, jacobian_by_columns, "jacfwd", holomorphic)
 

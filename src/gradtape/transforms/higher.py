@@ -139,6 +139,35 @@ def jacrev(
 
     Outputs are real (a complex input z gets JAX's df/dx - i df/dy per output element), or,
     with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex inputs.
+
+    Returns
+    -------
+    callable
+        `jac(*args)` returning blocks of shape out.shape + in.shape, laid out as JAX's jacrev.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.jacrev(lambda x: np.cumsum(x))(np.array([1.0, 2.0])))
+    [[1. 0.]
+     [1. 1.]]
     """
     return jacobian_transform(f, argnums, has_aux, jacobian_by_rows, "jacrev", holomorphic)
 
@@ -155,6 +184,39 @@ def jacobian(
     Each block has shape out.shape + in.shape, laid out as JAX's jacfwd/jacrev do. Complex
     values as in jacfwd (real inputs) and jacrev (real outputs); "auto" picks the mode they
     allow. holomorphic=True: f is holomorphic in complex inputs and the blocks are f'(z).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    mode : {"auto", "forward", "reverse"}, default "auto"
+        Forward mode for inputs smaller than outputs, reverse mode otherwise ("auto").
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex inputs.
+
+    Returns
+    -------
+    callable
+        `jac(*args)` returning the Jacobian blocks.
+
+    Raises
+    ------
+    ValueError
+        For an unknown `mode`.
+    GradtapeError
+        When `f` does something that cannot be differentiated.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.jacobian(lambda x: x**2)(np.array([1.0, 2.0])))
+    [[2. 0.]
+     [0. 4.]]
     """
     if mode not in _MODES:
         raise GradtapeError(f"jacobian: mode={mode!r}; use one of {', '.join(_MODES)}.")
@@ -192,6 +254,35 @@ def hessian(
 
     Inputs are real (intermediates may be complex), or, with holomorphic=True, f is a
     holomorphic function of complex inputs with a complex output, and the result is f''(z).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code returning a real scalar.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    has_aux : bool, default False
+        `f` returns `(value, aux)`; the result is then `(hessian, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex inputs.
+
+    Returns
+    -------
+    callable
+        `h(*args)` returning the Hessian, shape x.shape + x.shape for an array argument x.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated twice.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.hessian(lambda x: np.sum(x**3))(np.array([1.0, 2.0])))
+    [[ 6.  0.]
+     [ 0. 12.]]
     """
     arguments.check_function(f, "hessian")
     arguments.check_argnums(argnums, "hessian")
@@ -201,11 +292,51 @@ def hessian(
     return jacobian_transform(g, argnums, has_aux, jacobian_by_columns, "hessian", holomorphic)
 
 
-def hvp(f: Callable, x, v):
-    """The Hessian of scalar f at x times v, without forming the Hessian.
+_CURRIED = object()
 
-    Forward over reverse: one jvp of grad(f), so it costs a few gradients. x may be a
-    pytree; v has its structure, shapes and dtypes.
+
+def hvp(f: Callable, x=_CURRIED, v=None, *args):
+    """The Hessian of scalar f (in its first argument) at x times v, without forming it.
+
+    Forward over reverse: one jvp of grad(f), so it costs a few gradients. Two spellings:
+    `hvp(f, x, v, *args)` and `hvp(f)(x, v, *args)` (a function, to compose with vmap and
+    compile); f is called as `f(x, *args)`.
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code returning a real scalar, differentiated in its first argument.
+    x : array or pytree
+        The point (omitted: hvp returns the function of (x, v, *args)).
+    v : array or pytree
+        The direction, with the structure, shapes and dtypes of `x`.
+    *args
+        Further arguments of `f`, passed through (not differentiated).
+
+    Returns
+    -------
+    array or pytree
+        H(x) @ v, with the structure of `x` (or, with only `f`, the function computing it).
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated twice.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.hvp(lambda x: np.sum(x**3), np.array([1.0, 2.0]), np.array([1.0, 0.0])))
+    [6. 0.]
+    >>> print(gt.hvp(lambda x, a: a * np.sum(x**3))(np.ones(2), np.array([1.0, 0.0]), 2.0))
+    [12.  0.]
     """
     arguments.check_function(f, "hvp")
-    return jvp(grad(_scalar_checked(f, "hvp")), (x,), (v,))[1]
+    if x is _CURRIED:
+        return lambda x, v, *args: hvp(f, x, v, *args)
+    if args:
+        g = grad(_scalar_checked(lambda y: f(y, *args), "hvp"))
+    else:
+        g = grad(_scalar_checked(f, "hvp"))
+    return jvp(g, (x,), (v,))[1]

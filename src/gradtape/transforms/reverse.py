@@ -9,10 +9,10 @@ import numpy as np
 
 from ..core import tracing as trace
 from ..core.errors import GradtapeError
-from ..core.ir import Tape
+from ..core.ir import Tape, source_text
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import LevelKind, new_level
-from ..rules._complex import COMPLEX_RULES, check_complex, real_part
+from ..rules._complex import check_complex, real_part
 from ..rules._util import dtype_of
 from ..rules.indexing import SparseCotangent, materialize
 from . import arguments
@@ -63,6 +63,25 @@ def cast_to(ct, dtype: np.dtype):
     return ct.astype(dtype)
 
 
+FORWARD_LINE = "\n  (in the derivative of {op}, recorded at {where})"
+
+
+def name_forward_line(error: BaseException, ins) -> None:
+    """Add the user's source line of `ins` (the forward operation whose derivative rule raised)
+    to `error`: to a GradtapeError's message, as a note to any other exception. Once: an error
+    passing through several nested backward passes keeps the innermost line."""
+    where = source_text(getattr(ins, "source", None))
+    if where is None or getattr(error, "_gradtape_forward_line", False):
+        return
+    text = FORWARD_LINE.format(op=ins.prim.name, where=where)
+    add_note = getattr(error, "add_note", None)  # Python 3.11 and later
+    if isinstance(error, GradtapeError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        error.args = (error.args[0] + text,)
+    elif add_note is not None:
+        add_note(text.strip())
+    setattr(error, "_gradtape_forward_line", True)  # noqa: B010  (an attribute of any exception)
+
+
 def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
     """Run the tape backwards from `cotangents` of `outvars`; returns var id -> cotangent.
 
@@ -80,43 +99,48 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
     for v, ct in zip(outvars, cotangents):
         if v is not None and ct is not None:
             _accumulate(acc, v, ct)
-    for ins in reversed(tape.instructions):
-        prim = ins.prim
-        if prim.multiple_results:
-            gs = [acc.pop(v.id, None) for v in ins.outvars]
-            if all(g is None for g in gs):
-                continue
-            if prim.vjp_all is not None:  # takes None for outputs with no cotangent
-                g = tuple(None if gi is None else _resolve(gi) for gi in gs)
+    ins = None
+    try:
+        for ins in reversed(tape.instructions):
+            prim = ins.prim
+            if prim.multiple_results:
+                gs = [acc.pop(v.id, None) for v in ins.outvars]
+                if all(g is None for g in gs):
+                    continue
+                if prim.vjp_all is not None:  # takes None for outputs with no cotangent
+                    g = tuple(None if gi is None else _resolve(gi) for gi in gs)
+                else:
+                    g = tuple(
+                        np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
+                        for v, gi in zip(ins.outvars, gs)
+                    )
             else:
-                g = tuple(
-                    np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
-                    for v, gi in zip(ins.outvars, gs)
-                )
-        else:
-            g = acc.pop(ins.outvars[0].id, None)
-            if g is None:
+                g = acc.pop(ins.outvars[0].id, None)
+                if g is None:
+                    continue
+                g = _resolve(g)
+            if not prim.complex_correct:
+                check_complex(ins)
+            vjp_all = prim.vjp_all
+            if vjp_all is not None:
+                cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
+                for v, ct in zip(ins.invars, cts):
+                    if v is not None and ct is not None:
+                        _accumulate(acc, v, ct)
                 continue
-            g = _resolve(g)
-        if prim.name not in COMPLEX_RULES:
-            check_complex(ins)
-        vjp_all = prim.vjp_all
-        if vjp_all is not None:
-            cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
-            for v, ct in zip(ins.invars, cts):
-                if v is not None and ct is not None:
+            vjps = prim.vjps
+            for i, v in enumerate(ins.invars):
+                if v is None:
+                    continue
+                rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
+                if rule is None:
+                    continue
+                ct = rule(g, ins.out, *ins.args, **ins.params)
+                if ct is not None:
                     _accumulate(acc, v, ct)
-            continue
-        vjps = prim.vjps
-        for i, v in enumerate(ins.invars):
-            if v is None:
-                continue
-            rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
-            if rule is None:
-                continue
-            ct = rule(g, ins.out, *ins.args, **ins.params)
-            if ct is not None:
-                _accumulate(acc, v, ct)
+    except Exception as error:
+        name_forward_line(error, ins)
+        raise
     return {k: _resolve(e) for k, e in acc.items()}
 
 
@@ -282,11 +306,42 @@ def check_input_dtypes(in_trees, who: str, holomorphic: bool) -> None:
 def value_and_grad(
     f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
 ) -> Callable:
-    """`f(*args) -> (f(*args), gradient)`; the gradient has the structure of the argument(s).
+    """The value of a scalar function and its gradient from one pass: `(value, gradient)`.
 
-    f returns a real scalar; the gradient with respect to a complex argument z follows JAX:
+    `f` returns a real scalar; the gradient with respect to a complex argument z follows JAX:
     df/dx - i df/dy (for |z|^2 that is 2 conj(z)). With holomorphic=True, f is a holomorphic
-    function of complex arguments with a complex scalar output, and the gradient is f'(z).
+    function of complex arguments with a complex scalar output, and the gradient is f'(z). This
+    is what `scipy.optimize.minimize(fun, x0, jac=True)` expects.
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code returning a real scalar, or `(scalar, aux)` with `has_aux=True`.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate.
+    has_aux : bool, default False
+        `f` returns `(value, aux)`; the result is then `((value, aux), gradient)`, as in JAX.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex arguments with a complex scalar output.
+
+    Returns
+    -------
+    callable
+        `vg(*args, **kwargs)` returning `(value, gradient)`; the gradient has the structure of the
+        differentiated argument(s).
+
+    Raises
+    ------
+    GradtapeError
+        As `grad`: an operation that cannot be differentiated, named with its source line.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> value, g = gt.value_and_grad(lambda x: np.sum(x**2))(np.array([1.0, 2.0]))
+    >>> print(float(value), g)
+    5.0 [2. 4.]
     """
     arguments.check_function(f, "value_and_grad")
     arguments.check_argnums(argnums, "value_and_grad")
@@ -324,10 +379,45 @@ def value_and_grad(
 def grad(
     f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
 ) -> Callable:
-    """The gradient of a scalar function, with respect to argument(s) `argnums`.
+    """The gradient of a scalar function with respect to argument(s) `argnums`.
 
     For complex arguments of a real function the gradient is JAX's, df/dx - i df/dy;
     holomorphic=True differentiates a holomorphic function with a complex output (f'(z)).
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code returning a real scalar (a Python float, a 0-d array, or a size-1
+        array), or `(scalar, aux)` with `has_aux=True`.
+    argnums : int or sequence of int, default 0
+        Which positional argument(s) to differentiate. Arguments may be arrays, floats, or nested
+        tuples, lists and dicts of them.
+    has_aux : bool, default False
+        `f` returns `(value, aux)`; the returned function then gives `(gradient, aux)`.
+    holomorphic : bool, default False
+        `f` is holomorphic in complex arguments with a complex scalar output.
+
+    Returns
+    -------
+    callable
+        `g(*args, **kwargs)` returning the gradient, with the structure, shape and dtype of the
+        differentiated argument (a tuple of them when `argnums` is a tuple).
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated (`float(x)` of a traced value, a
+        function with no rule, a non-scalar output); the message names the operation, the line
+        and what to write instead.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> def f(x):
+    ...     return np.sum(x**2)
+    >>> print(gt.grad(f)(np.array([1.0, 2.0])))
+    [2. 4.]
     """
     arguments.check_function(f, "grad")
     arguments.check_argnums(argnums, "grad")
@@ -342,8 +432,37 @@ def grad(
     return arguments.TransformedFunction(grad_f, grad, f, (argnums, has_aux, holomorphic))
 
 
-def vjp(f: Callable, *primals, has_aux: bool = False) -> tuple[Any, Callable]:
-    """`(f(*primals), vjp_fn)`; `vjp_fn(cotangent)` returns one cotangent per primal."""
+def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
+    """Reverse mode for any output: `(f(*primals), vjp_fn)`.
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code; its output may be any structure of arrays.
+    *primals
+        The point at which to differentiate, one value per positional argument of `f`.
+    has_aux : bool, default False
+        `f` returns `(output, aux)`; `vjp` then returns `(output, vjp_fn, aux)`.
+
+    Returns
+    -------
+    tuple
+        `(output, vjp_fn)`: `vjp_fn(cotangent)` takes a cotangent with the output's structure,
+        shapes and dtypes and returns a tuple with one cotangent per primal.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be differentiated (named with its source line).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> out, vjp_fn = gt.vjp(lambda x: x**2, np.array([1.0, 2.0]))
+    >>> print(out, vjp_fn(np.array([1.0, 1.0])))
+    [1. 4.] (array([2., 4.]),)
+    """
     arguments.check_function(f, "vjp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:

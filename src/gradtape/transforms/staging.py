@@ -17,6 +17,33 @@ def trace_fn(f: Callable, *args, **kwargs) -> Tape:
 
     Every leaf of every argument becomes a tape input. Guards (Python values the
     function asked of traced values) are listed after the instructions.
+
+    Parameters
+    ----------
+    f : callable
+        Plain NumPy/SciPy code.
+    *args, **kwargs
+        The arguments to call `f` with.
+
+    Returns
+    -------
+    Tape
+        The recorded program: inputs, instructions, outputs and guards.
+
+    Raises
+    ------
+    GradtapeError
+        When `f` does something that cannot be recorded (the message says what to write instead).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> print(gt.trace(lambda x: np.sum(np.exp(x)), np.array([1.0, 2.0])))
+    { lambda a:f64[2] .
+        b:f64[2] = exp a
+        c:f64[] = reduce_sum[axes=(0,), keepdims=False] b
+      in (c) }
     """
     with new_level(LevelKind.STAGE) as level:
         inputs = []

@@ -15,6 +15,8 @@ One job per module:
 * `loops`: native drivers of loop primitives (scan, its backward loop, while_loop).
 * `runtime`, `fastmath`: what the kernels import (helpers, vectorizable libm).
 * `cache`: the disk cache of kernel modules.
+* `export`: native handles (`CompiledFunction.as_native`): a variant's kernels behind a
+  Numba function and a C entry point (`export_runtime`: what those entry points import).
 
 Importing this package imports neither Numba nor its modules; `backend` registers the
 backend (gradtape.compile imports it).

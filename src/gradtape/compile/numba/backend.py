@@ -33,11 +33,14 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import math
+import os
 import queue
+import sys
 import threading
 import time
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -48,7 +51,7 @@ from ..program import Program
 from . import cache, codegen
 from .kernel import KernelArg
 from .parallel import PARALLEL_MIN_CHUNK
-from .wrapper import STATUS_LAYOUT
+from .wrapper import STATUS_LAYOUT, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
 # Numba's compile time grows faster than the program (a Python loop of 1000 scalar steps,
@@ -58,7 +61,17 @@ MAX_NATIVE_STAGES = 4000
 
 class NativeFallbackWarning(UserWarning):
     """Part of a compiled function runs through NumPy (a primitive without native code, or a
-    kernel Numba could not compile): results are exact, only slower."""
+    kernel Numba could not compile): results are exact, only slower.
+
+    Emitted once per cause by the numba backend and by the native drivers of loops.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import gradtape as gt
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", gt.NativeFallbackWarning)
+    """
 
 
 _warned: set[str] = set()
@@ -94,7 +107,24 @@ def set_num_threads(n: int) -> None:
     added in chunk order, so results do not depend on thread timing. Variants already
     compiled with such loops get kernels for `n` threads: compiled before this returns on
     backend="numba" (or loaded from the cache), in the background on "auto" (their current
-    kernels run until then).
+    kernels run until then). Without Numba the setting is kept and has no effect.
+
+    Parameters
+    ----------
+    n : int
+        The number of threads, at least 1.
+
+    Raises
+    ------
+    ValueError
+        When `n` is less than 1.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> gt.set_num_threads(1)
+    >>> gt.get_num_threads()
+    1
     """
     n = int(n)
     if n < 1:
@@ -108,7 +138,19 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    """The number of threads fused loops use (see set_num_threads)."""
+    """The number of threads fused loops use (see `set_num_threads`).
+
+    Returns
+    -------
+    int
+        The current count (default 1).
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> gt.get_num_threads() >= 1
+    True
+    """
     return _threads[0]
 
 
@@ -148,15 +190,21 @@ class NativeKernels:
         _compiler().put(self)
 
     def compile_now(self) -> None:
-        """Compile in this thread (or wait for the background compiler doing it)."""
-        with self.lock:
-            mine = self.state in (NEW, QUEUED)
+        """Compile in this thread (or wait for the thread doing it; if that compile is
+        interrupted, this thread takes over)."""
+        while True:
+            with self.lock:
+                mine = self.state in (NEW, QUEUED)
+                if mine:
+                    self.state = COMPILING
+                ready = self.ready
             if mine:
-                self.state = COMPILING
-        if mine:
-            self._compile()
-        else:
-            self.ready.wait()
+                self._compile()
+                return
+            ready.wait()
+            with self.lock:
+                if self.state in (READY, FAILED):
+                    return
 
     def _compile(self) -> None:
         start = time.perf_counter()
@@ -168,6 +216,11 @@ class NativeKernels:
         except Exception as exc:  # Numba rejected the generated code: stay on numpy
             functions, from_cache = None, False
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        except BaseException:
+            # KeyboardInterrupt (or SystemExit) in the middle of a compile: nothing was
+            # built; the next request compiles again, and threads waiting are woken to do it
+            self._interrupted()
+            raise
         with self.lock:
             self.functions = functions
             self.error = error
@@ -180,9 +233,28 @@ class NativeKernels:
         for callback in listeners:
             callback(self)
 
+    def _interrupted(self) -> None:
+        with self.lock:
+            self.state = NEW
+            woken, self.ready = self.ready, threading.Event()
+        woken.set()
 
-_REGISTRY: dict[str, NativeKernels] = {}
+    def _reset_after_fork(self) -> None:
+        """In a forked child: fresh locks; a compile the parent had queued or running is
+        requested again by the next call (no thread of the parent exists here)."""
+        self.lock = threading.Lock()
+        if self.state in (QUEUED, COMPILING):
+            self.state = NEW
+            self.ready = threading.Event()
+
+
+# kernels by module key, shared by the variants whose generated text is equal; at most
+# config.max_kernels() (GRADTAPE_MAX_KERNELS), least recently used dropped first (the
+# variants still using dropped kernels keep them; the next variant with that text compiles
+# again, or loads them from the disk cache)
+_REGISTRY: OrderedDict[str, NativeKernels] = OrderedDict()
 _registry_lock = threading.Lock()
+_ALL_KERNELS: weakref.WeakSet = weakref.WeakSet()  # every live NativeKernels (fork reset)
 
 
 def kernels_for(generated: codegen.Generated) -> NativeKernels:
@@ -190,6 +262,12 @@ def kernels_for(generated: codegen.Generated) -> NativeKernels:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
             nk = _REGISTRY[generated.key] = NativeKernels(generated)
+            _ALL_KERNELS.add(nk)
+            limit = config.max_kernels()
+            while len(_REGISTRY) > limit:
+                _REGISTRY.popitem(last=False)
+        else:
+            _REGISTRY.move_to_end(generated.key)
         return nk
 
 
@@ -221,16 +299,28 @@ class _Compiler:
             self.busy += 1
         self.queue.put(nk)
 
+    def put_startup(self) -> None:
+        """Start Numba's import and initialization now, in this thread (see prepare)."""
+        with self.idle:
+            self.busy += 1
+        self.queue.put(None)
+
     def _work(self) -> None:
         while True:
             nk = self.queue.get()
             try:
-                with nk.lock:
-                    mine = nk.state == QUEUED and not self.stopping
+                with _short_switch_interval():
+                    if nk is None:
+                        _numba_startup()
+                        continue
+                    with nk.lock:
+                        mine = nk.state == QUEUED and not self.stopping
+                        if mine:
+                            nk.state = COMPILING
                     if mine:
-                        nk.state = COMPILING
-                if mine:
-                    nk._compile()
+                        nk._compile()
+            except BaseException:  # (_compile reset the kernels; this thread keeps serving)
+                pass
             finally:
                 with self.idle:
                     self.busy -= 1
@@ -239,6 +329,31 @@ class _Compiler:
     def wait(self, timeout: float | None) -> bool:
         with self.idle:
             return self.idle.wait_for(lambda: self.busy == 0, timeout)
+
+
+# While the compiler thread works, Python switches threads every COMPILING_SWITCH_INTERVAL
+# seconds instead of every 5 ms: Numba's import and compiler run Python code holding the GIL,
+# and a caller that never pauses would otherwise wait up to one interval at every switch
+COMPILING_SWITCH_INTERVAL = 0.0005
+_switch_lock = threading.Lock()
+_switch_saved: list[float] = []  # the interval before the compiler shortened it
+
+
+class _short_switch_interval:
+    def __enter__(self):
+        with _switch_lock:
+            if not _switch_saved:
+                _switch_saved.append(sys.getswitchinterval())
+                sys.setswitchinterval(min(_switch_saved[0], COMPILING_SWITCH_INTERVAL))
+
+    def __exit__(self, *exc):
+        with _switch_lock:
+            if _switch_saved:
+                # (a value the program set meanwhile is left alone)
+                if sys.getswitchinterval() == min(_switch_saved[0], COMPILING_SWITCH_INTERVAL):
+                    sys.setswitchinterval(_switch_saved[0])
+                _switch_saved.clear()
+        return False
 
 
 _compiler_instance: list[_Compiler] = []
@@ -257,6 +372,111 @@ def wait_for_kernels(timeout: float | None = None) -> bool:
     if not _compiler_instance:
         return True
     return _compiler_instance[0].wait(timeout)
+
+
+def wait_for_native(timeout: float | None = None) -> bool:
+    """Wait until the native code being compiled in the background is ready.
+
+    With `backend="auto"` a compiled function answers its first calls on the numpy backend
+    while a background thread compiles its native kernels (and eager loops get native
+    drivers after a few calls); this blocks until that thread has nothing left to do, so
+    the next calls run native code. Useful before timing, or before forking workers.
+
+    Args:
+        timeout: the longest wait in seconds (None: as long as it takes).
+
+    Returns:
+        True when nothing is left to compile (also when Numba is not installed or turned
+        off), False when the timeout expired first.
+
+    Example:
+        >>> import numpy as np, gradtape as gt
+        >>> f = gt.compile(gt.grad(lambda x: np.sum(np.sin(x))))
+        >>> _ = f(np.ones(3))
+        >>> gt.wait_for_native(60)
+        True
+    """
+    return wait_for_kernels(timeout)
+
+
+# --- fork safety -----------------------------------------------------------------------------
+# A child created by os.fork (or multiprocessing's fork start method) has only the forking
+# thread. Before the fork, this waits for Numba's startup and for a compile in progress (their
+# locks and half-imported modules would be held forever by a thread the child does not have);
+# in the child, every lock is new, the compiler thread is started again when needed, and kernels
+# the parent had queued are requested again by their next call.
+FORK_WAIT_SECONDS = 120.0  # the longest a fork waits for a compile in progress
+_fork_held: list = []  # the locks the forking thread holds across the fork
+
+
+def _numba_compiler_lock():
+    """Numba's global compiler lock (an RLock inside it), if Numba has been imported."""
+    module = sys.modules.get("numba.core.compiler_lock")
+    return getattr(module, "global_compiler_lock", None)
+
+
+def _before_fork() -> None:
+    _fork_held.clear()
+    if _startup_lock.acquire(timeout=FORK_WAIT_SECONDS):
+        _fork_held.append(_startup_lock)
+    numba_lock = _numba_compiler_lock()
+    if numba_lock is not None and numba_lock._lock.acquire(timeout=FORK_WAIT_SECONDS):
+        _fork_held.append(numba_lock._lock)
+
+
+def _after_fork_in_parent() -> None:
+    for lock in reversed(_fork_held):
+        lock.release()
+    _fork_held.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _startup_lock, _registry_lock, _compiler_lock, _warn_lock, _threads_lock
+    global _switch_lock
+    _fork_held.clear()
+    _startup_lock = threading.Lock()
+    _registry_lock = threading.Lock()
+    _compiler_lock = threading.Lock()
+    _warn_lock = threading.Lock()
+    _threads_lock = threading.Lock()
+    _switch_lock = threading.Lock()
+    numba_lock = _numba_compiler_lock()
+    if numba_lock is not None:
+        numba_lock._lock = threading.RLock()
+    _compiler_instance.clear()  # its thread is the parent's
+    _startup_requested.clear()
+    if _switch_saved:  # the parent's compiler thread was working: the usual interval here
+        sys.setswitchinterval(_switch_saved.pop())
+    for nk in list(_ALL_KERNELS):
+        nk._reset_after_fork()
+    if _threads[0] > 1 and _gnu_openmp_started():
+        # GNU OpenMP kills a forked child that starts a parallel region ("fork() called from
+        # a process already using GNU OpenMP"): the child runs its loops in one thread
+        _threads[0] = 1
+        for variant in list(_thread_dependent):
+            variant._single_thread_after_fork()
+
+
+def _gnu_openmp_started() -> bool:
+    """Whether Numba's threading layer has started, and is GNU OpenMP (not fork-safe)."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is None or not getattr(parallel, "_is_initialized", False):
+        return False
+    try:
+        if parallel.threading_layer() != "omp":
+            return False
+        omppool = sys.modules.get("numba.np.ufunc.omppool")
+        return getattr(omppool, "openmp_vendor", "GNU") == "GNU"
+    except Exception:
+        return True  # unknown: one thread is always safe
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 # --- building kernels (imports Numba) ------------------------------------------------------------
@@ -351,7 +571,7 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
         try:
             return numpy_run(*args)
         finally:
-            if not state.requested:
+            if nk.state is NEW:  # (again after an interrupted compile or in a forked child)
                 state.requested = True
                 nk.request()
 
@@ -362,7 +582,11 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
             and (O is None or all(o.flags.c_contiguous for o in O))
         ):
             return numpy_run(*args, O)  # (a layout the kernel rejects however it is copied)
-        args = tuple(np.ascontiguousarray(a) if type(a) is np.ndarray else a for a in args)
+        # (np.ascontiguousarray would make a 0-d argument 1-d: only the strided are copied)
+        args = tuple(
+            np.ascontiguousarray(a) if type(a) is np.ndarray and not a.flags.c_contiguous else a
+            for a in args
+        )
         if O is None:
             return state.run(*args, None)
         contiguous = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in O]
@@ -398,13 +622,26 @@ def _generated(program: Program, threads: int) -> codegen.Generated | None:
         generated.loops or any(s.kind in ("loop", "scalar", "op") for s in generated.plan.stages)
     ):
         return None  # nothing native to do: the numpy backend's code is better
+    complex_names: list = []
     for stage in generated.plan.stages:
         if stage.kind == "python" and id(stage.members[0]) not in generated.loops:
-            name = stage.members[0].prim.name
+            ins = stage.members[0]
+            name = ins.prim.name
+            if any(v is not None and v.dtype.kind == "c" for v in (*ins.invars, *ins.outvars)):
+                if name not in complex_names:
+                    complex_names.append(name)
+                continue
             warn_once(
                 f"numba backend: primitive {name!r} has no native translation; it "
                 "runs through NumPy between the native kernels (exact, slower)"
             )
+    if complex_names:
+        warn_once(
+            "numba backend: complex values are not lowered to native code ("
+            + ", ".join(complex_names)
+            + " of complex values); they run through NumPy between the native kernels "
+            "(exact, slower)"
+        )
     return generated
 
 
@@ -466,13 +703,7 @@ class NumbaLowered:
     def _build(self, source: str, extra: dict) -> Callable:
         """The wrapper's `run`, from its source and constants."""
         consts = dict(extra)
-        consts.update(
-            state=self._state,
-            empty=np.empty,
-            array=np.array,
-            asarray=np.asarray,
-            ascontiguous=np.ascontiguousarray,
-        )
+        consts.update(runtime_functions(), state=self._state)
         namespace: dict = {}
         exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"), namespace)
         return namespace["_build"](consts)
@@ -514,6 +745,30 @@ class NumbaLowered:
         else:
             nk.request()
             nk.when_ready(swap)
+
+    def _single_thread_after_fork(self) -> None:
+        """In a forked child whose parallel loops would be killed by GNU OpenMP: the kernels
+        run become stand-ins that, at their first call, switch this variant to its kernels
+        for one thread (compiled then, or loaded from the cache) and call those."""
+        if self.native is None or not self.native.parallel or self.native.functions is None:
+            return
+        switched: list = []
+
+        def stand_in(j: int) -> Callable:
+            def kernel(*args):
+                if not switched:
+                    self._wait = True  # this child compiles in the calling thread
+                    self.use_threads(1)
+                    switched.append(self.native.functions)
+                return switched[0][j](*args)
+
+            return kernel
+
+        stand_ins = tuple(stand_in(j) for j in range(len(self.native.functions)))
+        if self._bound:
+            _rebind(self.run, stand_ins)
+        else:
+            self._state.kernels = stand_ins
 
     @property
     def tier(self) -> str:
@@ -562,6 +817,19 @@ def lower_waiting(program: Program) -> NumbaLowered:
 def lower_tiered(program: Program) -> NumbaLowered:
     """backend="auto": numpy tier first, kernels compiled in the background."""
     return NumbaLowered(program, wait=False)
+
+
+def prepare() -> None:
+    """Start Numba's import and initialization in the compiler thread (once per process),
+    when a compiled function that will want native code is created: by its first trace the
+    half second of imports is done or under way, instead of starting after its first call."""
+    if not _started and not _startup_requested:
+        _startup_requested.append(True)
+        _compiler().put_startup()
+
+
+_startup_requested: list[bool] = []
+lower_tiered.prepare = prepare
 
 
 def _register() -> None:

@@ -491,8 +491,22 @@ def prune_once(directory: Path) -> None:
 
 
 def clear() -> int:
-    """Remove every cached kernel (module sources and Numba's files); returns how many entries
-    were removed. Kernels already loaded in this process keep running."""
+    """Remove every cached kernel (module sources and Numba's files) from the disk cache.
+
+    Kernels already loaded in this process keep running. The cache's directory is
+    `GRADTAPE_CACHE_DIR` (default: the user's cache directory); `gradtape cache --clear` does
+    the same from the command line.
+
+    Returns
+    -------
+    int
+        How many entries were removed.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> removed = gt.clear_cache()
+    """
     root = cache_root()
     directory = None if root is None else root / "kernels"
     if directory is None or not directory.is_dir():

@@ -160,11 +160,11 @@ def generate(program: Program, threads: int = 1) -> Generated:
 
 
 def _runtime_digest() -> str:
-    """A digest of the helpers kernels inline (runtime.py, fastmath.py). It is part of every
-    module's text, hence of its cache key: Numba's disk cache checks a kernel's own file only,
-    and would otherwise serve kernels built against older helpers after an upgrade."""
+    """A digest of the helpers kernels inline (runtime.py, fastmath.py, special.py). It is part
+    of every module's text, hence of its cache key: Numba's disk cache checks a kernel's own
+    file only, and would otherwise serve kernels built against older helpers after an upgrade."""
     digest = hashlib.sha256()
-    for name in ("runtime.py", "fastmath.py"):
+    for name in ("runtime.py", "fastmath.py", "special.py"):
         digest.update((Path(__file__).with_name(name)).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -178,6 +178,8 @@ import numpy as np
 from gradtape.compile.numba.runtime import (
     int_max_step, int_min_step, is_c, max_step, min_step, ndtr, prefer_wide_vectors, reduce_add,
     reduce_mul, same_value, scatter_add_1d, scatter_add_1d_scalar, xlogy)
+from gradtape.compile.numba.special import (
+    digamma, entr, huber, kl_div, log_ndtr, logit, pseudo_huber, rel_entr, xlog1py)
 from gradtape.compile.numba.fastmath import (
     fast_exp, fast_expit, fast_expm1, fast_log, fast_log1p, fast_log_expit, fast_logaddexp,
     fast_tanh)

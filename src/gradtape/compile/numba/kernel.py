@@ -58,6 +58,7 @@ class Consts:
     def __init__(self):
         self.arrays: list[np.ndarray] = []
         self._by_id: dict[int, str] = {}
+        self._by_value: dict[tuple, str] = {}
 
     def name(self, a: np.ndarray) -> str:
         """The argument name of constant `a` (C-contiguous copies are kept in `arrays`)."""
@@ -67,6 +68,29 @@ class Consts:
             n = self._by_id[key] = f"c{len(self.arrays)}"
             self.arrays.append(np.ascontiguousarray(a))
         return n
+
+    def scalar(self, value, dtype: np.dtype) -> str:
+        """The argument name of a one-element array holding the scalar constant `value` as
+        `dtype` (one argument per distinct value and dtype)."""
+        held = np.array([value], dtype=dtype)
+        key = (dtype.str, held.tobytes())
+        n = self._by_value.get(key)
+        if n is None:
+            n = self._by_value[key] = f"c{len(self.arrays)}"
+            self.arrays.append(held)
+        return n
+
+
+# Scalar constants are kernel arguments, so that functions differing only in a constant (200
+# closures over another value of a parameter) share one kernel: its text, and so its key and
+# machine code, do not depend on the value. Small whole numbers, halves and non-finite values
+# stay literals (x * 2.0, x ** 3, x - 1: written in code, not parameters, and LLVM folds them).
+def baked_constant(value, dtype: np.dtype) -> bool:
+    """Whether the scalar constant `value` is written into the kernel's text."""
+    if dtype.kind not in "iuf":
+        return True
+    x = float(value)
+    return not math.isfinite(x) or (x.is_integer() and abs(x) <= 16) or abs(x) == 0.5
 
 
 def zeros_index(name: str, shape: tuple) -> str:
@@ -255,7 +279,7 @@ class KernelWriter:
             want = in_dts[k] if k < len(in_dts) else None
             if v is None and np.size(a) == 1:
                 out.append(
-                    literal(
+                    self.scalar_constant(
                         np.asarray(a).reshape(-1)[0],
                         want if want is not None else np.asarray(a).dtype,
                     )
@@ -350,10 +374,24 @@ class KernelWriter:
     def op_operand(self, v: Var | None, a) -> str:
         """An op's operand: an array, a scalar, a constant array argument or a literal."""
         if v is None:
-            return self.const_array(a) if np.ndim(a) else literal(a, np.asarray(a).dtype)
+            return (
+                self.const_array(a) if np.ndim(a) else self.scalar_constant(a, np.asarray(a).dtype)
+            )
         if v.shape == ():
             return self.scalar_ref(v)
         return self.array_name(v)
+
+    def scalar_constant(self, value, dtype: np.dtype) -> str:
+        """A scalar constant as source: a literal (see baked_constant), else a local read once
+        at the kernel's start from its one-element argument."""
+        if baked_constant(value, dtype):
+            return literal(value, dtype)
+        name = self.gen.consts.scalar(value, dtype)
+        local = f"{name}s"
+        if name not in self.arg_names:
+            self.add_arg(name, dtype, 1, (1,))
+            self.dim_lines.append(f"{local} = {name}[0]")
+        return local
 
     def const_array(self, a) -> str:
         """The argument holding the constant array `a`."""

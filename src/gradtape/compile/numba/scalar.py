@@ -134,7 +134,10 @@ def _small_power(ins, args, in_dts, out_dt, in_loop) -> str | None:
     dt = in_dts[0]
     if ins.invars[1] is not None or dt.kind != "f":
         return None
-    y = float(np.asarray(ins.args[1]))
+    exponent = np.asarray(ins.args[1])
+    if exponent.size != 1 or exponent.dtype.kind not in "iuf":
+        return None  # an array of exponents (or complex ones): np.power per element
+    y = float(exponent.reshape(()))
     if y.is_integer() and int(y) in _SMALL_POWERS:
         return _SMALL_POWERS[int(y)].format(args[0], one=literal(1.0, dt))
     return None

@@ -20,6 +20,23 @@ from .fusion import PYTHON
 
 STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
 
+
+def _unpatched(f):
+    """NumPy's own function: gradtape replaces np.array, np.asarray, ... by pass-through
+    dispatchers (process.py) that a compiled wrapper, which never sees a Tracer, need not pay."""
+    return getattr(f, "__gradtape_original__", f)
+
+
+def runtime_functions() -> dict:
+    """The NumPy functions every generated wrapper calls by name, bound to NumPy's originals."""
+    return {
+        "empty": _unpatched(np.empty),
+        "array": _unpatched(np.array),
+        "asarray": _unpatched(np.asarray),
+        "ascontiguous": _unpatched(np.ascontiguousarray),
+    }
+
+
 if TYPE_CHECKING:
     from .codegen import Generator
     from .kernel import Kernel

@@ -1,0 +1,59 @@
+"""The benchmark's scaling section: its tables, plot and command (measurements themselves run
+in `gradtape scaling`, not in the test suite)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradtape.bench import cli, scaling
+
+RESULTS = {
+    "notes": ["jax: not installed (memory)"],
+    "time_to_native": [
+        {
+            "workload": "normal_logpdf",
+            "time_to_native_s": 1.234,
+            "first_call_s": 0.0123,
+            "max_call_s": 0.0187,
+            "throughput_vs_numpy_tier": 0.81,
+        },
+        {"workload": "logistic_regression", "error": "boom"},
+    ],
+    "compile_time": {
+        "gradtape": [{"ops": 10, "seconds": 0.21}, {"ops": 100, "seconds": 0.87}],
+        "jax": [{"ops": 10, "seconds": 0.09}, {"ops": 100, "seconds": 0.12}],
+    },
+    "memory": [
+        {"method": "gradtape", "n": 1000, "peak_mb": 1.5, "input_mb": 0.01},
+        {"method": "autograd", "n": 1000, "peak_mb": 2.5, "input_mb": 0.01},
+    ],
+    "overhead": [{"method": "gradtape", "us_per_op": 4.25}, {"method": "autograd", "error": "x"}],
+}
+
+
+def test_markdown_tables_carry_every_figure():
+    text = scaling.markdown(RESULTS)
+    assert "| normal_logpdf | 1.23 | 0.012 | 18.7 | 0.81 |" in text
+    assert "| logistic_regression | error: boom |" in text
+    assert "| 10 | 0.21 | 0.09 |" in text and "| 100 | 0.87 | 0.12 |" in text
+    assert "| 1000 | 0.0 | 1.5 | 2.5 |" in text
+    assert "| gradtape | 4.25 |" in text and "| autograd | error: x |" in text
+    assert "jax: not installed" in text
+
+
+def test_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    assert scaling.plot(RESULTS, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
+
+
+def test_the_command_is_registered():
+    args = cli.build_parser().parse_args(["scaling", "--quick", "--out", "somewhere"])
+    assert args.handler is scaling.run_scaling_command and args.quick
+
+
+def test_a_measurement_script_runs_in_a_fresh_process():
+    got, error = scaling._run("import json; print(json.dumps({'n': N * 2}))", N=21)
+    assert error is None and got == {"n": 42}
+    got, error = scaling._run("raise SystemExit('no such peer')")
+    assert got is None and "no such peer" in error

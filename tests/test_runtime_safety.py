@@ -1,0 +1,315 @@
+"""The numba backend's runtime under forks, interrupts and threads: a forked child compiles
+and calls correctly (also when the fork lands while the compiler is busy, and after
+set_num_threads under GNU OpenMP), Ctrl-C during a compile does not leave the function
+hanging, and threads calling one compiled function while another records a new variant get
+the right numbers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+native = pytest.mark.native
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+# the child's verdict: exit status 0 when its numbers are right, 3 when wrong; a hang is
+# killed by the timeout below
+_PRELUDE = """
+import os, sys, time
+import numpy as np
+import gradtape as gt
+from gradtape.compile.numba import backend
+
+def f(x):
+    return np.sum(np.exp(x) * 2.0 + x * x)
+
+def df(x):
+    return np.exp(x) * 2.0 + 2.0 * x
+
+def wait_child(pid, seconds=90.0):
+    start = time.time()
+    while time.time() - start < seconds:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    return "hung"
+"""
+
+
+def _run(script: str, tmp_path, timeout: float = 240.0) -> str:
+    env = dict(os.environ, PYTHONPATH=SRC, GRADTAPE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("GRADTAPE_NUMBA", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@native
+@pytest.mark.parametrize("when", ["idle", "busy"])
+def test_forked_child_compiles_and_calls(tmp_path, when):
+    """The child compiles a new function natively and calls the parent's; "busy": the fork
+    lands while the compiler thread is starting Numba and compiling (it used to hang)."""
+    out = _run(
+        f"""
+        x = np.linspace(0.0, 1.0, 200)
+        cf = gt.compile(gt.grad(f))
+        cf(x)
+        if {when!r} == "idle":
+            backend.wait_for_kernels(120)
+        else:
+            cg = gt.compile(gt.grad(lambda x: np.sum(np.sin(x) ** 3 + np.cos(x) * 1.5)))
+            cg(x)
+            time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:
+            ch = gt.compile(gt.grad(lambda x: np.sum(np.tanh(x) * 3.0)), backend="numba")
+            ok = np.allclose(ch(x), 3.0 * (1.0 - np.tanh(x) ** 2), rtol=1e-12)
+            for _ in range(3):
+                ok = ok and np.allclose(cf(x), df(x), rtol=1e-12)
+            ok = ok and gt.wait_for_native(60) and np.allclose(cf(x), df(x), rtol=1e-12)
+            os._exit(0 if ok else 3)
+        print("child", wait_child(pid))
+        print("parent", np.allclose(cf(x), df(x), rtol=1e-12))
+        """,
+        tmp_path,
+    )
+    assert "child 0" in out and "parent True" in out, out
+
+
+@native
+def test_multiprocessing_fork_pool(tmp_path):
+    out = _run(
+        """
+        import multiprocessing as mp
+        cf = gt.compile(gt.grad(f))
+        x = np.linspace(0.0, 1.0, 50)
+        cf(x)
+
+        def work(scale):
+            y = x * scale
+            return float(np.max(np.abs(cf(y) - df(y))))
+
+        with mp.get_context("fork").Pool(2) as pool:
+            errors = pool.map_async(work, [0.5, 1.0, 1.5, 2.0]).get(120)
+        print("max error", max(errors))
+        """,
+        tmp_path,
+    )
+    assert "max error 0.0" in out or float(out.split("max error")[1]) < 1e-12, out
+
+
+@native
+def test_fork_after_parallel_loops_under_openmp(tmp_path):
+    """After set_num_threads(2) a parallel kernel ran: a forked child (which GNU OpenMP kills
+    when it starts a parallel region) gets the right numbers from one thread."""
+    out = _run(
+        """
+        gt.set_num_threads(2)
+        cf = gt.compile(gt.grad(f), backend="numba")
+        x = np.linspace(0.0, 1.0, 300_000)
+        assert np.allclose(cf(x), df(x), rtol=1e-12)
+        pid = os.fork()
+        if pid == 0:
+            ok = np.allclose(cf(x), df(x), rtol=1e-12) and gt.get_num_threads() == 1
+            os._exit(0 if ok else 3)
+        print("child", wait_child(pid))
+        print("parent", np.allclose(cf(x), df(x), rtol=1e-12), gt.get_num_threads())
+        """,
+        tmp_path,
+    )
+    assert "child 0" in out and "parent True 2" in out, out
+
+
+@native
+def test_keyboard_interrupt_during_compile_then_compiles(tmp_path):
+    """Ctrl-C while Numba compiles: the call raises KeyboardInterrupt; the next call compiles
+    (it used to wait forever for the interrupted compile)."""
+    out = _run(
+        """
+        import _thread, threading
+        from gradtape.compile.numba import backend as nb
+        nb._numba_startup()
+        x = np.linspace(0.0, 1.0, 100)
+        cf = gt.compile(gt.grad(f), backend="numba")
+        timer = threading.Timer(0.05, _thread.interrupt_main)
+        timer.start()
+        try:
+            cf(x)
+            print("finished before the interrupt")
+        except KeyboardInterrupt:
+            print("interrupted")
+        timer.join()
+        print("right", np.allclose(cf(x), df(x), rtol=1e-12))
+        print("tier", cf.lowered(x).tier)
+        """,
+        tmp_path,
+    )
+    assert "interrupted" in out and "right True" in out and "tier native" in out, out
+
+
+def test_interrupted_compile_is_compiled_again(monkeypatch):
+    """Without Numba: an interrupt inside the build leaves the kernels NEW (not COMPILING), a
+    waiting thread is woken and takes over, and the next compile_now builds them."""
+    from gradtape.compile.numba import backend as nb
+
+    class Generated:
+        key = "interrupt-test"
+        module = "x = 1\n"
+        kernels = ()
+
+    calls = []
+
+    def build(nk):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return ("k",), False
+
+    monkeypatch.setattr(nb, "_numba_startup", lambda: 0.0)
+    monkeypatch.setattr(nb, "_build_kernels", build)
+    nk = nb.NativeKernels(Generated())
+    with pytest.raises(KeyboardInterrupt):
+        nk.compile_now()
+    assert nk.state == nb.NEW and not nk.ready.is_set()
+    nk.compile_now()
+    assert nk.state == nb.READY and nk.functions == ("k",) and len(calls) == 2
+
+
+def test_waiting_thread_takes_over_an_interrupted_compile(monkeypatch):
+    from gradtape.compile.numba import backend as nb
+
+    class Generated:
+        key = "interrupt-test-2"
+        module = "x = 1\n"
+        kernels = ()
+
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def build(nk):
+        calls.append(1)
+        if len(calls) == 1:
+            started.set()
+            release.wait(10)
+            raise KeyboardInterrupt
+        return ("k",), False
+
+    monkeypatch.setattr(nb, "_numba_startup", lambda: 0.0)
+    monkeypatch.setattr(nb, "_build_kernels", build)
+    nk = nb.NativeKernels(Generated())
+    interrupted = []
+
+    def first():
+        try:
+            nk.compile_now()
+        except KeyboardInterrupt:
+            interrupted.append(True)
+
+    t1 = threading.Thread(target=first)
+    t1.start()
+    started.wait(10)
+    t2 = threading.Thread(target=nk.compile_now)
+    t2.start()
+    release.set()
+    t1.join(10)
+    t2.join(10)
+    assert not t2.is_alive() and interrupted == [True]
+    assert nk.state == nb.READY and len(calls) == 2
+
+
+@pytest.mark.parametrize("threads", [4, 16])
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("auto", marks=native)])
+def test_threads_calling_while_another_records(threads, backend):
+    """Threads calling one compiled function while another thread makes it record new
+    variants (new shapes, another branch): every result is right."""
+    import gradtape as gt
+
+    def f(x):
+        if x[0] > 0:
+            return np.sum(np.sin(x) * x)
+        return np.sum(np.cos(x) * 3.0)
+
+    def df(x):
+        if x[0] > 0:
+            return np.cos(x) * x + np.sin(x)
+        return -3.0 * np.sin(x)
+
+    cf = gt.compile(gt.grad(f), backend=backend, max_variants=64)
+    x = np.linspace(0.1, 1.0, 64)
+    cf(x)
+    errors, stop = [], threading.Event()
+
+    def caller(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            y = x * rng.uniform(0.5, 2.0)
+            g = cf(y)
+            if not np.allclose(g, df(y), rtol=1e-12, atol=1e-14):
+                errors.append(("caller", seed))
+        stop.set()
+
+    def recorder():
+        n = 3
+        while not stop.is_set() and n < 40:
+            y = np.linspace(-1.0, 1.0, n) * (-1) ** n
+            if not np.allclose(cf(y), df(y), rtol=1e-12, atol=1e-14):
+                errors.append(("recorder", n))
+            n += 1
+
+    workers = [threading.Thread(target=caller, args=(s,)) for s in range(threads)]
+    workers.append(threading.Thread(target=recorder))
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert not any(w.is_alive() for w in workers)
+    assert errors == []
+
+
+def test_short_switch_interval_only_while_the_compiler_works():
+    from gradtape.compile.numba import backend as nb
+
+    before = sys.getswitchinterval()
+    with nb._short_switch_interval():
+        assert sys.getswitchinterval() == min(before, nb.COMPILING_SWITCH_INTERVAL)
+    assert sys.getswitchinterval() == before
+    with nb._short_switch_interval():
+        sys.setswitchinterval(0.002)  # the program's own choice meanwhile: kept
+    try:
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_wait_for_native_with_nothing_to_compile():
+    import gradtape as gt
+
+    assert gt.wait_for_native(0.0) is True
+    assert "waits" in gt.wait_for_native.__doc__ or "Wait" in gt.wait_for_native.__doc__
+
+
+@native
+def test_numba_starts_when_a_tiered_function_is_created(tmp_path):
+    out = _run(
+        """
+        cf = gt.compile(gt.grad(f))  # created, never called
+        print("waited", gt.wait_for_native(120), "started", bool(backend._started))
+        """,
+        tmp_path,
+    )
+    assert "waited True started True" in out, out
