@@ -241,7 +241,7 @@ def test_a_damaged_cached_kernel_is_detected_discarded_and_compiled_again(tmp_pa
 def test_a_read_only_cache_directory_still_gives_native_code(private_cache, monkeypatch):
     """A cache this process cannot write (simulated: root may write anywhere): one warning,
     and the kernels are compiled in memory."""
-    monkeypatch.setattr(numba_backend, "_REGISTRY", {})
+    monkeypatch.setattr(numba_backend, "_REGISTRY", type(numba_backend._REGISTRY)())
     cache.kernel_dir()
 
     def read_only(*args, **kwargs):

@@ -382,6 +382,10 @@ class _EntryModule:
             path = cache.module_file(directory, self.key, self.text)
             module = cache.import_file(path, name)
             self.use_cache = True
+        # Numba's cache files only in gradtape's directory, checksummed (never NUMBA_CACHE_DIR)
+        numba = cache._jit_namespace(
+            numba, None if directory is None else directory / "__pycache__"
+        )
         for helper in getattr(module, "HELPERS", ()):
             setattr(
                 module,
