@@ -12,6 +12,7 @@ from .dispatch import (
     compile,
     register_backend,
 )
+from .numba import export as _native_export  # noqa: F401  (registers as_native's handles)
 from .numba.backend import NativeFallbackWarning  # registers "numba" (Numba is imported lazily)
 
 __all__ = [

@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +41,6 @@ from .program import (
     unreplayable_reason,
 )
 
-if TYPE_CHECKING:  # the numba backend sits above dispatch: imported where used
-    from .numba.export import NativeHandle
-
 _TRACE_STATE = trace._state  # the thread-local stack of levels: non-empty while tracing
 _ndarray = np.ndarray  # (a global name is found faster than a module attribute)
 
@@ -53,6 +50,15 @@ _ndarray = np.ndarray  # (a global name is found faster than a module attribute)
 # raises program.GuardFailure
 BACKENDS: dict[str, Callable[[Program], Any]] = {}
 AUTO_ORDER: list[str] = ["numpy"]  # what backend="auto" tries, first available wins
+
+
+#: makers of native handles (`CompiledFunction.as_native`), registered by the numba backend
+NATIVE_EXPORTERS: list[Callable[[Program, str], Any]] = []
+
+
+def register_native_exporter(make_handle: Callable[[Program, str], Any]) -> None:
+    """Make `as_native` build its handles with `make_handle(program, name)`."""
+    NATIVE_EXPORTERS.insert(0, make_handle)
 
 
 def register_backend(name: str, lower: Callable[[Program], Any], *, auto: bool = False) -> None:
@@ -653,7 +659,7 @@ class CompiledFunction:
         _, variant = self._variant_for(args, kwargs)
         return None if variant is None else variant.lowered
 
-    def as_native(self, *args, **kwargs) -> NativeHandle:
+    def as_native(self, *args, **kwargs) -> Any:
         """Native entry points of this function: a Numba function for `@njit` code and a C
         function pointer, with no Python between the caller and the compiled kernels.
 
@@ -705,9 +711,9 @@ class CompiledFunction:
         reason = unreplayable_reason(program)
         if reason is not None:
             raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
-        from .numba.export import NativeHandle
-
-        return NativeHandle(program, self._name())
+        if not NATIVE_EXPORTERS:
+            raise ImportError('as_native needs the numba backend: pip install "gradtape[numba]"')
+        return NATIVE_EXPORTERS[0](program, self._name())
 
     def source(self, *args, **kwargs) -> str:
         """The generated source that these arguments replay."""

@@ -298,7 +298,7 @@ class _Compiler:
         self.queue.put(nk)
 
     def put_startup(self) -> None:
-        """Start Numba's import and initialization now, in this thread (see prepare)."""
+        """Start Numba's import and initialization in the compiler thread."""
         with self.idle:
             self.busy += 1
         self.queue.put(None)
@@ -447,7 +447,6 @@ def _after_fork_in_child() -> None:
     if numba_lock is not None:
         numba_lock._lock = threading.RLock()
     _compiler_instance.clear()  # its thread is the parent's
-    _startup_requested.clear()
     if _switch_saved:  # the parent's compiler thread was working: the usual interval here
         sys.setswitchinterval(_switch_saved.pop())
     for nk in list(_ALL_KERNELS):
@@ -818,17 +817,10 @@ def lower_tiered(program: Program) -> NumbaLowered:
     return NumbaLowered(program, wait=False)
 
 
-def prepare() -> None:
-    """Start Numba's import and initialization in the compiler thread (once per process),
-    when a compiled function that will want native code is created: by its first trace the
-    half second of imports is done or under way, instead of starting after its first call."""
-    if not _started and not _startup_requested:
-        _startup_requested.append(True)
-        _compiler().put_startup()
-
-
-_startup_requested: list[bool] = []
-lower_tiered.prepare = prepare
+# Numba's import is not started early (when a compiled function is created): an import of Numba
+# in the compiler thread racing one in the caller's thread (`from numba import njit` after
+# `gt.compile(...)`) can fail with Python's import deadlock error, as Numba's modules import
+# each other. It starts with the first compile, as before.
 
 
 def _register() -> None:

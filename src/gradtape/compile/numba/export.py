@@ -51,6 +51,7 @@ import numpy as np
 
 from ...core.errors import GradtapeError
 from ...core.pytree import tree_unflatten
+from ..dispatch import register_native_exporter
 from ..program import Program
 from . import cache, codegen
 from .fusion import PYTHON
@@ -596,3 +597,6 @@ def pointer_type():
         ctypes.POINTER(ctypes.c_double),
         ctypes.c_void_p,
     )
+
+
+register_native_exporter(NativeHandle)
