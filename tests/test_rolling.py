@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import gradtape as gt
 from gradtape import config
-from gradtape.compile import BACKENDS, register_backend, rolling
+from gradtape.compile import BACKENDS, memo, register_backend, rolling
 from gradtape.compile.numba import fusion
 
 _PROGRAMS: list = []
@@ -44,6 +44,7 @@ def recording_backend():
 def compiled_program(f, x, roll: bool, monkeypatch):
     """(result of compile(f)(x) with rolling on or off, the Program it lowered)."""
     monkeypatch.setenv(config.ROLL, "1" if roll else "0")
+    memo.forget_all()  # compile remembers f: the setting is read when a program is built
     cf = gt.compile(f, backend="record-rolled")
     before = len(_PROGRAMS)
     result = cf(x)

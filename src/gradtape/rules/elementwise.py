@@ -189,8 +189,10 @@ def _power_dx(ans, x, y):
     d = y * np.power(x, y - 1)
     # d/dx x**0 = 0 everywhere, also at x = 0 where y * x**(y - 1) is 0 * inf (autograd's answer;
     # JAX gives nan there)
-    if isinstance(y, Tracer) or np.any(np.asarray(y) == 0):
-        return np.where(y == 0, 0, d)
+    if isinstance(y, Tracer):  # (only where x is 0 too: elsewhere d has its y-derivative)
+        return np.where((y == 0) & (x == 0), 0, d)
+    if np.any(np.asarray(y) == 0):
+        return np.where(np.asarray(y) == 0, 0, d)
     return d
 
 
