@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -278,13 +279,11 @@ def _summed(fun: Callable, kind: str, argnums, data_argnums, backend: str, who: 
             shared = tuple(a for i, a in enumerate(args) if i not in data_positions)
             data_in_shared = data_positions
         blocks = _row_blocks(full, data_positions, who)
-        # the keys are named here rather than by hashing every task's arguments (milliseconds
-        # per call on the client): one hash per call, of everything the tasks compute from
-        data_keys = [[block.key for block in column] for column in blocks]
-        call_token = dask.base.tokenize(
-            token, kind, nums, backend, shared, data_in_shared, data_keys
-        )
-        name = f"gradtape-{kind}-{call_token}"
+        # one fresh name per call for its task keys: hashing every task's arguments (as
+        # Dask does for unnamed tasks) costs milliseconds on the client, and keys shared by
+        # two calls with equal parameters race in the scheduler (a key released by one call
+        # while the other gathers it)
+        name = f"gradtape-{kind}-{uuid.uuid4().hex}"
         shared_delayed = dask.delayed(shared, traverse=False, name=f"{name}-shared")
         fun_delayed = dask.delayed(fun, pure=True, traverse=False)
         parts = [
