@@ -601,3 +601,18 @@ def test_two_threads_tracing_at_once_each_get_their_own_answer():
     finally:
         sys.setswitchinterval(old)
     assert max(errors) < 1e-12
+
+
+def test_an_error_inside_scipy_names_the_users_line_first():
+    interpolate = pytest.importorskip("scipy.interpolate")
+
+    def f(y):
+        spline = interpolate.CubicSpline(np.arange(4.0), y)  # no rule: SciPy converts y
+        return spline(1.5)
+
+    with pytest.raises(GradtapeError) as caught:
+        gt.grad(f)(np.array([0.0, 1.0, 0.5, 2.0]))
+    message = str(caught.value)
+    user = message.index("test_core.py:")
+    assert "spline = interpolate.CubicSpline(np.arange(4.0), y)" in message
+    assert user < message.index("; inside SciPy at ")

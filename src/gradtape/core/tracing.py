@@ -417,15 +417,31 @@ def user_frame(depth: int = 2) -> tuple | None:
 
 
 def _user_source_line() -> str:
-    """The first frame outside gradtape (and NumPy's dispatch): where the user asked for a value."""
-    f = sys._getframe(2)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIR) and _NUMPY_DIR not in fn:
-            break
-        f = f.f_back
+    """The first frame outside gradtape (and NumPy's dispatch): where the user asked for a
+    value. When that frame is SciPy's, the user's line that called SciPy comes first and
+    SciPy's line after it ("model.py:3: ...; inside SciPy at _cubic.py:865: ...")."""
+    f = _first_frame_outside(sys._getframe(2), scipy=False)
     if f is None:
         return "<unknown>"
+    where = _frame_line(f)
+    if _SCIPY_MARK in f.f_code.co_filename:
+        caller = _first_frame_outside(f, scipy=True)
+        if caller is not None:
+            return f"{_frame_line(caller)}; inside SciPy at {where}"
+    return where
+
+
+def _first_frame_outside(f, scipy: bool):
+    """The first frame from `f` outwards that is not gradtape's or NumPy's (nor SciPy's)."""
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or (scipy and _SCIPY_MARK in fn)):
+            return f
+        f = f.f_back
+    return None
+
+
+def _frame_line(f) -> str:
     import linecache
 
     line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
