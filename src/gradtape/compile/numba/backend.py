@@ -52,7 +52,7 @@ from . import cache, codegen
 from .generator import Generated, KernelArg
 from .notices import NativeFallbackWarning, warn_once  # noqa: F401  (the warning: re-exported)
 from .parallel import PARALLEL_MIN_CHUNK
-from .status import STATUS_LAYOUT
+from .status import STATUS_CHECK, STATUS_LAYOUT
 from .wrapper import bound_wrapper, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
@@ -183,7 +183,8 @@ class NativeKernels:
         try:
             startup = _numba_startup()
             start += startup
-            functions, from_cache = _build_kernels(self)
+            with _numba_work():
+                functions, from_cache = _build_kernels(self)
             error = None
         except Exception as exc:  # Numba rejected the generated code: stay on numpy
             functions, from_cache = None, False
@@ -378,12 +379,46 @@ def wait_for_native(timeout: float | None = None) -> bool:
 
 # --- fork safety -----------------------------------------------------------------------------
 # A child created by os.fork (or multiprocessing's fork start method) has only the forking
-# thread. Before the fork, this waits for Numba's startup and for a compile in progress (their
-# locks and half-imported modules would be held forever by a thread the child does not have);
-# in the child, every lock is new, the compiler thread is started again when needed, and kernels
-# the parent had queued are requested again by their next call.
-FORK_WAIT_SECONDS = 120.0  # the longest a fork waits for a compile in progress
-_fork_held: list = []  # the locks the forking thread holds across the fork
+# thread. The fork never waits for the compiler: a wait inside the fork can deadlock, because
+# the fork handlers of other libraries run first and hold their locks meanwhile (logging's, for
+# one), and Numba's import in the compiler thread needs them. Instead the fork records whether
+# Numba work (Numba's startup, a compile or a load from the cache) was in progress in any
+# thread. In the child every lock of the backend is new and the compiler thread is started
+# again when needed. When no Numba work was in progress, the child compiles as any process
+# does, and kernels the parent had queued are requested again by their next call. When some
+# was, Numba's and LLVM's state (their locks, half-imported modules) was being changed by a
+# thread the child does not have: the child never calls Numba. Kernels compiled before the fork
+# keep running; everything else runs on the numpy backend, and one NativeFallbackWarning says
+# why and what to do.
+FORKED_DURING_NUMBA_WORK = (
+    "this process was forked while gradtape was compiling native code in another thread, so "
+    "Numba cannot be used in it; call gradtape.wait_for_native() before forking to keep "
+    "native code in forked workers"
+)
+_numba_work_count = [0]  # threads doing Numba work now
+_numba_work_lock = threading.Lock()  # held only to change the count, and across a fork
+_forked_during_numba_work: list[bool] = []  # [True] in a child forked during Numba work
+_fork_snapshot: list[int] = []  # the count the fork saw
+
+
+class _numba_work:
+    """Marks Numba work in progress in this thread (the fork handlers read the count)."""
+
+    def __enter__(self):
+        with _numba_work_lock:
+            _numba_work_count[0] += 1
+
+    def __exit__(self, *exc):
+        with _numba_work_lock:
+            _numba_work_count[0] -= 1
+        return False
+
+
+def numba_usable_here() -> None:
+    """Raise RuntimeError when this process was forked during Numba work (Numba's state in it
+    may be half-changed: calling Numba could hang)."""
+    if _forked_during_numba_work:
+        raise RuntimeError(FORKED_DURING_NUMBA_WORK)
 
 
 def _numba_compiler_lock():
@@ -393,32 +428,37 @@ def _numba_compiler_lock():
 
 
 def _before_fork() -> None:
-    _fork_held.clear()
-    if _startup_lock.acquire(timeout=FORK_WAIT_SECONDS):
-        _fork_held.append(_startup_lock)
-    numba_lock = _numba_compiler_lock()
-    if numba_lock is not None and numba_lock._lock.acquire(timeout=FORK_WAIT_SECONDS):
-        _fork_held.append(numba_lock._lock)
+    # (held for a count update only, never while waiting on anything else: cannot deadlock)
+    _numba_work_lock.acquire()
+    _fork_snapshot[:] = [_numba_work_count[0]]
 
 
 def _after_fork_in_parent() -> None:
-    for lock in reversed(_fork_held):
-        lock.release()
-    _fork_held.clear()
+    _fork_snapshot.clear()
+    _numba_work_lock.release()
 
 
 def _after_fork_in_child() -> None:
     global _startup_lock, _registry_lock, _compiler_lock, _warn_lock, _threads_lock
-    global _switch_lock
-    _fork_held.clear()
+    global _switch_lock, _numba_work_lock
+    busy = bool(_fork_snapshot and _fork_snapshot[0])
+    _fork_snapshot.clear()
+    _numba_work_lock = threading.Lock()
+    _numba_work_count[0] = 0
+    if busy:
+        _forked_during_numba_work[:] = [True]
     _startup_lock = threading.Lock()
     _registry_lock = threading.Lock()
     _compiler_lock = threading.Lock()
     _warn_lock = threading.Lock()
     _threads_lock = threading.Lock()
     _switch_lock = threading.Lock()
+    cache.reset_after_fork()
+    export = sys.modules.get(__package__ + ".export")
+    if export is not None:
+        export.reset_after_fork()
     numba_lock = _numba_compiler_lock()
-    if numba_lock is not None:
+    if numba_lock is not None and not busy:
         numba_lock._lock = threading.RLock()
     _compiler_instance.clear()  # its thread is the parent's
     if _switch_saved:  # the parent's compiler thread was working: the usual interval here
@@ -464,7 +504,8 @@ def _numba_startup() -> float:
     """Import Numba and initialize its CPU target, once per process; returns the seconds it
     took (0 if it was done). Reported apart from compiling: a process pays it once, whether
     its kernels come from the disk cache or from the compiler (it imports scipy.linalg)."""
-    with _startup_lock:
+    numba_usable_here()
+    with _startup_lock, _numba_work():
         if _started:
             return 0.0
         start = time.perf_counter()
@@ -731,7 +772,10 @@ class NumbaLowered:
                 if not switched:
                     self._wait = True  # this child compiles in the calling thread
                     self.use_threads(1)
-                    switched.append(self.native.functions)
+                    # (None: no kernels for one thread, Numba is not usable in this child)
+                    switched.append(None if self.native.parallel else self.native.functions)
+                if switched[0] is None:
+                    return (STATUS_CHECK,)  # the wrapper answers with the numpy backend
                 return switched[0][j](*args)
 
             return kernel

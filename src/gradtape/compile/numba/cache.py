@@ -55,6 +55,13 @@ _warn_lock = threading.Lock()
 _warned: set[str] = set()  # kinds of problems already reported (see _warn_once)
 
 
+def reset_after_fork() -> None:
+    """In a forked child: new locks (a thread of the parent may have held them)."""
+    global _lock, _warn_lock
+    _lock = threading.Lock()
+    _warn_lock = threading.Lock()
+
+
 def set_cache_dir(path: str | os.PathLike | None) -> None:
     """Use `path` for the kernel cache from now on; None disables the disk cache."""
     _override[:] = [None if path is None else Path(path)]

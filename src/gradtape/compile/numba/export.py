@@ -410,38 +410,53 @@ class _EntryModule:
             found = self.compiled.get(entry)
             if found is not None:
                 return found
-            import numba
-            from numba import types
+            from .backend import _numba_work, numba_usable_here
 
+            numba_usable_here()  # (before importing Numba: it may be half-imported here)
             start = time.perf_counter()
-            if self.module is None:
-                self._load()
-            function = getattr(self.module, entry)
-            f64p = types.CPointer(types.float64)
-            if entry == "core":
-                array = types.Array(types.float64, 1, "C")
-                signature = types.int32(array, array, array, types.Array(types.int64, 1, "C"))
-                compiled = numba.njit(signature, cache=self.use_cache, **_JIT_OPTIONS)(function)
-                hits = sum(compiled.stats.cache_hits.values())
-            else:
-                if entry == "c_entry":
-                    signature = types.int32(types.int64, f64p, f64p, f64p, types.voidptr)
-                elif entry == "nutpie_logp":
-                    signature = types.int32(types.uint64, f64p, f64p, f64p, types.voidptr)
-                else:
-                    signature = types.int32(types.uint64, types.uint64, f64p, f64p, types.voidptr)
-                compiled = numba.cfunc(
-                    signature, cache=self.use_cache, error_model="numpy", boundscheck=False
-                )(function)
-                hits = compiled.cache_hits
+            with _numba_work():
+                compiled, hits = self._compile(entry)
             self.cache_hits[entry] = bool(hits)
             self.compile_seconds += time.perf_counter() - start
             self.compiled[entry] = compiled
             return compiled
 
+    def _compile(self, entry: str) -> tuple:
+        """Compile the entry point `entry`: (its Numba function, its cache hits)."""
+        import numba
+        from numba import types
+
+        if self.module is None:
+            self._load()
+        function = getattr(self.module, entry)
+        f64p = types.CPointer(types.float64)
+        if entry == "core":
+            array = types.Array(types.float64, 1, "C")
+            signature = types.int32(array, array, array, types.Array(types.int64, 1, "C"))
+            compiled = numba.njit(signature, cache=self.use_cache, **_JIT_OPTIONS)(function)
+            return compiled, sum(compiled.stats.cache_hits.values())
+        if entry == "c_entry":
+            signature = types.int32(types.int64, f64p, f64p, f64p, types.voidptr)
+        elif entry == "nutpie_logp":
+            signature = types.int32(types.uint64, f64p, f64p, f64p, types.voidptr)
+        else:
+            signature = types.int32(types.uint64, types.uint64, f64p, f64p, types.voidptr)
+        compiled = numba.cfunc(
+            signature, cache=self.use_cache, error_model="numpy", boundscheck=False
+        )(function)
+        return compiled, compiled.cache_hits
+
 
 _MODULES: dict[str, _EntryModule] = {}
 _modules_lock = threading.Lock()
+
+
+def reset_after_fork() -> None:
+    """In a forked child: new locks (a thread of the parent may have held them)."""
+    global _modules_lock
+    _modules_lock = threading.Lock()
+    for module in list(_MODULES.values()):
+        module.lock = threading.Lock()
 
 
 def _entry_module(text: str) -> _EntryModule:
