@@ -132,24 +132,27 @@ def _auto(rec: Recording) -> list:
 
 
 def jacrev(
-    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
 ) -> Callable:
-    """The Jacobian by reverse mode: f and its backward pass recorded once, all output
+    """The Jacobian by reverse mode: fun and its backward pass recorded once, all output
     directions pushed as a batch. Best when the output is smaller than the input.
 
     Outputs are real (a complex input z gets JAX's df/dx - i df/dy per output element), or,
-    with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
+    with holomorphic=True, fun is holomorphic in complex inputs and the blocks are f'(z).
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code.
     argnums : int or sequence of int, default 0
         Which positional argument(s) to differentiate.
     has_aux : bool, default False
-        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+        `fun` returns `(output, aux)`; the result is then `(jacobian, aux)`.
     holomorphic : bool, default False
-        `f` is holomorphic in complex inputs.
+        `fun` is holomorphic in complex inputs.
 
     Returns
     -------
@@ -159,7 +162,7 @@ def jacrev(
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated.
+        When `fun` does something that cannot be differentiated.
 
     Examples
     --------
@@ -169,34 +172,36 @@ def jacrev(
     [[1. 0.]
      [1. 1.]]
     """
-    return jacobian_transform(f, argnums, has_aux, jacobian_by_rows, "jacrev", holomorphic)
+    return jacobian_transform(fun, argnums, has_aux, jacobian_by_rows, "jacrev", holomorphic)
 
 
 def jacobian(
-    f: Callable,
+    fun: Callable,
     argnums: int | Sequence[int] = 0,
-    mode: str = "auto",
     has_aux: bool = False,
     holomorphic: bool = False,
+    *,
+    mode: str = "auto",
 ) -> Callable:
-    """The Jacobian of f; mode "forward", "reverse" or "auto" (by input and output sizes).
+    """The Jacobian of fun; mode "forward", "reverse" or "auto" (by input and output sizes).
 
     Each block has shape out.shape + in.shape, laid out as JAX's jacfwd/jacrev do. Complex
     values as in jacfwd (real inputs) and jacrev (real outputs); "auto" picks the mode they
-    allow. holomorphic=True: f is holomorphic in complex inputs and the blocks are f'(z).
+    allow. holomorphic=True: fun is holomorphic in complex inputs and the blocks are f'(z).
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code.
     argnums : int or sequence of int, default 0
         Which positional argument(s) to differentiate.
-    mode : {"auto", "forward", "reverse"}, default "auto"
-        Forward mode for inputs smaller than outputs, reverse mode otherwise ("auto").
     has_aux : bool, default False
-        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+        `fun` returns `(output, aux)`; the result is then `(jacobian, aux)`.
     holomorphic : bool, default False
-        `f` is holomorphic in complex inputs.
+        `fun` is holomorphic in complex inputs.
+    mode : {"auto", "forward", "reverse"}, default "auto"
+        Keyword only. Forward mode for inputs smaller than outputs, reverse mode otherwise
+        ("auto").
 
     Returns
     -------
@@ -208,7 +213,7 @@ def jacobian(
     ValueError
         For an unknown `mode`.
     GradtapeError
-        When `f` does something that cannot be differentiated.
+        When `fun` does something that cannot be differentiated.
 
     Examples
     --------
@@ -221,7 +226,7 @@ def jacobian(
     if mode not in _MODES:
         raise GradtapeError(f"jacobian: mode={mode!r}; use one of {', '.join(_MODES)}.")
     method = {"auto": _auto, "forward": jacobian_by_columns, "reverse": jacobian_by_rows}[mode]
-    return jacobian_transform(f, argnums, has_aux, method, "jacobian", holomorphic)
+    return jacobian_transform(fun, argnums, has_aux, method, "jacobian", holomorphic)
 
 
 def _scalar_checked(f: Callable, who: str, has_aux: bool = False) -> Callable:
@@ -247,24 +252,27 @@ def _scalar_checked(f: Callable, who: str, has_aux: bool = False) -> Callable:
 
 
 def hessian(
-    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
 ) -> Callable:
     """The Hessian of a scalar function: forward over reverse (grad recorded once, then all
     input directions pushed through that tape as a batch). Layout as JAX's hessian.
 
-    Inputs are real (intermediates may be complex), or, with holomorphic=True, f is a
+    Inputs are real (intermediates may be complex), or, with holomorphic=True, fun is a
     holomorphic function of complex inputs with a complex output, and the result is f''(z).
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code returning a real scalar.
     argnums : int or sequence of int, default 0
         Which positional argument(s) to differentiate.
     has_aux : bool, default False
-        `f` returns `(value, aux)`; the result is then `(hessian, aux)`.
+        `fun` returns `(value, aux)`; the result is then `(hessian, aux)`.
     holomorphic : bool, default False
-        `f` is holomorphic in complex inputs.
+        `fun` is holomorphic in complex inputs.
 
     Returns
     -------
@@ -274,7 +282,7 @@ def hessian(
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated twice.
+        When `fun` does something that cannot be differentiated twice.
 
     Examples
     --------
@@ -284,10 +292,10 @@ def hessian(
     [[ 6.  0.]
      [ 0. 12.]]
     """
-    arguments.check_function(f, "hessian")
+    arguments.check_function(fun, "hessian")
     arguments.check_argnums(argnums, "hessian")
     g = grad(
-        _scalar_checked(f, "hessian", has_aux), argnums, has_aux=has_aux, holomorphic=holomorphic
+        _scalar_checked(fun, "hessian", has_aux), argnums, has_aux=has_aux, holomorphic=holomorphic
     )
     return jacobian_transform(g, argnums, has_aux, jacobian_by_columns, "hessian", holomorphic)
 
@@ -295,33 +303,33 @@ def hessian(
 _CURRIED = object()
 
 
-def hvp(f: Callable, x=_CURRIED, v=None, *args):
-    """The Hessian of scalar f (in its first argument) at x times v, without forming it.
+def hvp(fun: Callable, x=_CURRIED, v=None, *args):
+    """The Hessian of scalar fun (in its first argument) at x times v, without forming it.
 
-    Forward over reverse: one jvp of grad(f), so it costs a few gradients. Two spellings:
-    `hvp(f, x, v, *args)` and `hvp(f)(x, v, *args)` (a function, to compose with vmap and
-    compile); f is called as `f(x, *args)`.
+    Forward over reverse: one jvp of grad(fun), so it costs a few gradients. Two spellings:
+    `hvp(fun, x, v, *args)` and `hvp(fun)(x, v, *args)` (a function, to compose with vmap and
+    compile); fun is called as `fun(x, *args)`.
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code returning a real scalar, differentiated in its first argument.
     x : array or pytree
         The point (omitted: hvp returns the function of (x, v, *args)).
     v : array or pytree
         The direction, with the structure, shapes and dtypes of `x`.
     *args
-        Further arguments of `f`, passed through (not differentiated).
+        Further arguments of `fun`, passed through (not differentiated).
 
     Returns
     -------
     array or pytree
-        H(x) @ v, with the structure of `x` (or, with only `f`, the function computing it).
+        H(x) @ v, with the structure of `x` (or, with only `fun`, the function computing it).
 
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated twice.
+        When `fun` does something that cannot be differentiated twice.
 
     Examples
     --------
@@ -332,11 +340,11 @@ def hvp(f: Callable, x=_CURRIED, v=None, *args):
     >>> print(gt.hvp(lambda x, a: a * np.sum(x**3))(np.ones(2), np.array([1.0, 0.0]), 2.0))
     [12.  0.]
     """
-    arguments.check_function(f, "hvp")
+    arguments.check_function(fun, "hvp")
     if x is _CURRIED:
-        return lambda x, v, *args: hvp(f, x, v, *args)
+        return lambda x, v, *args: hvp(fun, x, v, *args)
     if args:
-        g = grad(_scalar_checked(lambda y: f(y, *args), "hvp"))
+        g = grad(_scalar_checked(lambda y: fun(y, *args), "hvp"))
     else:
-        g = grad(_scalar_checked(f, "hvp"))
+        g = grad(_scalar_checked(fun, "hvp"))
     return jvp(g, (x,), (v,))[1]
