@@ -245,11 +245,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="timing rounds (median reported)")
     parser.add_argument("--skip-batched", action="store_true", help="no batched workloads")
+    parser.add_argument(
+        "--workload",
+        action="append",
+        choices=sorted(BATCHED_WORKLOADS),
+        help="only these batched workloads (repeatable; default: all)",
+    )
     parser.add_argument("--skip-jacobians", action="store_true", help="no Jacobian cases")
     parser.add_argument("--skip-memory", action="store_true", help="no checkpoint memory")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    for workload in () if args.skip_batched else BATCHED_WORKLOADS.values():
+    chosen = [w for w in BATCHED_WORKLOADS.values() if not args.workload or w.name in args.workload]
+    for workload in () if args.skip_batched else chosen:
         print(f"{workload.name}: {workload.description}")
         rows = run_batched(workload, args.repeat, rng)
         base = next(s for m, s, _, _ in rows if m.startswith("gradtape compile"))

@@ -664,6 +664,19 @@ scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
 
+def _scan_bwd_batch(prim, args, batched, **params):
+    """vmap of the backward loop (per-example gradients of a scan, fori_loop or while_loop):
+    one walk over the steps, each step's VJP mapped over the batch, so every rule of the step
+    runs once on the whole batch. The stored carries of a batched forward loop are each
+    member's own (batch axis first), so each member gets the cotangents of its own loop;
+    values shared by the batch get one cotangent per member."""
+    in_axes = tuple(0 if b else None for b in batched)
+    return vmap(lambda *a: _scan_bwd_python(*a, **params), in_axes=in_axes)(*args)
+
+
+scan_bwd_p.batch = _scan_bwd_batch
+
+
 # --- scan -----------------------------------------------------------------------------------
 def _scan_impl(*args, **params):
     if any(_is_tracer(a) for a in args):  # values of a lower level: the loop is bound there
@@ -734,19 +747,9 @@ def _stored_cotangents(g_hidden, hidden) -> list:
 
 def _scan_batch(prim, args, batched, program, n_carry, n_x, length, reverse, checkpoint):
     """vmap of scan: one scan over the batch, whose step is the member's step mapped over the
-    batch (so a compiled batch runs one loop). When the scan is also differentiated per member
-    (a grad inside the vmap), each member runs its own scan: the gradient above reads each
-    member's stored carries."""
-    params = dict(
-        program=program,
-        n_carry=n_carry,
-        n_x=n_x,
-        length=length,
-        reverse=reverse,
-        checkpoint=checkpoint,
-    )
-    if trace.read_above():
-        return trace.loop_batch(prim, args, batched, **params)
+    batch (so a compiled batch runs one loop). Its stored carries, batch axis first, are each
+    member's own: a gradient inside the vmap (per-example gradients) reads them, and its
+    backward loop is batched too (`_scan_bwd_batch`)."""
     size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
     carry = [
         a if b else np.broadcast_to(a, (size,) + shape_of(a))
@@ -1058,19 +1061,11 @@ native_loops.register_driver(while_p, native_loops.while_spec)
 def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
     """vmap of while_loop, as JAX: one loop over the whole batch that runs while any member's
     condition holds; a member whose condition fails keeps its carry (np.where). When the loop
-    is also differentiated per member (a grad inside the vmap), each member runs its own loop
-    instead, and the members must take the same number of steps."""
-    params = dict(body=body, cond=cond, n_carry=n_carry, n_body_caps=n_body_caps)
-    if trace.read_above():
-        results = trace.member_results(prim, args, batched, params)
-        if len(trace.member_shapes(prim, results)) > 1:
-            raise GradtapeError(
-                "while_loop differentiated inside vmap: the members of the batch ran different "
-                "numbers of iterations, and the gradient of each needs its own stored carries. "
-                "Differentiate outside the vmap (grad of vmap), or use fori_loop or scan with a "
-                "fixed number of steps."
-            )
-        return trace.stack_members(prim, results)
+    is also differentiated per member (a grad inside the vmap), the members must take the
+    same number of steps: the gradient of each walks its own stored carries, which the
+    batched loop's are (batch axis first) only then. A count of each member's steps checks it.
+    """
+    differentiated = trace.read_above()
     size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
     carry = [
         a if b else np.broadcast_to(a, (size,) + shape_of(a))
@@ -1084,18 +1079,27 @@ def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
     member_body = vmap(lambda c, k: body.run(list(c), list(k)), in_axes=(0, b_axes))
 
     def any_member(c):
-        return np.any(member_cond(c, ccaps))
+        return np.any(member_cond(c[:n_carry], ccaps))
 
     def step_active_members(c):
-        going = member_cond(c, ccaps)
-        new = member_body(c, bcaps)
-        return [
+        going = member_cond(c[:n_carry], ccaps)
+        new = member_body(c[:n_carry], bcaps)
+        stepped = [
             np.where(np.reshape(going, (size,) + (1,) * (len(shape_of(o)) - 1)), n, o)
-            for n, o in zip(new, c)
+            for n, o in zip(new, c[:n_carry])
         ]
+        return stepped + [c[n_carry] + going.astype(np.int64)] if differentiated else stepped
 
-    outs, _, n = _bind_while(any_member, step_active_members, carry)
-    return tuple(list(outs[:n]) + [np.swapaxes(h, 0, 1) for h in outs[n:]])
+    start = carry + [np.zeros(size, np.int64)] if differentiated else carry
+    outs, _, n = _bind_while(any_member, step_active_members, start)
+    if differentiated and bool(np.any(outs[n_carry] != outs[n_carry][0])):
+        raise GradtapeError(
+            "while_loop differentiated inside vmap: the members of the batch ran different "
+            "numbers of iterations, and the gradient of each needs its own stored carries. "
+            "Differentiate outside the vmap (grad of vmap), or use fori_loop or scan with a "
+            "fixed number of steps."
+        )
+    return tuple(list(outs[:n_carry]) + [np.swapaxes(h, 0, 1) for h in outs[n : n + n_carry]])
 
 
 while_p.batch = _while_batch

@@ -361,9 +361,12 @@ def _staged() -> bool:
 
 
 def _batchable(tape: Tape) -> bool:
-    """Every primitive of the tape has a batching rule (vmap of its backward pass is then one
-    call per rule, not a loop over the batch)."""
-    return all(ins.prim.batch is not None for ins in tape.instructions)
+    """Every primitive of the tape has a batching rule and none is a loop (vmap of its
+    backward pass is then one call per rule; a loop's reverse rule of second order walks
+    its steps one by one, while forward mode keeps it one loop)."""
+    return all(
+        ins.prim.batch is not None and ins.prim.python_impl is None for ins in tape.instructions
+    )
 
 
 _CURRIED = object()
