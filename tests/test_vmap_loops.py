@@ -87,6 +87,7 @@ def check_compiled_per_example_gradients(backend):
     )
     names = [ins.prim.name for ins in compiled.tape(W, xs, ys).instructions]
     assert names.count("scan") == 1  # the forward loop once, over the whole batch
+    assert names.count("scan_bwd") == 1  # and the backward loop
 
 
 def test_compiled_per_example_gradients_of_a_scan():
@@ -97,6 +98,22 @@ def test_compiled_per_example_gradients_of_a_scan():
 @pytest.mark.skipif(not numba_backend.available(), reason="Numba is not installed")
 def test_native_per_example_gradients_of_a_scan():
     check_compiled_per_example_gradients("numba")
+
+
+@pytest.mark.parametrize(
+    "f, x_shape",
+    [(fori_loss, (INPUTS,)), (while_loss, (INPUTS,))],
+    ids=["fori_loop", "while_loop"],
+)
+def test_compiled_per_example_gradients_of_other_loops(f, x_shape):
+    compiled = gt.compile(gt.vmap(gt.grad(f), in_axes=(None, 0, 0)), backend="numpy")
+    for _ in range(2):
+        xs, ys = RNG.normal(size=(5,) + x_shape), RNG.normal(size=5)
+        np.testing.assert_allclose(
+            compiled(W, xs, ys), per_member(f, W, xs, ys), rtol=1e-11, atol=1e-13
+        )
+    names = [ins.prim.name for ins in compiled.tape(W, xs, ys).instructions]
+    assert names.count("scan_bwd") == 1
 
 
 def test_batched_weights_and_reverse_scan(no_member_loop):

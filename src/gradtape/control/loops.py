@@ -665,13 +665,84 @@ scan_bwd_p.python_impl = _scan_bwd_python
 
 
 def _scan_bwd_batch(prim, args, batched, **params):
-    """vmap of the backward loop (per-example gradients of a scan, fori_loop or while_loop):
-    one walk over the steps, each step's VJP mapped over the batch, so every rule of the step
-    runs once on the whole batch. The stored carries of a batched forward loop are each
-    member's own (batch axis first), so each member gets the cotangents of its own loop;
-    values shared by the batch get one cotangent per member."""
+    """vmap of the backward loop (per-example gradients of a scan, fori_loop or while_loop).
+
+    The stored carries of a batched forward loop are each member's own (batch axis first),
+    so each member gets the cotangents of its own loop. Recorded (compile, a loop body), it is
+    one backward loop over the batch whose step is the member's step mapped over the batch
+    (`_batched_backward_loop`); on concrete values, one walk over the steps, each step's VJP
+    mapped over the batch. Either way each rule of the step runs once on the whole batch.
+    """
+    parts = BackwardLoopArgs.split(
+        args, params["n_carry"], params["n_x"], params["n_y"], params["stored_cotangents"]
+    )
+    if any(_is_tracer(a) for a in args) and all(_is_tracer(c) for c in parts.caps):
+        return _batched_backward_loop(args, batched, **params)
     in_axes = tuple(0 if b else None for b in batched)
     return vmap(lambda *a: _scan_bwd_python(*a, **params), in_axes=in_axes)(*args)
+
+
+def _batched_backward_loop(
+    args, batched, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
+):
+    """One scan_bwd over the batch: every argument gets the batch axis (values shared by the
+    members are broadcast, so that each member gets its own cotangent of them), the stacked
+    ones with the loop's axis first and the batch second."""
+    split = functools.partial(
+        BackwardLoopArgs.split,
+        n_carry=n_carry,
+        n_x=n_x,
+        n_y=n_y,
+        stored_cotangents=stored_cotangents,
+    )
+    parts, flags = split(args), split(batched)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+
+    def full(values, are_batched, stacked=False):
+        out = [
+            v if b else np.broadcast_to(v, (size,) + shape_of(v))
+            for v, b in zip(values, are_batched)
+        ]
+        return [np.swapaxes(v, 0, 1) for v in out] if stacked else out
+
+    caps = full(parts.caps, flags.caps)
+    stored = full(parts.stored, flags.stored, stacked=True)
+    xs = full(parts.xs, flags.xs, stacked=True)
+    member_step = vmap(lambda c, x, k: program.run(list(c) + list(x), list(k)))
+
+    def batched_step(carry, x):
+        out = member_step(carry, x, caps)
+        return list(out[:n_carry]), list(out[n_carry:])
+
+    steps = _backward_length(stored, xs, checkpoint, length)
+    example = (
+        [_concrete(s)[0] for s in stored]
+        if steps
+        else [_concrete(c) for c in full(parts.g_carry, flags.g_carry)]
+    )
+    step_program, step_caps, _, _, _, _ = _scan_program(batched_step, example, xs, steps)
+    loop = BackwardLoopArgs(
+        full(parts.g_carry, flags.g_carry),
+        full(parts.g_ys, flags.g_ys, stacked=True),
+        stored,
+        xs,
+        step_caps,
+        full(parts.g_stored, flags.g_stored, stacked=True),
+    )
+    g_init, g_xs, g_step_caps = loop.outputs(
+        bind(scan_bwd_p, loop.flat(), loop.params(step_program, length, reverse, checkpoint))
+    )
+    g_caps = []
+    for c in caps:
+        j = next((j for j, k in enumerate(step_caps) if k is c), None)
+        g_caps.append(
+            g_step_caps[j] if j is not None else np.zeros(shape_of(c), _cotangent_dtype(c))
+        )
+    return tuple([*g_init, *(np.swapaxes(g, 0, 1) for g in g_xs), *g_caps])
+
+
+def _cotangent_dtype(x) -> np.dtype:
+    return dtype_of(x) if dtype_of(x).kind in "fc" else np.dtype(np.float64)
 
 
 scan_bwd_p.batch = _scan_bwd_batch
