@@ -676,10 +676,85 @@ def _scan_bwd_batch(prim, args, batched, **params):
     parts = BackwardLoopArgs.split(
         args, params["n_carry"], params["n_x"], params["n_y"], params["stored_cotangents"]
     )
+    if parts.xs and params["checkpoint"] is None:
+        return _backward_as_scan(args, batched, **params)
     if any(_is_tracer(a) for a in args) and all(_is_tracer(c) for c in parts.caps):
         return _batched_backward_loop(args, batched, **params)
     in_axes = tuple(0 if b else None for b in batched)
     return vmap(lambda *a: _scan_bwd_python(*a, **params), in_axes=in_axes)(*args)
+
+
+def _backward_as_scan(
+    args, batched, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
+):
+    """The batched backward loop as a scan over the steps from the last to the first, whose
+    step is the member's step VJP mapped over the batch (as JAX batches the transpose of a
+    scan). The VJP of each member gives each member its own cotangents of values the batch
+    shares, with the rules' own forms (an outer product, a matrix-vector product), which the
+    backends fuse; the cotangents of the captured values are carried and summed."""
+    split = functools.partial(
+        BackwardLoopArgs.split,
+        n_carry=n_carry,
+        n_x=n_x,
+        n_y=n_y,
+        stored_cotangents=stored_cotangents,
+    )
+    parts, flags = split(args), split(batched)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    nc = n_carry
+
+    def full(v, b):
+        return v if b else np.broadcast_to(v, (size,) + shape_of(v))
+
+    def by_step(v, b, indexed_by_step=True):
+        """A stacked value in the order the forward loop visited its steps, loop axis first
+        (xs and their cotangents are indexed by step, stored carries by visit)."""
+        v = np.swapaxes(v, 0, 1) if b else v
+        return v[::-1] if reverse and indexed_by_step else v
+
+    caps = parts.caps
+    cap_axes = [0 if b else None for b in flags.caps]
+    x_axes = [0 if b else None for b in flags.xs]
+    gy_axes = [0 if b else None for b in flags.g_ys]
+
+    def member_vjp(carry, x, k, g_carry, g_y):
+        g_in, g_k = _step_vjp(program, list(carry) + list(x), list(k), list(g_carry) + list(g_y))
+        inputs = list(carry) + list(x)
+        g_in = [
+            g if g is not None else np.zeros(shape_of(v), _cotangent_dtype(v))
+            for g, v in zip(g_in, inputs)
+        ]
+        g_k = [
+            g if g is not None else np.zeros(shape_of(c), _cotangent_dtype(c))
+            for g, c in zip(g_k, k)
+        ]
+        return g_in, g_k
+
+    mapped_vjp = vmap(member_vjp, in_axes=(0, x_axes, cap_axes, 0, gy_axes))
+
+    def backward_step(carry, step):
+        g_carry, g_caps = carry
+        stored, x, g_y, g_stored = step
+        g_in, g_k = mapped_vjp(stored, x, caps, g_carry, g_y)
+        g_carry = list(g_in[:nc])
+        if g_stored:
+            g_carry = [g + s for g, s in zip(g_carry, g_stored)]
+        return (g_carry, [a + b for a, b in zip(g_caps, g_k)]), list(g_in[nc:])
+
+    g_carry = [full(g, b) for g, b in zip(parts.g_carry, flags.g_carry)]
+    g_caps = [
+        np.zeros(shape_of(c) if b else (size,) + shape_of(c), _cotangent_dtype(c))
+        for c, b in zip(caps, flags.caps)
+    ]
+    steps = (
+        [by_step(v, b, False) for v, b in zip(parts.stored, flags.stored)],
+        [by_step(v, b) for v, b in zip(parts.xs, flags.xs)],
+        [by_step(v, b) for v, b in zip(parts.g_ys, flags.g_ys)],
+        [by_step(v, b, False) for v, b in zip(parts.g_stored, flags.g_stored)],
+    )
+    (g_init, g_caps), g_xs = scan(backward_step, (g_carry, g_caps), steps, reverse=True)
+    g_xs = [np.swapaxes(g[::-1] if reverse else g, 0, 1) for g in g_xs]
+    return tuple([*g_init, *g_xs, *g_caps])
 
 
 def _batched_backward_loop(
