@@ -664,6 +664,36 @@ def logistic_batch(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return 0.1 * rng.standard_normal(d), x, np.sign(rng.standard_normal(n))
 
 
+_RNN_HIDDEN, _RNN_INPUTS, _RNN_STEPS = 8, 3, 20
+
+
+def sequence_loss(xp: Any, w: Any, x: Any, y: Any) -> Any:
+    """The squared error of a small recurrent network on one sequence x (steps x inputs),
+    its weights flattened into w; the recurrence is a scan (``gradtape.scan`` for NumPy,
+    ``jax.lax.scan`` for JAX)."""
+    n_h = _RNN_HIDDEN * _RNN_HIDDEN
+    w_h = w[:n_h].reshape(_RNN_HIDDEN, _RNN_HIDDEN)
+    w_x = w[n_h:].reshape(_RNN_INPUTS, _RNN_HIDDEN)
+    if xp is np:
+        from gradtape import scan
+    else:
+        from jax.lax import scan
+
+    def step(h, x_t):
+        h = xp.tanh(h @ w_h + x_t @ w_x)
+        return h, xp.sum(h)
+
+    h, ys = scan(step, xp.zeros(_RNN_HIDDEN), x)
+    return (xp.sum(h) - y) ** 2 + 0.01 * xp.sum(ys)
+
+
+def sequence_batch(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    n = 256
+    w = 0.3 * rng.standard_normal(_RNN_HIDDEN * _RNN_HIDDEN + _RNN_INPUTS * _RNN_HIDDEN)
+    x = rng.standard_normal((n, _RNN_STEPS, _RNN_INPUTS))
+    return w, x, rng.standard_normal(n)
+
+
 def softplus_quadratic(xp: Any, x: Any) -> Any:
     """A smooth non-separable scalar function of a short vector (its Hessian is dense)."""
     return xp.sum(xp.log1p(xp.exp(x))) + 0.5 * xp.sum(x * x) * xp.sum(xp.sin(x))
@@ -684,6 +714,15 @@ BATCHED_WORKLOADS: dict[str, BatchedWorkload] = {
             "grad",
             (None, 0, 0),
             logistic_batch,
+        ),
+        BatchedWorkload(
+            "per_example_scan_grad",
+            "per-example gradients of a recurrent network, a scan of 20 steps, 256 sequences "
+            "(vmap(grad(loss), in_axes=(None, 0, 0)))",
+            sequence_loss,
+            "grad",
+            (None, 0, 0),
+            sequence_batch,
         ),
         BatchedWorkload(
             "batched_hessian",
