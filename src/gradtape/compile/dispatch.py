@@ -347,6 +347,7 @@ class CompiledFunction:
         # at most _max_signatures, least recently used dropped first (GRADTAPE_MAX_SIGNATURES)
         self._signatures: dict = {}
         self._max_signatures = config.max_signatures()
+        self._roll = config.roll_enabled()  # (settings read now are part of compile's memo key)
         self._dropped = SignatureStats()  # the counters of dropped signatures
         self._lock = threading.Lock()
         self._warned = False
@@ -547,7 +548,7 @@ class CompiledFunction:
                 values.append(x)
         tape = level.tape
         tape.outputs = [leaf.var if leaf.var is not None else leaf.const for leaf in outputs]
-        program = build_program(tape, outputs, out_tree)
+        program = build_program(tape, outputs, out_tree, roll=self._roll)
         return tape, program, tree_unflatten(out_tree, values)
 
     def _rebuild(self, info: _CallInfo, leaves) -> tuple[list, dict]:
@@ -851,8 +852,10 @@ def compile(
 
     Compiling the same function again returns the compiled function already built, so
     `compile(value_and_grad(f))` may be written inside a loop: the key is the function's
-    code, the values of its closure cells, defaults and the globals it names, and these
-    options (see compile/memo.py; GRADTAPE_MAX_COMPILED of them are remembered).
+    code, the values of its closure cells, defaults and the globals it names, these
+    options and the settings read while building (`GRADTAPE_ROLL`, `GRADTAPE_NUMBA`,
+    `GRADTAPE_BUFFER_SETS`, `GRADTAPE_MAX_SIGNATURES`; see compile/memo.py;
+    GRADTAPE_MAX_COMPILED of them are remembered).
 
     Parameters
     ----------
@@ -902,9 +905,10 @@ def compile(
     """
     options = (
         backend,
-        static_argnums if isinstance(static_argnums, int) else tuple(static_argnums),
+        static_argnums if type(static_argnums) is int else tuple(static_argnums),
         max_variants,
-        static_argnames if isinstance(static_argnames, str) else tuple(static_argnames),
+        static_argnames if type(static_argnames) is str else tuple(static_argnames),
+        config.build_settings(),  # (GRADTAPE_ROLL and the others read while building)
     )
     return remembered(
         fun,
