@@ -244,16 +244,24 @@ class _Variant:
 class _Signature:
     """The variants recorded for one signature, and the tree that selects among them."""
 
-    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason", "used")
+    __slots__ = ("_label", "variants", "by_prefix", "hot", "stats", "eager_reason", "used")
 
-    def __init__(self, label: str):
-        self.label = label
+    def __init__(self, label: str | Callable[[], str]):
+        self._label = label  # (or the function that writes it: most labels are never read)
         self.variants: list[_Variant] = []
         self.by_prefix: dict[tuple, _Variant] = {}
         self.hot: _Variant | None = None
         self.stats = SignatureStats()
         self.eager_reason: str | None = None
         self.used = next(_clock)  # when last dispatched to: the least recent is dropped
+
+    @property
+    def label(self) -> str:
+        """The readable signature, "(f64[1000], {'w': f32[3]})"."""
+        label = self._label
+        if type(label) is not str:
+            label = self._label = label()
+        return label
 
     def add(self, variant: _Variant) -> _Variant:
         for v in self.variants:
@@ -479,7 +487,11 @@ class CompiledFunction:
             if sig is None:
                 sig = self._signatures.get(info.key)
                 if sig is None:
-                    sig = self._signatures[info.key] = _Signature(self._label(info))
+                    # (the label is written when read, from the key alone: not the arrays)
+                    shape_only = _CallInfo(info.key, None, info.in_tree, None, None)
+                    sig = self._signatures[info.key] = _Signature(
+                        functools.partial(self._label, shape_only)
+                    )
                     self._drop_least_recent()
             sig.stats.recordings += 1
             if reason is not None:
