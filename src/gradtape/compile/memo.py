@@ -143,22 +143,6 @@ def _library(fun: types.FunctionType) -> bool:
     return found
 
 
-class _Key:
-    """A key whose hash is computed once (a nested tuple is hashed again at every lookup)."""
-
-    __slots__ = ("parts", "hash")
-
-    def __init__(self, parts):
-        self.parts = parts
-        self.hash = hash(parts)
-
-    def __eq__(self, other):
-        return self.hash == other.hash and self.parts == other.parts
-
-    def __hash__(self):
-        return self.hash
-
-
 _names_of: dict = {}
 
 
@@ -186,10 +170,12 @@ def remembered(fun: Callable, options: tuple, build: Callable[[], object]):
     `build()` (remembered when `fun` can be keyed)."""
     keep: list = []
     try:
-        key = _Key((function_key(fun, 0, keep), options))
-    except (_Unkeyable, TypeError):
+        # (a plain tuple: the dict keeps the hashes of stored keys, so a lookup hashes only
+        # the new key, once)
+        key = (function_key(fun, 0, keep), options)
+        entry = _memo.get(key)  # (a dict read needs no lock)
+    except (_Unkeyable, TypeError):  # (TypeError: an unhashable part)
         return build()
-    entry = _memo.get(key)  # (a dict read needs no lock)
     if entry is not None:
         entry[2] = next(_clock)
         return entry[0]
