@@ -249,7 +249,13 @@ def _rule_reads(rule, nargs: int) -> tuple | None:
         return None
     code = rule.__code__
     freevars = code.co_freevars
-    if "partial" in freevars and code.co_name == "<lambda>" and rule.__closure__:
+    if (
+        code.co_name == "<lambda>"
+        and "partial" in freevars
+        and set(freevars) <= {"i", "partial"}
+        and code.co_flags & _CO_VARARGS
+        and rule.__closure__
+    ):
         # a rule derived from an elementwise partial: `g * partial(ans, *args)`, summed back to
         # the argument's shape (a shape the released value keeps)
         partial = rule.__closure__[freevars.index("partial")].cell_contents
