@@ -230,7 +230,7 @@ def bind(prim, args: tuple, params: dict):
                 + complex_refusal(prim.name, "taken as a constant, with zero derivative")
             )
         return out
-    if top.record_all or not prim.linear:  # rules or a replay will read the constants later
+    if (top.record_all or not prim.linear) and None in invars:  # constants read again later
         # (only constants: a traced value is the result of a recorded operation, which the
         # function cannot write into, or an input, which is read before the call returns)
         vals = [
