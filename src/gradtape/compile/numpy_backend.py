@@ -521,6 +521,31 @@ def _same_value(x, answer: np.ndarray) -> bool:
 
 
 # --- lowering -------------------------------------------------------------------------------------
+_CODE_CACHE_SIZE = 256
+_code_cache: collections.OrderedDict = collections.OrderedDict()  # source -> code object
+
+
+def compiled_source(source: str, filename: str):
+    """Python's `compile` of generated `source`, shared by every variant that generates the
+    same text (a new input length of one program usually does: its shapes are constants),
+    so only the first pays the compile. The least recently used of at most 256 are kept."""
+    code = _code_cache.get(source)
+    if code is None:
+        code = compile(source, filename, "exec")
+        _code_cache[source] = code
+        while len(_code_cache) > _CODE_CACHE_SIZE:
+            try:
+                _code_cache.popitem(last=False)
+            except KeyError:  # (another thread emptied it)
+                break
+    else:
+        try:
+            _code_cache.move_to_end(source)
+        except KeyError:  # (another thread dropped it meanwhile)
+            pass
+    return code
+
+
 class NumpyLowered:
     """A compiled variant: `run(*leaves, out_leaves)` replays it; `source` is the generated code.
 
@@ -536,7 +561,7 @@ class NumpyLowered:
         body = self._body(gen, program, plan)
         self.source = self._assemble(gen, program, plan, input_names, body)
         namespace: dict = {}
-        exec(compile(self.source, f"<gradtape compiled {id(self):x}>", "exec"), namespace)
+        exec(compiled_source(self.source, "<gradtape compiled>"), namespace)
         slots = plan.slots
         # buffer sets kept between calls: one per thread calling at once, at most
         # GRADTAPE_BUFFER_SETS (a deque drops the oldest set beyond that)

@@ -115,10 +115,15 @@ def _is_array_like(value) -> bool:
 
 
 # --- building ------------------------------------------------------------------------------
-def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> Program:
-    """Simplify a recorded tape into the Program a backend lowers (see the module docstring)."""
+def build_program(
+    tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef, roll: bool | None = None
+) -> Program:
+    """Simplify a recorded tape into the Program a backend lowers (see the module docstring).
+    `roll`: whether to roll loops (None: GRADTAPE_ROLL now)."""
     snapshots: dict[int, np.ndarray] = {}
-    if config.roll_enabled():  # Python loops recorded once per iteration: one loop each
+    if roll is None:
+        roll = config.roll_enabled()
+    if roll:  # Python loops recorded once per iteration: one loop each
         tape = rolling.roll_tape(tape, lambda ins: _captured(ins, snapshots))
         outputs = _rolled_outputs(tape, outputs)
     checks = _ordered_checks(tape)

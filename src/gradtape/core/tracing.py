@@ -19,7 +19,7 @@ import numpy as np
 
 from . import routes
 from .errors import GradtapeError
-from .ir import Guard, Instruction, Tape, Var
+from .ir import Guard, Instruction, Released, Tape, Var
 
 _state = threading.local()
 _level_counter = iter(range(1, 1 << 62))
@@ -59,6 +59,7 @@ class Level:
         "_nvars",
         "_frozen",
         "batch_size",
+        "releases",
         "__weakref__",
     )
 
@@ -75,6 +76,9 @@ class Level:
         self._nvars = 0
         self._frozen = None  # id -> (array, read-only copy): see freeze
         self.batch_size = batch_size  # BATCH levels: the size of the batch axis
+        # only the reverse interpreter reads this tape (grad, vjp): values its rules do not
+        # read are released as they are recorded (see release_unread)
+        self.releases = False
 
     def new_var(self, value) -> Var:
         try:
@@ -226,8 +230,13 @@ def bind(prim, args: tuple, params: dict):
                 + complex_refusal(prim.name, "taken as a constant, with zero derivative")
             )
         return out
-    if top.record_all or not prim.linear:  # rules or a replay will read the constants later
-        vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
+    if (top.record_all or not prim.linear) and None in invars:  # constants read again later
+        # (only constants: a traced value is the result of a recorded operation, which the
+        # function cannot write into, or an input, which is read before the call returns)
+        vals = [
+            top.freeze(v) if var is None and type(v) is np.ndarray and v.flags.writeable else v
+            for v, var in zip(vals, invars)
+        ]
     vals = tuple(vals)
     invars = tuple(invars)
     # a differentiated tape remembers the user's line of each operation: an error raised by
@@ -238,11 +247,52 @@ def bind(prim, args: tuple, params: dict):
         top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out, source))
         return type(out)(Tracer(o, v, top) for o, v in zip(out, outvars))
     var = top.new_var(out)
-    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out, source))
+    ins = Instruction(prim, invars, vals, params, (var,), out, source)
+    top.tape.instructions.append(ins)
+    if top.releases:
+        release_unread(ins)
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
         add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
     return tracer
+
+
+_RELEASE_SIZE = 256  # arrays smaller than this are kept: releasing them saves little
+
+
+def release_unread(ins: Instruction) -> None:
+    """Replace the values of `ins` that no VJP rule of its differentiated arguments reads by
+    `Released` stand-ins (shape and dtype only), so an eager gradient does not keep every
+    intermediate alive until its backward pass. Constants stay (the tape prints them)."""
+    out = ins.out
+    args = ins.args
+    if not (
+        (type(out) is np.ndarray and out.size >= _RELEASE_SIZE)
+        or any(type(a) is np.ndarray and a.size >= _RELEASE_SIZE for a in args)
+    ):
+        return
+    per_rule = ins.prim.vjp_reads(len(args))
+    if per_rule is None:
+        return
+    reads = None
+    for v, rule_reads in zip(ins.invars, per_rule):
+        if v is not None:
+            reads = rule_reads if reads is None else [a or b for a, b in zip(reads, rule_reads)]
+    if reads is None:
+        return
+    if not reads[0] and type(out) is np.ndarray and out.size >= _RELEASE_SIZE:
+        ins.out = Released(out.shape, out.dtype)
+    if not any(
+        v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
+        for v, r, a in zip(ins.invars, reads[1:], args)
+    ):
+        return
+    ins.args = tuple(
+        Released(a.shape, a.dtype)
+        if v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
+        else a
+        for v, r, a in zip(ins.invars, reads[1:], args)
+    )
 
 
 def _recompute_view(prim, rest: tuple, params: dict):
@@ -397,9 +447,10 @@ _LIBRARY_CODE: dict = {}  # code object -> True when it is gradtape's, NumPy's o
 
 
 def user_frame(depth: int = 2) -> tuple | None:
-    """`(code, line number)` of the first frame outside gradtape, NumPy and SciPy (the user's
-    line that led to this operation; a SciPy function's own lines are skipped so that
-    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame."""
+    """`(code, instruction offset)` of the first frame outside gradtape, NumPy and SciPy (the
+    user's line that led to this operation; a SciPy function's own lines are skipped so that
+    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame; the line number
+    is found from the offset only when a message names it (`ir.source_text`)."""
     f = sys._getframe(depth)
     library = _LIBRARY_CODE
     while f is not None:
@@ -411,7 +462,7 @@ def user_frame(depth: int = 2) -> tuple | None:
                 fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
             )
         if not inside:
-            return (code, f.f_lineno)
+            return (code, f.f_lasti)
         f = f.f_back
     return None
 

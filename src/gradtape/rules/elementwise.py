@@ -69,6 +69,9 @@ def _make_vjp(i: int, partial, safe: bool, name: str):
     return lambda g, ans, *args: unbroadcast(g * partial(ans, *args), shape_of(args[i]))
 
 
+_add_reduce = np.add.reduce  # (np.sum's Python wrapper costs more than the sum at small sizes)
+
+
 def _times_safe(g, partial, ans, args):
     """g * partial, but 0 where g is 0 and the partial is infinite or NaN (a masked branch).
 
@@ -82,7 +85,7 @@ def _times_safe(g, partial, ans, args):
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
     d = g * p
     if type(d) is not Tracer:
-        if not np.isnan(np.sum(d) if type(d) is np.ndarray else d):
+        if not np.isnan(_add_reduce(d, axis=None) if type(d) is np.ndarray else d):
             return d
     elif type(p) is not Tracer:  # a constant partial (c * x): finite now, finite on replay
         if np.isfinite(p).all():

@@ -82,26 +82,37 @@ def name_forward_line(error: BaseException, ins) -> None:
     setattr(error, "_gradtape_forward_line", True)  # noqa: B010  (an attribute of any exception)
 
 
-def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
+def backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool = False) -> dict:
     """Run the tape backwards from `cotangents` of `outvars`; returns var id -> cotangent.
 
     Only instructions whose outputs received a cotangent are visited, and only the
-    arguments traced at this level get one: constants cost nothing.
+    arguments traced at this level get one: constants cost nothing. `consume`: the caller
+    reads the tape once (grad): each instruction drops its traced values once its rules have
+    run, so the values only it held are freed during the pass.
     """
     # a masked branch (np.where(x > 0, np.sqrt(x), 0)) has infinite local derivatives where
     # its cotangent is zero: no warnings for them, once for the whole pass
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return _backward(tape, outvars, cotangents)
+        return _backward(tape, outvars, cotangents, consume)
 
 
-def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
+def _consumed(instructions: list):
+    """The instructions last to first; each one's traced values are dropped once its rules
+    have run (the tape still lists it, with its constants)."""
+    for ins in reversed(instructions):
+        yield ins
+        ins.out = None
+        ins.args = tuple([a if v is None else None for v, a in zip(ins.invars, ins.args)])
+
+
+def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool) -> dict:
     acc: dict = {}
     for v, ct in zip(outvars, cotangents):
         if v is not None and ct is not None:
             _accumulate(acc, v, ct)
     ins = None
     try:
-        for ins in reversed(tape.instructions):
+        for ins in _consumed(tape.instructions) if consume else reversed(tape.instructions):
             prim = ins.prim
             if prim.multiple_results:
                 gs = [acc.pop(v.id, None) for v in ins.outvars]
@@ -353,6 +364,7 @@ def value_and_grad(
     def value_and_grad_f(*args, **kwargs):
         nums, single = _normalize_argnums(argnums, len(args))
         with new_level(LevelKind.DIFFERENTIATE) as level:
+            level.releases = True  # only the backward pass reads this tape
             out, in_trees = _trace_call(fun, args, kwargs, nums, level)
             check_input_dtypes(in_trees, "grad", holomorphic)
             aux = None
@@ -366,7 +378,8 @@ def value_and_grad(
         seed = np.ones(
             np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out)
         )
-        cts = backward(level.tape, [outvar], [seed]) if outvar is not None else {}
+        # (consume: the tape is this call's own, read once)
+        cts = backward(level.tape, [outvar], [seed], consume=True) if outvar is not None else {}
         grads = _grads_for(in_trees, cts)
         value = _lower(out, level)
         g = grads[0] if single else tuple(grads)
@@ -472,6 +485,7 @@ def vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     arguments.check_function(fun, "vjp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
+        level.releases = True  # only the backward pass reads this tape
         out, in_trees = _trace_call(fun, primals, {}, nums, level)
         aux = None
         if has_aux:

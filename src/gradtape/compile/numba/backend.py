@@ -46,7 +46,7 @@ import numpy as np
 
 from ... import config
 from .. import rolling
-from ..numpy_backend import NumpyLowered
+from ..numpy_backend import NumpyLowered, compiled_source
 from ..program import Program
 from . import cache, codegen
 from .generator import Generated, KernelArg
@@ -236,12 +236,23 @@ def kernels_for(generated: Generated) -> NativeKernels:
         if nk is None:
             nk = _REGISTRY[generated.key] = NativeKernels(generated)
             _ALL_KERNELS.add(nk)
+            # once dropped and no longer used, its module leaves sys.modules too (so the
+            # module, its functions and Numba's dispatchers of them can be freed)
+            weakref.finalize(nk, _forget_module, generated.key)
             limit = config.max_kernels()
             while len(_REGISTRY) > limit:
                 _REGISTRY.popitem(last=False)
         else:
             _REGISTRY.move_to_end(generated.key)
         return nk
+
+
+def _forget_module(key: str) -> None:
+    """Remove the imported module of kernels `key` unless the registry holds kernels of that
+    text again (they share the module name). (No lock: a finalizer may run inside
+    kernels_for, which holds the registry's; a membership test and a pop are atomic.)"""
+    if key not in _REGISTRY:
+        sys.modules.pop(cache.module_name(key), None)
 
 
 class _Compiler:
@@ -718,7 +729,7 @@ class NumbaLowered:
         consts = dict(extra)
         consts.update(runtime_functions(), state=self._state)
         namespace: dict = {}
-        exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"), namespace)
+        exec(compiled_source(source, f"<gradtape numba wrapper {self.generated.key}>"), namespace)
         return namespace["_build"](consts)
 
     def use_threads(self, n: int) -> None:
