@@ -335,26 +335,20 @@ def test_empty_reductions():
 
 # --- np.r_ and np.c_ ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("trick", "f", "instead"),
+    ("f", "same"),
     [
-        ("np.r_", lambda x: np.sum(np.r_[x, 2 * x]), lambda x: np.sum(np.concatenate([x, 2 * x]))),
-        ("np.r_", lambda x: np.sum(np.r_[0.5, x]), lambda x: np.sum(np.concatenate([[0.5], x]))),
+        (lambda x: np.sum(np.r_[x, 2 * x]), lambda x: np.sum(np.concatenate([x, 2 * x]))),
+        (lambda x: np.sum(np.r_[0.5, x]), lambda x: np.sum(np.concatenate([[0.5], x]))),
         (
-            "np.c_",
             lambda x: np.sum(np.c_[x, x**2] @ np.array([1.0, 3.0])),
             lambda x: np.sum(np.column_stack([x, x**2]) @ np.array([1.0, 3.0])),
         ),
     ],
 )
-def test_index_tricks_on_traced_values_name_themselves_and_what_to_write(trick, f, instead):
+def test_index_tricks_on_traced_values_concatenate_them(f, same):
     x = np.array([1.0, 2.0])
-    with pytest.raises(
-        gt.GradtapeError, match=rf"{trick.replace('.', '[.]')}\[...\] makes plain"
-    ) as e:
-        gt.grad(f)(x)
-    assert "test_numerical_edges.py" in str(e.value) and "np.concatenate" in str(e.value)
-    # what the message says to write works, and gives the same numbers
-    np.testing.assert_allclose(gt.grad(instead)(x), fd(f, x), rtol=1e-7)
+    np.testing.assert_allclose(gt.grad(f)(x), fd(f, x), rtol=1e-7)
+    np.testing.assert_array_equal(gt.grad(f)(x), gt.grad(same)(x))
     # index tricks of constants inside a traced function are plain arrays, as ever
     np.testing.assert_array_equal(gt.grad(lambda x: np.sum(x[np.r_[0, 1]]))(x), [1.0, 1.0])
 
