@@ -355,3 +355,12 @@ def test_std_keeps_numpys_value_and_nan_where_it_is_not_differentiable():
         assert np.isnan(gt.value_and_grad(lambda x: np.std(x, ddof=1))(np.ones(1))[0])
     # away from zero variance it is the usual gradient
     assert_grad_matches(lambda x: np.std(x, axis=0)[1], np.arange(6.0).reshape(3, 2) ** 1.5)
+
+
+def test_lists_and_index_tricks_under_vmap():
+    xs = np.array([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(gt.vmap(lambda x: np.mean([x, 2 * x, 1.0]))(xs), (3 * xs + 1) / 3)
+    norms = gt.vmap(gt.grad(lambda x: np.linalg.norm([x, 2 * x, 1.0])))(xs)
+    np.testing.assert_allclose(norms, 5 * xs / np.sqrt(5 * xs**2 + 1))
+    rows = gt.vmap(lambda x: np.sum(np.r_[x, 0:2] ** 2))(np.ones((3, 2)))
+    np.testing.assert_allclose(rows, [3.0, 3.0, 3.0])
