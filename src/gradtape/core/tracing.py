@@ -560,9 +560,29 @@ def _index_trick() -> str | None:
     return None
 
 
-def _as_array_message() -> str:
+def _guarded_value(x):
+    """The concrete value of `x` (an integer cast), guarded at every level that recorded it."""
+    if type(x) is not Tracer:
+        return np.asarray(x)
+    if x._level.batch_size is not None:
+        return _batch_answer(x, np.asarray, "an integer cast")
+    value = _guarded_value(x._value)
+    x._level.add_guard(x._var, "value", value)
+    return value
+
+
+def _as_array_message(dtype: np.dtype | None = None) -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
     where = _user_source_line()
+    if dtype is not None:
+        return (
+            f"NumPy was asked to convert a traced value into a plain array of {dtype} "
+            f"({where}), which would copy the numbers out and cut the gradient. A NumPy scalar "
+            f"type called on it (np.{dtype}(x)) does that: write x.astype(np.{dtype}) or "
+            f"np.asarray(x, dtype=np.{dtype}) (the cast is recorded, the gradient flows through "
+            "it). So does a write into a plain array (a[i] = x): build that array from traced "
+            "values instead (y = np.zeros_like(x); y[i] = value, or np.stack([...]))."
+        )
     trick = _index_trick()
     if trick is not None:
         return (
@@ -571,7 +591,7 @@ def _as_array_message() -> str:
             "(np.atleast_1d for scalars) instead of np.r_[a, b], and np.column_stack([a, b]) "
             "instead of np.c_[a, b]."
         )
-    if ".dot(" in where:
+    if ".dot(" in where.replace("np.dot(", "").replace("numpy.dot(", ""):
         advice = (
             "A plain array's method (X.dot(w)) cannot see a traced argument: write "
             "X @ w or np.dot(X, w)."
@@ -581,12 +601,50 @@ def _as_array_message() -> str:
             "This happens in a plain array's methods given a traced argument (write "
             "X @ w or np.dot(X, w) for X.dot(w)), in writes into a plain array (build it "
             "from traced values: y = np.zeros_like(x); y[i] = value, or np.stack([...])), "
-            "and in C code of other libraries."
+            "in a NumPy ufunc given only a list of traced values (np.exp([a, b]): write "
+            "np.exp(np.array([a, b]))), and in C code of other libraries."
         )
     return (
         f"NumPy was asked to convert a traced value into a plain array ({where}), which "
         f"would copy the numbers out and cut the gradient. {advice}"
     )
+
+
+_SEQUENCES = (list, tuple)
+
+
+def _holds_tracer(seq) -> bool:
+    for e in seq:
+        t = type(e)
+        if t is Tracer or ((t is list or t is tuple) and _holds_tracer(e)):
+            return True
+    return False
+
+
+def _stacked_inputs(inputs: tuple, name: str) -> tuple:
+    """A ufunc's inputs with each list or tuple that holds a Tracer stacked into one."""
+    stack = routes.ARRAY_LIKE[0]
+    return tuple(
+        stack(i, f"np.{name}") if type(i) in _SEQUENCES and _holds_tracer(i) else i for i in inputs
+    )
+
+
+def _stacked_arguments(args: tuple, kwargs: dict, lists: tuple, func) -> tuple:
+    """`args` and `kwargs` with each of `lists` (the lists and tuples holding Tracers that
+    NumPy's dispatcher of `func` names as array-likes) stacked into a Tracer; also inside a
+    sequence argument (np.concatenate([[a, b], x]))."""
+    stack = routes.ARRAY_LIKE[0]
+    name = f"np.{getattr(func, '__name__', 'function')}"
+
+    def convert(a):
+        for seq in lists:
+            if a is seq:
+                return stack(a, name)
+        if type(a) in _SEQUENCES and any(e is seq for e in a for seq in lists):
+            return type(a)(convert(e) for e in a)
+        return a
+
+    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
 
 class Tracer:
@@ -664,6 +722,10 @@ class Tracer:
 
     # --- NumPy's override protocols -----------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        for i in inputs:
+            if type(i) in _SEQUENCES:
+                inputs = _stacked_inputs(inputs, ufunc.__name__)
+                break
         out = kwargs.pop("out", None)
         if out is not None and not (isinstance(out, tuple) and all(o is None for o in out)):
             return _ufunc_into(ufunc, method, inputs, kwargs, out)
@@ -690,9 +752,20 @@ class Tracer:
             ]
             parts[:1] = ["np"] if parts[:1] == ["numpy"] else parts[:1]
             raise _no_rule_error(".".join(parts + [func.__name__]))
+        lists = getattr(_state, "array_like_lists", None)
+        if lists is not None:  # np.mean([a, b]): NumPy's dispatcher named these lists
+            _state.array_like_lists = None
+            args, kwargs = _stacked_arguments(args, kwargs, lists, func)
         return impl(*args, **kwargs)
 
     def __array__(self, dtype=None, copy=None):
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            if dt.kind in "biu" and self.dtype.kind in "biuf":
+                # np.int64(x): an integer cast has zero derivative, as NumPy's cast cuts the
+                # value; its value is a guard wherever it is recorded
+                return _guarded_value(self.astype(dt))
+            raise GradtapeError(_as_array_message(dt))
         raise GradtapeError(_as_array_message())
 
     # --- Python values: answered with the concrete value, recorded as a guard -----------
