@@ -163,6 +163,37 @@ class RolledLoop:
         self._steps_plan = plan
         return plan
 
+    def _iterate(self, plan: list, inputs: tuple, carry: list, env: list, t: int) -> None:
+        """Run iteration t of the body: env[k] becomes step k's value."""
+        for k, (impl, params, progressing, refs) in enumerate(plan):
+            args = []
+            for code, a, b in refs:
+                if code == 0:
+                    args.append(env[a])
+                elif code == 3:
+                    args.append(inputs[a])
+                elif code == 2:
+                    args.append(carry[a])
+                elif code == 1:
+                    args.append(env[a][b])
+                elif code == 5:
+                    args.append(a)
+                elif code == 4:
+                    args.append(inputs[a + t])
+                else:  # a constant that differs per iteration (b: as a Python scalar)
+                    row = inputs[a][t]
+                    args.append(row.item() if b else row)
+            if progressing is not None:
+                env[k] = impl(*args, **progressing.params_at(t))
+            else:
+                env[k] = impl(*args, **params)
+
+    def first_iteration(self, inputs: tuple) -> list:
+        """The value of every body step in the first iteration (an example for lowering)."""
+        env: list = [None] * len(self.steps)
+        self._iterate(self._plan(), inputs, [inputs[m] for m, _ in self.carries], env, 0)
+        return env
+
     def run(self, inputs: tuple) -> tuple:
         """The loop's outputs for these inputs (NumPy values)."""
         steps = self.steps
@@ -172,28 +203,7 @@ class RolledLoop:
         env: list = [None] * len(steps)
         last = self.trips - 1
         for t in range(self.trips):
-            for k, (impl, params, progressing, refs) in enumerate(plan):
-                args = []
-                for code, a, b in refs:
-                    if code == 0:
-                        args.append(env[a])
-                    elif code == 3:
-                        args.append(inputs[a])
-                    elif code == 2:
-                        args.append(carry[a])
-                    elif code == 1:
-                        args.append(env[a][b])
-                    elif code == 5:
-                        args.append(a)
-                    elif code == 4:
-                        args.append(inputs[a + t])
-                    else:  # a constant that differs per iteration (b: as a Python scalar)
-                        row = inputs[a][t]
-                        args.append(row.item() if b else row)
-                if progressing is not None:
-                    env[k] = impl(*args, **progressing.params_at(t))
-                else:
-                    env[k] = impl(*args, **params)
+            self._iterate(plan, inputs, carry, env, t)
             carry = [_pick(steps, env, kj) for _, kj in self.carries]
             for i, (kind, k, j) in enumerate(self.outputs):
                 if kind == "stack" or t == last:
@@ -238,6 +248,260 @@ def _not_differentiated(*args, **params):
 
 rolled_loop_p = Primitive("rolled_loop", _rolled_impl, multiple_results=True, nondiff=True)
 rolled_loop_p.vjp_all = _not_differentiated
+
+
+# --- one iteration as a tape (what the numba backend's driver runs natively) ---------------------
+class NotSteppable(Exception):
+    """This rolled loop's body cannot be written as one step tape; the message says why."""
+
+
+# primitives whose progressing index becomes the same primitive with traced integers in it
+_DYNAMIC = {
+    indexing.getitem_p: indexing.dyn_getitem_p,
+    indexing.setitem_p: indexing.dyn_setitem_p,
+    indexing.scatter_add_p: indexing.dyn_scatter_add_p,
+}
+
+
+@dataclass
+class StepTape:
+    """One iteration of a rolled loop as a tape, for a driver that walks the iterations.
+
+    tape: inputs, instructions and outputs (the next value of each carry, then the value of
+    each of the loop's outputs, in their orders); no guards (the loop's guards check its
+    stacked outputs after it).
+    sources: per tape input, where a driver reads it in iteration t: ("carry", c) the
+    current value of carry c, ("in", m) loop input m, ("row", m) row t of loop input m,
+    ("index", start, step) the integer start + t * step (a progressing index).
+    accumulators: carry c -> the index its body adds into it (a list of parts, Ellipsis
+    expanded, ("index", start, step) where an integer progresses): a carry that the body
+    reads only to scatter-add into it (the backward pass's gradient of `x[i]`); its slot
+    among the tape's outputs is the value added, which a driver adds in place.
+    """
+
+    tape: Tape
+    sources: list
+    accumulators: dict
+
+
+def step_tape(loop: RolledLoop, inputs: tuple) -> StepTape:
+    """The body of `loop` as one step tape, recorded on these inputs' first iteration.
+
+    Progressing integers of an index (`x[i]`, the backward pass's scatter into position i)
+    become traced integers of dyn_getitem, dyn_setitem and dyn_scatter_add, read from the
+    step's inputs. Raises NotSteppable for a body that reads one array of a list per
+    iteration, holds a loop, or has other progressing params.
+    """
+    env = loop.first_iteration(inputs)
+    counter = iter(range(1, 1 << 62))
+
+    def new_var(value) -> Var:
+        a = np.asarray(value)
+        return Var(next(counter), a.shape, a.dtype)
+
+    tape_inputs: list[Var] = []
+    sources: list = []
+
+    def add_input(value, source) -> Var:
+        v = new_var(value)
+        tape_inputs.append(v)
+        sources.append(source)
+        return v
+
+    carry_vars = [add_input(inputs[m], ("carry", c)) for c, (m, _) in enumerate(loop.carries)]
+    accumulators = _accumulators(loop, inputs)
+    skipped = {loop.carries[c][1][0] for c in accumulators}
+    shared: dict = {}  # ("in", m) | ("row", m) -> Var
+    step_vars: list[tuple] = []
+    instructions = []
+    for k, step in enumerate(loop.steps):
+        if k in skipped:  # (a driver adds its value in place)
+            step_vars.append(None)
+            continue
+        if step.prim is rolled_loop_p:
+            raise NotSteppable("its body holds another loop")
+        invars, args = [], []
+        for ref in step.refs:
+            kind = ref[0]
+            if kind == "body":
+                invars.append(step_vars[ref[1]][ref[2]])
+                args.append(_pick(loop.steps, env, (ref[1], ref[2])))
+            elif kind == "carry":
+                invars.append(carry_vars[ref[1]])
+                args.append(inputs[loop.carries[ref[1]][0]])
+            elif kind == "in":
+                value = inputs[ref[1]]
+                key = ("in", ref[1])
+                if key not in shared:
+                    shared[key] = add_input(value, key)
+                invars.append(shared[key])
+                args.append(value)
+            elif kind == "const":
+                invars.append(None)
+                args.append(ref[1])
+            elif kind == "row":
+                row = np.asarray(inputs[ref[1]])[0]
+                if ref[2]:  # given as a Python scalar: NumPy's promotion must not change
+                    others = [_ref_dtype(r, step_vars, loop, inputs) for r in step.refs]
+                    others = [d for d in others if d is not None]
+                    if np.result_type(*others, row.item()) != np.result_type(*others, row.dtype):
+                        raise NotSteppable("a per-iteration Python scalar changes a dtype")
+                key = ("row", ref[1])
+                if key not in shared:
+                    shared[key] = add_input(row, key)
+                invars.append(shared[key])
+                args.append(row)
+            else:
+                raise NotSteppable("its body reads one array of a list per iteration")
+        prim, params = step.prim, dict(step.params)
+        if step.progress:
+            prim, params, index_vars, index_values = _dynamic_index(step, add_input)
+            invars += index_vars
+            args += index_values
+        value = env[k]
+        values = value if step.prim.multiple_results else (value,)
+        outvars = tuple(new_var(x) for x in values)
+        step_vars.append(outvars)
+        instructions.append(Instruction(prim, tuple(invars), tuple(args), params, outvars, value))
+    tape = Tape()
+    tape.inputs = tape_inputs
+    tape.instructions = instructions
+    carried = []
+    for c, (_, (k, j)) in enumerate(loop.carries):
+        if c in accumulators:  # the value added: a step's, an input's or a constant
+            ref = loop.steps[k].refs[1]
+            if ref[0] == "const":
+                carried.append(ref[1])
+            elif ref[0] == "body":
+                carried.append(step_vars[ref[1]][ref[2]])
+            elif ref[0] == "carry":
+                carried.append(carry_vars[ref[1]])
+            else:
+                key = (ref[0], ref[1])
+                if key not in shared:
+                    value = inputs[ref[1]]
+                    shared[key] = add_input(value if ref[0] == "in" else value[0], key)
+                carried.append(shared[key])
+        else:
+            carried.append(step_vars[k][j])
+    producers = {kj: c for c, (_, kj) in enumerate(loop.carries)}
+    tape.outputs = carried + [  # (the last value of a carry: a driver reads it after the loop)
+        carried[producers[(k, j)]] if kind == "last" and (k, j) in producers else step_vars[k][j]
+        for kind, k, j in loop.outputs
+    ]
+    return StepTape(tape, sources, accumulators)
+
+
+def _accumulators(loop: RolledLoop, inputs: tuple) -> dict:
+    """The carries the body reads only to scatter-add into them, with basic indices (see
+    StepTape): carry c -> its index parts."""
+    found = {}
+    for c, (m, (k, _)) in enumerate(loop.carries):
+        step = loop.steps[k]
+        base = np.asarray(inputs[m])
+        if (
+            step.prim is not indexing.scatter_add_p
+            or step.refs[0] != ("carry", c)
+            or step.refs[1][0] == "pick"
+            or (step.refs[1][0] == "row" and step.refs[1][2])
+            or base.ndim == 0
+            or any(p[0] != "idx" for p in step.progress)
+        ):
+            continue
+        readers = [
+            (i, a)
+            for i, s in enumerate(loop.steps)
+            for a, r in enumerate(s.refs)
+            if r == ("carry", c) or (r[0] == "body" and r[1] == k)
+        ]
+        if readers != [(k, 0)] or any(o[1] == k for o in loop.outputs if o[0] == "stack"):
+            continue
+        if sum(1 for _, kj in loop.carries if kj[0] == k) != 1:
+            continue
+        if step.progress:
+            _, template, start, stride = step.progress[0]
+            idx = _rebuild(template, list(start))
+            ints = iter(zip(start, stride))
+            if template[0] != "t" or any(p[0] not in ("i", "s", "v") for p in template[1]):
+                continue
+            progressing = {}
+            bad = False
+            for position, part in enumerate(template[1]):
+                if part[0] == "i":
+                    a, d = next(ints)
+                    if d:
+                        progressing[position] = ("index", a, d)
+                elif part[0] == "s":
+                    for x in part[1]:
+                        if x[0] == "i" and next(ints)[1]:
+                            bad = True
+            if bad:
+                continue
+        else:
+            idx, progressing = dict(step.params).get("idx"), {}
+        if not isinstance(idx, tuple) or any(
+            not (isinstance(i, (int, slice)) or i is None or i is Ellipsis) for i in idx
+        ):
+            continue
+        parts = [progressing.get(position, part) for position, part in enumerate(idx)]
+        used = sum(1 for i in idx if i is not None and i is not Ellipsis)
+        expanded = []
+        for part in parts:
+            if part is Ellipsis:
+                expanded.extend([slice(None)] * (base.ndim - used))
+            else:
+                expanded.append(part)
+        found[c] = expanded
+    return found
+
+
+def _ref_dtype(ref, step_vars: list, loop: RolledLoop, inputs: tuple):
+    """The dtype of an array operand (None for constants and Python scalars)."""
+    kind = ref[0]
+    if kind == "body":
+        return step_vars[ref[1]][ref[2]].dtype
+    if kind == "carry":
+        return np.asarray(inputs[loop.carries[ref[1]][0]]).dtype
+    if kind == "in":
+        return np.asarray(inputs[ref[1]]).dtype
+    if kind == "row" and not ref[2]:
+        return np.asarray(inputs[ref[1]]).dtype
+    return None
+
+
+def _dynamic_index(step: BodyStep, add_input) -> tuple:
+    """(dyn primitive, its params, index vars, their first values) of a step whose `idx`
+    progresses in top-level integers (x[i, 2], not x[i:i + 2])."""
+    dynamic = _DYNAMIC.get(step.prim)
+    if dynamic is None or [p[0] for p in step.progress] != ["idx"]:
+        raise NotSteppable(
+            f"{step.prim.name} has params that change from one iteration to the next"
+        )
+    _, template, start, stride = step.progress[0]
+    if template[0] != "t":
+        raise NotSteppable("an index that is not a tuple changes per iteration")
+    idx = list(_rebuild(template, list(start)))
+    flat = 0
+    positions, index_vars, index_values = [], [], []
+    for position, part in enumerate(template[1]):
+        if part[0] == "i":
+            if stride[flat] != 0:
+                positions.append(position)
+                index_values.append(np.int64(start[flat]))
+                index_vars.append(
+                    add_input(np.int64(start[flat]), ("index", start[flat], stride[flat]))
+                )
+                idx[position] = indexing._SLOT
+            flat += 1
+        elif part[0] == "s":
+            n = sum(1 for x in part[1] if x[0] == "i")
+            if any(stride[flat + i] != 0 for i in range(n)):
+                raise NotSteppable("a slice whose bounds change per iteration")
+            flat += n
+        elif part[0] == "t":
+            raise NotSteppable("a nested index changes per iteration")
+    params = {"template": tuple(idx), "positions": tuple(positions)}
+    return dynamic, params, index_vars, index_values
 
 
 # --- params: flat integers and a template -------------------------------------------------------

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.errors import GuardFailure
+from ...core.ir import Var
 from ...core.primitive import Primitive
 from ...transforms.linearize import record_step_vjp
+from .. import rolling
 from ..step import body_inputs, step_program
 from . import codegen
 from .codegen import Generated
@@ -73,9 +75,12 @@ class LoopSpec:
             if a.dtype != dtype:
                 return None
             converted.append(a[()] if scalar else np.ascontiguousarray(a))
-        steps = (
-            params.get("length", 0) if self.length_from is None else args[self.length_from].shape[0]
-        )
+        if self.length_from is not None:
+            steps = args[self.length_from].shape[0]
+        elif "loop" in params:  # a rolled Python loop
+            steps = params["loop"].trips
+        else:
+            steps = params.get("length", 0)
         outs, driver_outs = [], []
         for o in self.outputs:
             shape = (-(-steps // o.every), *o.shape) if o.per_step else o.shape
@@ -472,6 +477,96 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
     return spec
 
 
+def rolled_spec(params: dict, args: tuple) -> LoopSpec:
+    """The driver of a rolled Python loop (compile/rolling.py): its body, recorded as one step
+    on the first iteration of these arguments, walked natively for the loop's trip count.
+    Progressing indices (`x[i]`) are read from constant arguments (start, step), so another
+    trip count of the same body writes the same module and reuses the compiled driver."""
+    loop = params["loop"]
+    try:
+        stepped = rolling.step_tape(loop, args)
+    except rolling.NotSteppable as exc:
+        raise Unsupported(str(exc)) from None
+    gen = _step_kernel(step_program(stepped.tape, stepped.tape.inputs))
+    w = _DriverWriter(gen)
+    slots = [_slot(a) for a in args]
+    names = [w.value_arg(f"x{m}", a) for m, a in enumerate(args)]
+    w.add_arg("T", _I64, None)
+    values = loop.first_iteration(args)
+    outputs = []
+    for kind, k, j in loop.outputs:
+        a = np.asarray(rolling._pick(loop.steps, values, (k, j)))
+        outputs.append(_Output(a.shape, a.dtype, kind == "stack", False))
+    targets_out = [w.out_arg(f"o{i}", o) for i, o in enumerate(outputs)]
+    n_carry = len(loop.carries)
+    accumulators = stepped.accumulators
+    scalar_carry = [np.ndim(args[m]) == 0 for m, _ in loop.carries]
+    swapped = [c for c in range(n_carry) if c not in accumulators]
+    w.open_carries([names[loop.carries[c][0]] for c in swapped], [scalar_carry[c] for c in swapped])
+    carry_name = {c: f"a{i}" for i, c in enumerate(swapped)}
+    next_name = {c: (f"n{i}" if scalar_carry[c] else f"b{i}") for i, c in enumerate(swapped)}
+    added = {}  # accumulator carry -> where the step puts the value added into it
+    for c in accumulators:
+        carry_name[c] = f"acc{c}"
+        w.lines.append(f"acc{c} = {names[loop.carries[c][0]]}.copy()")
+        leaf = stepped.tape.outputs[c]  # a Var, or a constant added in every iteration
+        if isinstance(leaf, Var):
+            shape, dtype = leaf.shape, leaf.dtype
+        else:
+            shape, dtype = np.shape(leaf), np.asarray(leaf).dtype
+        if shape:
+            w.lines.append(f"add{c} = np.empty({tuple(shape)!r}, {numpy_type(np.dtype(dtype))})")
+        added[c] = f"add{c}"
+    w.lines.append("for t in range(T):")
+    step_inputs = []
+    for source in stepped.sources:
+        kind = source[0]
+        if kind == "carry":
+            step_inputs.append(carry_name[source[1]])
+        elif kind == "in":
+            step_inputs.append(names[source[1]])
+        elif kind == "row":
+            step_inputs.append(f"{names[source[1]]}[t]")
+        else:  # ("index", start, step): constants, so the text is the same for every start
+            step_inputs.append(w.progression(source[1], source[2]))
+    targets = [added[c] if c in accumulators else next_name[c] for c in range(n_carry)]
+    producers = {kj: c for c, (_, kj) in enumerate(loop.carries)}
+    finals = []
+    for (kind, k, j), name, o in zip(loop.outputs, targets_out, outputs):
+        if kind == "last" and (k, j) in producers:  # written once, after the loop
+            targets.append(None)
+            finals.append((name, carry_name[producers[(k, j)]], not o.shape))
+        elif o.per_step:
+            targets.append(f"{name}[t]")
+        else:
+            targets.append(f"{name}[0]" if not o.shape else name)
+    w.step(step_inputs, targets)
+    for c, parts in accumulators.items():
+        text = []
+        for part in parts:
+            if isinstance(part, tuple):
+                text.append(w.progression(part[1], part[2]))
+            elif part is None:
+                text.append("None")
+            elif isinstance(part, slice):
+                text.append(
+                    ":".join(
+                        "" if x is None else str(x) for x in (part.start, part.stop, part.step)
+                    )
+                )
+            else:
+                text.append(str(int(part)))
+        w.body(f"acc{c}[{', '.join(text)}] += {added[c]}")
+    w.swap_carries([scalar_carry[c] for c in swapped])
+    for name, carry, scalar in finals:
+        w.lines.append(f"{name}[0] = {carry}" if scalar else f"copy_into({name}, {carry})")
+    w.close_carries([], [])
+    return w.spec(slots, outputs, length_from=None)
+
+
+register_driver(rolling.rolled_loop_p, rolled_spec)
+
+
 # --- the driver's text ------------------------------------------------------------------------
 class _DriverWriter:
     """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
@@ -498,10 +593,15 @@ class _DriverWriter:
 
     def const(self, value) -> str:
         name = f"kc{len(self.consts)}"
-        value = np.ascontiguousarray(value)
-        self.consts.append(value if value.ndim else value[()])
+        value = np.asarray(value)  # (ascontiguousarray would make a 0-d value 1-d)
+        self.consts.append(np.ascontiguousarray(value) if value.ndim else value[()])
         self.const_names.append(name)
         return name
+
+    def progression(self, start: int, step: int) -> str:
+        """The integer `start + t * step` in iteration t; start and step are constant
+        arguments, so the text is the same for every start and step."""
+        return f"({self.const(np.int64(start))} + t * {self.const(np.int64(step))})"
 
     def body(self, line: str) -> None:
         self.lines.append(self.indent + line)
