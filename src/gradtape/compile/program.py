@@ -115,10 +115,14 @@ def _is_array_like(value) -> bool:
 
 
 # --- building ------------------------------------------------------------------------------
-def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> Program:
-    """Simplify a recorded tape into the Program a backend lowers (see the module docstring)."""
+def build_program(
+    tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef, roll: bool = True
+) -> Program:
+    """Simplify a recorded tape into the Program a backend lowers (see the module docstring).
+    `roll`: search it for Python loops to roll (not a loop's step: a native driver runs it
+    as one kernel)."""
     snapshots: dict[int, np.ndarray] = {}
-    if config.roll_enabled():  # Python loops recorded once per iteration: one loop each
+    if roll and config.roll_enabled():  # Python loops recorded once per iteration: one each
         tape = rolling.roll_tape(tape, lambda ins: _captured(ins, snapshots))
         outputs = _rolled_outputs(tape, outputs)
     checks = _ordered_checks(tape)

@@ -243,7 +243,7 @@ def forward_spec(params: dict, args: tuple) -> LoopSpec:
     nc, nx = params["n_carry"], params["n_x"]
     ny = len(body.out_avals) - nc
     tape, _, positions = body.variants[0]
-    gen = _step_kernel(step_program(tape, body_inputs(tape)))
+    gen = _step_kernel(step_program(tape, body_inputs(tape), roll=False))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
     carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
@@ -299,7 +299,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
     caps = rest[: len(rest) - nc] if params["stored_cotangents"] else rest
     every = params["checkpoint"] or 1
     vjp, tape, positions = _recorded_step_vjp(params, g_carry, g_ys, stored, xs, caps)
-    gen = _step_kernel(step_program(vjp, vjp.inputs))
+    gen = _step_kernel(step_program(vjp, vjp.inputs, roll=False))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
     gc = [w.value_arg(f"gc{j}", a) for j, a in enumerate(g_carry)]
@@ -334,7 +334,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         w.lines.append("for k in range(T - 1, -1, -1):")
         carry_at = [f"{st[j]}[k]" for j in range(nc)]
     else:  # recompute each segment's carries from its stored one, then walk it back
-        forward = _step_kernel(step_program(tape, body_inputs(tape)))
+        forward = _step_kernel(step_program(tape, body_inputs(tape), roll=False))
         _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry)
         carry_at = [f"sg{j}[k - start]" for j in range(nc)]
     w.body("t = T - 1 - k" if params["reverse"] else "t = k")
@@ -437,8 +437,8 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
     nc, nb = params["n_carry"], params["n_body_caps"]
     tape, _, positions = body.variants[0]
     c_tape, _, c_positions = cond.variants[0]
-    w = _DriverWriter(_step_kernel(step_program(tape, body_inputs(tape))))
-    cond_gen = _step_kernel(step_program(c_tape, body_inputs(c_tape)))
+    w = _DriverWriter(_step_kernel(step_program(tape, body_inputs(tape), roll=False)))
+    cond_gen = _step_kernel(step_program(c_tape, body_inputs(c_tape), roll=False))
     slots = [_slot(a) for a in args]
     carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
     bcaps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc : nc + nb])]
@@ -487,7 +487,7 @@ def rolled_spec(params: dict, args: tuple) -> LoopSpec:
         stepped = rolling.step_tape(loop, args)
     except rolling.NotSteppable as exc:
         raise Unsupported(str(exc)) from None
-    gen = _step_kernel(step_program(stepped.tape, stepped.tape.inputs))
+    gen = _step_kernel(step_program(stepped.tape, stepped.tape.inputs, roll=False))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
     names = [w.value_arg(f"x{m}", a) for m, a in enumerate(args)]
@@ -505,18 +505,21 @@ def rolled_spec(params: dict, args: tuple) -> LoopSpec:
     w.open_carries([names[loop.carries[c][0]] for c in swapped], [scalar_carry[c] for c in swapped])
     carry_name = {c: f"a{i}" for i, c in enumerate(swapped)}
     next_name = {c: (f"n{i}" if scalar_carry[c] else f"b{i}") for i, c in enumerate(swapped)}
-    added = {}  # accumulator carry -> where the step puts the value added into it
-    for c in accumulators:
+    added = {}  # position among the step's outputs -> where the step puts the value added
+    for c, entries in accumulators.items():
         carry_name[c] = f"acc{c}"
         w.lines.append(f"acc{c} = {names[loop.carries[c][0]]}.copy()")
-        leaf = stepped.tape.outputs[c]  # a Var, or a constant added in every iteration
-        if isinstance(leaf, Var):
-            shape, dtype = leaf.shape, leaf.dtype
-        else:
-            shape, dtype = np.shape(leaf), np.asarray(leaf).dtype
-        if shape:
-            w.lines.append(f"add{c} = np.empty({tuple(shape)!r}, {numpy_type(np.dtype(dtype))})")
-        added[c] = f"add{c}"
+        for _, position in entries:
+            leaf = stepped.tape.outputs[position]  # a Var, or a constant added every time
+            if isinstance(leaf, Var):
+                shape, dtype = leaf.shape, leaf.dtype
+            else:
+                shape, dtype = np.shape(leaf), np.asarray(leaf).dtype
+            name = added[position] = f"add{position}"
+            if shape:
+                w.lines.append(
+                    f"{name} = np.empty({tuple(shape)!r}, {numpy_type(np.dtype(dtype))})"
+                )
     w.lines.append("for t in range(T):")
     step_inputs = []
     for source in stepped.sources:
@@ -527,6 +530,8 @@ def rolled_spec(params: dict, args: tuple) -> LoopSpec:
             step_inputs.append(names[source[1]])
         elif kind == "row":
             step_inputs.append(f"{names[source[1]]}[t]")
+        elif kind == "view":
+            step_inputs.append(f"{names[source[1]]}[{w.index_text(source[2])}]")
         else:  # ("index", start, step): constants, so the text is the same for every start
             step_inputs.append(w.progression(source[1], source[2]))
     targets = [added[c] if c in accumulators else next_name[c] for c in range(n_carry)]
@@ -540,23 +545,11 @@ def rolled_spec(params: dict, args: tuple) -> LoopSpec:
             targets.append(f"{name}[t]")
         else:
             targets.append(f"{name}[0]" if not o.shape else name)
+    targets += [added[p] for p in range(len(targets), len(stepped.tape.outputs))]
     w.step(step_inputs, targets)
-    for c, parts in accumulators.items():
-        text = []
-        for part in parts:
-            if isinstance(part, tuple):
-                text.append(w.progression(part[1], part[2]))
-            elif part is None:
-                text.append("None")
-            elif isinstance(part, slice):
-                text.append(
-                    ":".join(
-                        "" if x is None else str(x) for x in (part.start, part.stop, part.step)
-                    )
-                )
-            else:
-                text.append(str(int(part)))
-        w.body(f"acc{c}[{', '.join(text)}] += {added[c]}")
+    for c, entries in accumulators.items():
+        for parts, position in entries:
+            w.body(f"acc{c}[{w.index_text(parts)}] += {added[position]}")
     w.swap_carries([scalar_carry[c] for c in swapped])
     for name, carry, scalar in finals:
         w.lines.append(f"{name}[0] = {carry}" if scalar else f"copy_into({name}, {carry})")
@@ -602,6 +595,27 @@ class _DriverWriter:
         """The integer `start + t * step` in iteration t; start and step are constant
         arguments, so the text is the same for every start and step."""
         return f"({self.const(np.int64(start))} + t * {self.const(np.int64(step))})"
+
+    def index_text(self, parts: list) -> str:
+        """An index as source: ints, None, ("index", start, step) progressions and
+        ("slice", start, stop, step) with ints, progressions or None in it."""
+
+        def bound(x) -> str:
+            if x is None:
+                return ""
+            if isinstance(x, tuple):
+                return self.progression(x[1], x[2])
+            return str(int(x))
+
+        text = []
+        for part in parts:
+            if part is None:
+                text.append("None")
+            elif isinstance(part, tuple) and part[0] == "slice":
+                text.append(":".join(bound(x) for x in part[1:]))
+            else:
+                text.append(bound(part))
+        return ", ".join(text)
 
     def body(self, line: str) -> None:
         self.lines.append(self.indent + line)
