@@ -29,6 +29,7 @@ from gradtape.compile.step import step_program
 def roll_short_tapes(monkeypatch):
     """Every tape is searched (not only long ones): small cases suffice."""
     monkeypatch.setattr(rolling, "MIN_TAPE_LENGTH", 0)
+    monkeypatch.setattr(rolling, "NATIVE_MIN_TAPE_LENGTH", 0)
     monkeypatch.setenv(config.ROLL, "1")
     memo.forget_all()
 

@@ -58,6 +58,11 @@ MIN_TRIPS = 4  # shorter runs stay unrolled (nothing to gain)
 # (measured on a Gaussian mixture of 7,600 instructions: 55 ms against 3.9 ms a call on the
 # numpy backend); beyond this, lowering and compiling the unrolled program costs more
 MIN_TAPE_LENGTH = 20_000
+# where rolled loops run on native drivers (the numba backend), from this length on (measured
+# on compile(value_and_grad) of Python loops: below it, the unrolled program compiles in a
+# few seconds and its calls are faster; above it, the rolled one compiles in about a second
+# whatever the trip count and its calls are as fast or faster; see the guide)
+NATIVE_MIN_TAPE_LENGTH = 1_000
 MAX_PERIOD = 4096  # the longest body searched for
 # the longest body searched for in successive passes: inner loops (short bodies) roll first,
 # so that the loop around them then repeats a body holding one loop instruction
@@ -1260,11 +1265,20 @@ def _value(ins: Instruction, j: int):
     return ins.out[j] if ins.prim.multiple_results else ins.out
 
 
-def roll_tape(tape: Tape, capture=lambda ins: ins) -> Tape:
+def min_tape_length(native_loops: bool) -> int:
+    """The shortest tape searched for loops: NATIVE_MIN_TAPE_LENGTH where rolled loops run
+    on native drivers (the numba backend), MIN_TAPE_LENGTH where they are interpreted."""
+    return NATIVE_MIN_TAPE_LENGTH if native_loops else MIN_TAPE_LENGTH
+
+
+def roll_tape(tape: Tape, capture=lambda ins: ins, min_length: int | None = None) -> Tape:
     """The tape with its repeated runs rolled (see the module docstring); the tape itself
-    when nothing rolls. `capture(ins)` is applied to each new loop instruction (the program
-    snapshots constant arrays with it)."""
-    if len(tape.instructions) < max(2 * MIN_TRIPS, MIN_TAPE_LENGTH):
+    when nothing rolls or it is shorter than `min_length` instructions (MIN_TAPE_LENGTH by
+    default). `capture(ins)` is applied to each new loop instruction (the program snapshots
+    constant arrays with it)."""
+    if min_length is None:
+        min_length = MIN_TAPE_LENGTH
+    if len(tape.instructions) < max(2 * MIN_TRIPS, min_length):
         return tape
     ids = [v.id for v in tape.inputs] + [c[0].id for c in tape.captured]
     ids += [v.id for ins in tape.instructions for v in ins.outvars]

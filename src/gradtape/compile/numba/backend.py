@@ -817,6 +817,10 @@ def lower_tiered(program: Program) -> NumbaLowered:
     return NumbaLowered(program, wait=False)
 
 
+# rolled Python loops run on native drivers (loops.py): compile rolls shorter programs
+lower_waiting.native_loops = lower_tiered.native_loops = True
+
+
 # Numba's import is not started early (when a compiled function is created): an import of Numba
 # in the compiler thread racing one in the caller's thread (`from numba import njit` after
 # `gt.compile(...)`) can fail with Python's import deadlock error, as Numba's modules import

@@ -58,7 +58,8 @@ class Consts:
     def __init__(self):
         self.arrays: list[np.ndarray] = []
         self._by_id: dict[int, str] = {}
-        self._by_value: dict[tuple, str] = {}
+        self._by_value: dict[tuple, tuple[str, int]] = {}
+        self._tables: dict[str, tuple[str, int, list]] = {}  # dtype -> scalars of that dtype
 
     def name(self, a: np.ndarray) -> str:
         """The argument name of constant `a` (C-contiguous copies are kept in `arrays`)."""
@@ -69,21 +70,30 @@ class Consts:
             self.arrays.append(np.ascontiguousarray(a))
         return n
 
-    def scalar(self, value, dtype: np.dtype) -> str:
-        """The argument name of a one-element array holding the scalar constant `value` as
-        `dtype` (one argument per distinct value and dtype)."""
+    def scalar(self, value, dtype: np.dtype) -> tuple[str, int]:
+        """(argument name, position) of the scalar constant `value` as `dtype`: the scalars
+        of one dtype are one array argument (a program of a thousand distinct constants,
+        s + i * x[i] unrolled, passes one array, not a thousand arguments)."""
         held = np.array([value], dtype=dtype)
         key = (dtype.str, held.tobytes())
-        n = self._by_value.get(key)
-        if n is None:
-            n = self._by_value[key] = f"c{len(self.arrays)}"
+        found = self._by_value.get(key)
+        if found is not None:
+            return found
+        table = self._tables.get(dtype.str)
+        if table is None:
+            table = self._tables[dtype.str] = (f"c{len(self.arrays)}", len(self.arrays), [])
             self.arrays.append(held)
-        return n
+        name, slot, values = table
+        values.append(held[0])
+        self.arrays[slot] = np.array(values, dtype=dtype)
+        found = self._by_value[key] = (name, len(values) - 1)
+        return found
 
 
 # Scalar constants are kernel arguments, so that functions differing only in a constant (200
 # closures over another value of a parameter) share one kernel: its text, and so its key and
-# machine code, do not depend on the value. Small whole numbers, halves and non-finite values
+# machine code, do not depend on the value. The constants of one dtype are one array argument
+# (a long unrolled loop has one per iteration). Small whole numbers, halves and non-finite values
 # stay literals (x * 2.0, x ** 3, x - 1: written in code, not parameters, and LLVM folds them).
 def baked_constant(value, dtype: np.dtype) -> bool:
     """Whether the scalar constant `value` is written into the kernel's text."""
@@ -109,6 +119,7 @@ class KernelWriter:
         self.lines: list[str] = []
         self.args: list[KernelArg] = []
         self.arg_names: set[str] = set()
+        self._scalar_locals: set[str] = set()  # scalar constants read at the kernel's start
         self.dims: dict[int, str] = {}
         self.dim_lines: list[str] = []
         self.tmp = 0
@@ -386,11 +397,12 @@ class KernelWriter:
         at the kernel's start from its one-element argument."""
         if baked_constant(value, dtype):
             return literal(value, dtype)
-        name = self.gen.consts.scalar(value, dtype)
-        local = f"{name}s"
-        if name not in self.arg_names:
-            self.add_arg(name, dtype, 1, (1,))
-            self.dim_lines.append(f"{local} = {name}[0]")
+        name, position = self.gen.consts.scalar(value, dtype)
+        local = f"{name}s{position}"
+        if local not in self._scalar_locals:
+            self._scalar_locals.add(local)
+            self.add_arg(name, dtype, 1)
+            self.dim_lines.append(f"{local} = {name}[{position}]")
         return local
 
     def const_array(self, a) -> str:
