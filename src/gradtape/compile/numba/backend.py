@@ -662,6 +662,12 @@ class NumbaLowered:
             return
         for loop in generated.loops.values():
             loop.wait = wait
+        for ins in program.instructions:  # rolled Python loops: their drivers start now, on
+            # the recorded values (the numpy tier, which answers the first calls under
+            # backend="auto", runs them in Python and would not start them)
+            loop = generated.loops.get(id(ins))
+            if loop is not None and ins.prim is rolling.rolled_loop_p:
+                loop.prepare(ins.args, ins.params)
         self.generated = generated
         self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
         nk = self.native = kernels_for(generated)

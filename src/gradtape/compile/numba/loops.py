@@ -142,6 +142,12 @@ class NativeLoop:
                 self.reason = "its steps kept leaving the body's recorded path"
         return result
 
+    def prepare(self, args: tuple, params: dict) -> None:
+        """Build (and start compiling) the driver now, from the values of a recording; a
+        call would otherwise do it on the first native call."""
+        if self.state == _NOT_YET:
+            self._prepare(args, params)
+
     def _prepare(self, args, params) -> None:
         from . import backend
 
