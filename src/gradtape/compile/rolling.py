@@ -34,9 +34,10 @@ that differ between iterations) ends the run: rolling refuses when unsure, and a
 tape computes the same numbers. Runs are searched again on the rolled tape, so a loop nested
 in a loop rolls into a loop whose body holds a loop.
 
-Tapes shorter than MIN_TAPE_LENGTH instructions are left as they are (the backends' code
-for the unrolled program runs faster than a rolled body, which calls one primitive at a
-time). `GRADTAPE_ROLL=0` turns rolling off
+Tapes shorter than MIN_TAPE_LENGTH instructions are left as they are (the numpy backend's
+code for the unrolled program runs faster than a rolled body interpreted one primitive at a
+time); where rolled loops run on native drivers (the numba backend: `step_tape` below, and
+compile/numba/loops.py), from NATIVE_MIN_TAPE_LENGTH on. `GRADTAPE_ROLL=0` turns rolling off
 (config.py).
 """
 
@@ -59,9 +60,10 @@ MIN_TRIPS = 4  # shorter runs stay unrolled (nothing to gain)
 # numpy backend); beyond this, lowering and compiling the unrolled program costs more
 MIN_TAPE_LENGTH = 20_000
 # where rolled loops run on native drivers (the numba backend), from this length on (measured
-# on compile(value_and_grad) of Python loops: below it, the unrolled program compiles in a
-# few seconds and its calls are faster; above it, the rolled one compiles in about a second
-# whatever the trip count and its calls are as fast or faster; see the guide)
+# on compile(value_and_grad) of Python loops: below it, the unrolled program compiles in
+# seconds and its calls are faster; from it on, the unrolled compile takes several times the
+# rolled one's and keeps growing with the trip count, the rolled one does not; the guide's
+# "Python loops" section has the table)
 NATIVE_MIN_TAPE_LENGTH = 1_000
 MAX_PERIOD = 4096  # the longest body searched for
 # the longest body searched for in successive passes: inner loops (short bodies) roll first,
