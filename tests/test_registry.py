@@ -24,8 +24,6 @@ pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
 NATIVE_GAPS = {
     # a checkpointed block: recorded only by differentiating levels, never staged
     "checkpoint",
-    # a rolled Python loop: its body runs through NumPy between the kernels
-    "rolled_loop",
     # index and search functions, predicates on whole arrays
     "allclose",
     "argmax",

@@ -538,8 +538,12 @@ class CompiledFunction:
             ((shape, dtype),) = info.key
             self._last = (shape, dtype, variant.run, variant, sig.stats)
 
-    def _record(self, info: _CallInfo):
-        """Run the function on stage Tracers; returns (tape, program, traced result)."""
+    def _record(self, info: _CallInfo, native_loops: bool | None = None):
+        """Run the function on stage Tracers; returns (tape, program, traced result).
+        `native_loops`: the backend runs rolled Python loops natively (its lower function's
+        `native_loops`; rolling then starts at shorter programs)."""
+        if native_loops is None:
+            native_loops = getattr(self._lower, "native_loops", False)
         with new_level(LevelKind.STAGE) as level:
             tracers = [level.new_input(x) for x in info.leaves]
             args, kwargs = self._rebuild(info, tracers)
@@ -560,7 +564,7 @@ class CompiledFunction:
                 values.append(x)
         tape = level.tape
         tape.outputs = [leaf.var if leaf.var is not None else leaf.const for leaf in outputs]
-        program = build_program(tape, outputs, out_tree, roll=self._roll)
+        program = build_program(tape, outputs, out_tree, roll=self._roll, native_loops=native_loops)
         return tape, program, tree_unflatten(out_tree, values)
 
     def _rebuild(self, info: _CallInfo, leaves) -> tuple[list, dict]:
@@ -720,7 +724,7 @@ class CompiledFunction:
         5.0 [0. 2. 4.]
         """
         info = self._call_info(args, kwargs)
-        tape, program, _ = self._record(info)
+        tape, program, _ = self._record(info, native_loops=False)  # (exported: no loops)
         reason = unreplayable_reason(program)
         if reason is not None:
             raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")

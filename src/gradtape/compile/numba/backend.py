@@ -688,6 +688,12 @@ class NumbaLowered:
             return
         for loop in generated.loops.values():
             loop.wait = wait
+        for ins in program.instructions:  # rolled Python loops: their drivers start now, on
+            # the recorded values (the numpy tier, which answers the first calls under
+            # backend="auto", runs them in Python and would not start them)
+            loop = generated.loops.get(id(ins))
+            if loop is not None and ins.prim is rolling.rolled_loop_p:
+                loop.prepare(ins.args, ins.params)
         self.generated = generated
         self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
         nk = self.native = kernels_for(generated)
@@ -844,6 +850,10 @@ def lower_waiting(program: Program) -> NumbaLowered:
 def lower_tiered(program: Program) -> NumbaLowered:
     """backend="auto": numpy tier first, kernels compiled in the background."""
     return NumbaLowered(program, wait=False)
+
+
+# rolled Python loops run on native drivers (loops.py): compile rolls shorter programs
+lower_waiting.native_loops = lower_tiered.native_loops = True
 
 
 # Numba's import is not started early (when a compiled function is created): an import of Numba
