@@ -48,7 +48,7 @@ from ... import config
 from .. import rolling
 from ..numpy_backend import NumpyLowered, compiled_source
 from ..program import Program
-from . import cache, codegen
+from . import cache, codegen, notices
 from .generator import Generated, KernelArg
 from .notices import NativeFallbackWarning, warn_once  # noqa: F401  (the warning: re-exported)
 from .parallel import PARALLEL_MIN_CHUNK
@@ -450,7 +450,7 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _startup_lock, _registry_lock, _compiler_lock, _warn_lock, _threads_lock
+    global _startup_lock, _registry_lock, _compiler_lock, _threads_lock
     global _switch_lock, _numba_work_lock
     busy = bool(_fork_snapshot and _fork_snapshot[0])
     _fork_snapshot.clear()
@@ -461,7 +461,7 @@ def _after_fork_in_child() -> None:
     _startup_lock = threading.Lock()
     _registry_lock = threading.Lock()
     _compiler_lock = threading.Lock()
-    _warn_lock = threading.Lock()
+    notices.reset_after_fork()
     _threads_lock = threading.Lock()
     _switch_lock = threading.Lock()
     cache.reset_after_fork()
