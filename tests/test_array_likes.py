@@ -364,3 +364,18 @@ def test_lists_and_index_tricks_under_vmap():
     np.testing.assert_allclose(norms, 5 * xs / np.sqrt(5 * xs**2 + 1))
     rows = gt.vmap(lambda x: np.sum(np.r_[x, 0:2] ** 2))(np.ones((3, 2)))
     np.testing.assert_allclose(rows, [3.0, 3.0, 3.0])
+
+
+def test_wrapping_a_dispatcher_twice_leaves_it_as_it_is():
+    # a first trace interrupted (Ctrl-C) while it wraps NumPy's dispatchers is finished by the
+    # next one: functions wrapped already are left alone (wrapping again was a SyntaxError)
+    from gradtape import process
+
+    gt.grad(lambda x: np.mean([x[0], x[1]]))(np.ones(2))  # the first trace wraps them
+    wrapped = process._WRAPPED_DISPATCHERS[:20]
+    codes = [fn.__code__ for fn in wrapped]
+    assert all(process._wrap_dispatcher(fn) for fn in wrapped)
+    assert [fn.__code__ for fn in wrapped] == codes
+    g = gt.grad(lambda x: np.mean([x[0], x[1] * 2.0]))(np.ones(2))
+    np.testing.assert_allclose(g, [0.5, 1.0])
+    assert np.mean([1.0, 2.0]) == 1.5

@@ -341,6 +341,8 @@ def _wrap_dispatcher(fn) -> bool:
     import inspect
     import types
 
+    if "_gradtape_original_dispatcher" in fn.__code__.co_varnames:
+        return True  # wrapped by an earlier attempt (one a KeyboardInterrupt cut short)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -390,8 +392,10 @@ def _wrap_dispatcher(fn) -> bool:
     kwdefaults["_gradtape_original_dispatcher"] = original
     kwdefaults["_gradtape_array_likes"] = _array_likes_with_tracers
     kwdefaults["_gradtape_thread"] = tracing._state  # while its levels stack is not empty
-    fn.__code__ = code.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
+    # the defaults first: the old code ignores keyword defaults it does not name, so an
+    # interrupt between the two assignments leaves a working function either way
     fn.__kwdefaults__ = kwdefaults
+    fn.__code__ = code.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
     return True
 
 
