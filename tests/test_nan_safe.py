@@ -42,6 +42,14 @@ def test_the_implementation_is_the_masked_product_for_every_shape_and_value(shap
 
 
 def test_python_scalars_and_float32():
+    values = [0.0, -0.0, 1.5, np.inf, -np.inf, np.nan]
+    for g in values:
+        for p in values:
+            for kind in (float, np.float64):
+                with np.errstate(all="ignore"):
+                    got = nan_safe_multiply_p.impl(kind(g), kind(p))
+                assert type(got) is type(kind(g) * kind(p))
+                np.testing.assert_array_equal(got, masked_product(g, p))
     assert nan_safe_multiply_p.impl(0.0, np.inf) == 0.0
     assert np.isnan(nan_safe_multiply_p.impl(np.nan, 2.0))
     with np.errstate(all="ignore"):

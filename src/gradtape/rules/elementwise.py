@@ -109,6 +109,11 @@ def _nan_safe_multiply_impl(g, p):
     such as a scalar, is tested instead), and the mask only where it changes something."""
     if type(g) is Tracer or type(p) is Tracer:  # recorded one level down
         return bind(nan_safe_multiply_p, (g, p), {})
+    if isinstance(g, float) and isinstance(p, float):  # Python and NumPy float64 scalars
+        d = g * p
+        if d == d or g != 0:  # not NaN, or not a zero g's NaN
+            return d
+        return type(d)(0.0)  # g is 0 and p infinite or NaN
     d = np.multiply(g, p)
     if type(d) is not np.ndarray:
         if not np.isnan(d):
