@@ -429,7 +429,6 @@ LOOP_BATCHED = {
     "real",
     "rolled_loop",  # made by compile after every transform: never batched
     "running_extreme",
-    "scan_bwd",
     "scipy_eigh",
     "scipy_eigh_general",
     "searchsorted",
