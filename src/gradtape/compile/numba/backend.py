@@ -38,7 +38,6 @@ import queue
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -50,38 +49,13 @@ from .. import rolling
 from ..numpy_backend import NumpyLowered
 from ..program import Program
 from . import cache, codegen
-from .kernel import KernelArg
+from .generator import Generated, KernelArg
+from .notices import NativeFallbackWarning, warn_once  # noqa: F401  (the warning: re-exported)
 from .parallel import PARALLEL_MIN_CHUNK
-from .wrapper import STATUS_LAYOUT, runtime_functions
+from .status import STATUS_LAYOUT
+from .wrapper import bound_wrapper, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
-
-
-class NativeFallbackWarning(UserWarning):
-    """Part of a compiled function runs through NumPy (a primitive without native code, or a
-    kernel Numba could not compile): results are exact, only slower.
-
-    Emitted once per cause by the numba backend and by the native drivers of loops.
-
-    Examples
-    --------
-    >>> import warnings
-    >>> import gradtape as gt
-    >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore", gt.NativeFallbackWarning)
-    """
-
-
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def warn_once(message: str) -> None:
-    with _warn_lock:
-        if message in _warned:
-            return
-        _warned.add(message)
-    warnings.warn(message, NativeFallbackWarning, stacklevel=4)
 
 
 def available() -> bool:
@@ -156,7 +130,7 @@ def get_num_threads() -> int:
 class NativeKernels:
     """The compiled kernels of one generated module; variants with the same text share it."""
 
-    def __init__(self, generated: codegen.Generated):
+    def __init__(self, generated: Generated):
         self.key = generated.key
         self.module_text = generated.module
         self.kernels = generated.kernels
@@ -255,7 +229,7 @@ _registry_lock = threading.Lock()
 _ALL_KERNELS: weakref.WeakSet = weakref.WeakSet()  # every live NativeKernels (fork reset)
 
 
-def kernels_for(generated: codegen.Generated) -> NativeKernels:
+def kernels_for(generated: Generated) -> NativeKernels:
     with _registry_lock:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
@@ -603,7 +577,7 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
     return state
 
 
-def _generated(program: Program, threads: int) -> codegen.Generated | None:
+def _generated(program: Program, threads: int) -> Generated | None:
     """The kernels and wrapper of `program`, or None when the numpy backend's code is what
     should run (nothing native to do, or what the generator cannot write: a warning says so).
     No program is too long: long ones are split into bounded kernels (fusion.py)."""
@@ -676,7 +650,7 @@ class NumbaLowered:
         self._bound = wait and state.kernels is not None
         if self._bound:
             # the kernels are known now: bind them into the wrapper (no per-call lookup)
-            source, extra = generated.bound_wrapper()
+            source, extra = bound_wrapper(generated)
             extra.update({f"k{j}": k for j, k in enumerate(state.kernels)})
             state.run = self.run = self._build(source, extra)
         else:
