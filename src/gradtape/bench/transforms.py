@@ -136,7 +136,7 @@ def _jacobian_methods() -> list:
         ("dense Jacobian, 100 -> 100", "jacrev (vmap of the pullback)", gt.jacrev(jmap), "jacrev"),
         (
             "Hessian, n = 50",
-            "hessian (compiled: vmap of the pullback)",
+            "hessian (vmap of the pullback)",
             gt.hessian(scalar),
             "hessian",
         ),

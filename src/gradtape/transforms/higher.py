@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, Var
-from ..core.tracing import LevelKind, Tracer, current_levels, new_level
+from ..core.tracing import LevelKind, Tracer, new_level
 from . import arguments
 from .forward import (
     Recording,
@@ -338,26 +338,19 @@ def hessian(
 
 
 def _hessian_rows(rec: Recording) -> list:
-    """Under compile (a staging level records the Hessian): reverse over reverse, the
-    recorded gradient's backward pass mapped (vmap) over the basis, which compiles to faster
-    code than the basis pushed through it by forward mode (the benchmark's Hessian case).
-    Eager, forward over reverse, whose interpreter costs less per call. Also forward over
-    reverse for complex inputs (whose error it explains), and where the gradient's tape calls
-    user rules or primitives that vmap would run once per member (loops)."""
+    """Reverse over reverse: the recorded gradient's backward pass mapped (vmap) over the
+    basis, which compiles to faster code than the basis pushed through it by forward mode
+    (the benchmark's Hessian case), eager and compiled alike so that a compiled Hessian has
+    the eager one's bits. Forward over reverse for complex inputs (whose error it explains),
+    and where the gradient's tape calls user rules or loops."""
     tape = rec.level.tape
     if (
-        not _staged()
-        or complex_inputs(rec)
+        complex_inputs(rec)
         or not _batchable(tape)
         or any(ins.prim.user_rule for ins in tape.instructions)
     ):
         return jacobian_by_columns(rec)
     return jacobian_by_rows(rec)
-
-
-def _staged() -> bool:
-    """A staging level (compile, a loop body) is recording."""
-    return any(lv.kind in (LevelKind.STAGE, LevelKind.LOOP_BODY) for lv in current_levels())
 
 
 def _batchable(tape: Tape) -> bool:
