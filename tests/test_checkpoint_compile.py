@@ -66,7 +66,7 @@ def test_compiled_checkpoint_keeps_its_memory_saving():
         "checkpoint": peak_of_one_call(checkpointed, x),
         "merged": peak_of_one_call(merged, x),
     }
-    assert peaks["checkpoint"] < 0.6 * peaks["plain"], peaks  # measured 0.50-0.53
+    assert peaks["checkpoint"] < 0.5 * peaks["plain"], peaks
     assert peaks["merged"] > 0.8 * peaks["plain"], peaks  # no barrier: merged, no saving
 
 

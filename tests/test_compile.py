@@ -649,9 +649,7 @@ def test_higher_order_transforms():
         cf = np_compile(target)
         for _ in range(2):
             y = x + RNG.random(4) * 0.1
-            # compiled and eager second derivatives agree to a few ulps (their sums may be
-            # taken in another order), not bit for bit as first derivatives do
-            np.testing.assert_array_max_ulp(cf(y), target(y), maxulp=4)
+            assert_same(cf(y), target(y))
 
 
 def test_sort_under_compile_replays_for_every_ordering():

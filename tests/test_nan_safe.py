@@ -78,6 +78,21 @@ def test_a_recorded_product_is_masked_on_every_replay(backend):
             np.testing.assert_array_equal(compiled(g, p), masked_product(g, p))
 
 
+def test_the_numpy_backend_writes_the_product_into_its_buffer():
+    """No fresh array per call: the product goes into the pooled buffer, the mask in place."""
+
+    def f(g, p):
+        return nan_safe_multiply(g * 1.0, p * 1.0) * 2.0
+
+    compiled = gt.compile(f, backend="numpy")
+    g, p = np.asarray(G, float), np.asarray(P, float)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(compiled(g, p), masked_product(g, p) * 2.0)
+        np.testing.assert_array_equal(compiled(g + 1.0, p), masked_product(g + 1.0, p) * 2.0)
+    source = compiled.lowered(g, p).source
+    assert "zero_nan_products" in source and "p_nan_safe_multiply" not in source
+
+
 @pytest.mark.parametrize("argnum", [0, 1])
 def test_its_derivatives_are_those_of_the_masked_product(argnum):
     """At points where both are finite it is g * p; where the mask holds, no derivative."""

@@ -301,6 +301,26 @@ def _emit_astype(gen, ins, out, args):
     return [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]}, 'unsafe')"]
 
 
+def _zero_nan_products(d, g, p) -> None:
+    """In place on d = g * p: 0 where g is 0 and p is not finite (nan_safe_multiply's rule,
+    with its test first: a finite p broadcast against a larger g, or a product whose sum is
+    not NaN, needs no mask)."""
+    if 2 * np.size(p) <= d.size:
+        if np.isfinite(p).all():
+            return
+    elif not np.isnan(np.add.reduce(d, axis=None)):
+        return
+    np.copyto(d, 0, where=np.equal(g, 0) & ~np.isfinite(p))
+
+
+def _emit_nan_safe_multiply(gen, ins, out, args):
+    multiply = gen.const(np.multiply, "multiply")
+    return [
+        f"{multiply}({args[0]}, {args[1]}, {out})",
+        f"{gen.const(_zero_nan_products, 'zero_nan_products')}({out}, {args[0]}, {args[1]})",
+    ]
+
+
 def _emit_identity(gen, ins, out, args):
     return [f"{out} = {args[0]}"]
 
@@ -329,6 +349,8 @@ EMITTERS: dict[Primitive, Callable[[Instruction], Emitter]] = {
     reductions.cumprod_p: _always(_cumulative(np.cumprod)),
     indexing.where_p: lambda ins: _scalar_where(ins) or _WHERE,
     shape.concatenate_p: _always(Emitter(BUFFER, _emit_concatenate)),
+    # the product into its buffer, then the mask in place where needed (not a fresh array)
+    elementwise.nan_safe_multiply_p: _always(Emitter(BUFFER, _emit_nan_safe_multiply)),
     shape.astype_p: _always(Emitter(BUFFER, _emit_astype)),
     indexing.setitem_p: _always(_copy_then(_setitem_update)),
     indexing.scatter_add_p: _always(_copy_then(_scatter_add_update)),
