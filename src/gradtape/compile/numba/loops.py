@@ -1,4 +1,5 @@
-"""Native loops for the numba backend: `scan` and its backward loop as Numba functions.
+"""Native loops for the numba backend: `scan`, its backward loop, `while_loop` and rolled
+Python loops (compile/rolling.py) as Numba functions.
 
 Without this a compiled tape runs a scan in Python, one generated-NumPy call per step (about
 20 us a step for a small RNN). Here the body's step (for `scan_bwd`, the step's VJP) becomes a
@@ -13,6 +14,12 @@ compiled like the other kernels: in the background for backend="auto" (the Pytho
 meanwhile), before the call returns for backend="numba". What the driver cannot do runs the
 primitive's Python implementation, with the same results: a step that leaves the body's
 recorded path (a failed check), `checkpoint=`, a body that needs NumPy between kernels.
+
+A rolled Python loop (`rolled_spec`) is built when its variant is lowered, from the recorded
+values: `rolling.step_tape` writes one iteration as a tape, and the driver passes each
+iteration's views (`x[i]`, `x[i:i + 3]`), rows of per-iteration constants and progressing
+indices (`start + t * step`, from constant arguments: another trip count reuses the module),
+and adds the backward pass's scatter-adds into carried gradients in place.
 """
 
 from __future__ import annotations
