@@ -182,7 +182,6 @@ NUMPY_FALLBACKS = {
     "flatnonzero",
     "inv",
     "isclose",
-    "nan_safe_multiply",  # its implementation skips the mask when the product has no NaN
     "nonzero",
     "qr",
     "rolled_loop",
