@@ -16,7 +16,13 @@ import gradtape as gt
 from gradtape.bench import display
 from gradtape.bench.cli import main
 from gradtape.bench.methods import METHODS, Method, complex_step, require
-from gradtape.bench.report import RunContext, build_tables, header_lines, render_markdown
+from gradtape.bench.report import (
+    RunContext,
+    build_tables,
+    format_seconds,
+    header_lines,
+    render_markdown,
+)
 from gradtape.bench.runner import ABSENT, ERROR, OK, SKIPPED, WRONG, RunConfig, run_benchmark
 from gradtape.bench.workloads import GRADTAPE, PLANNED_WORKLOADS, WORKLOADS
 
@@ -96,6 +102,17 @@ def test_cli_writes_json_markdown_and_png(tmp_path: Path) -> None:
     assert "| N | method | median | ×numpy | ×best peer | 1st call | note |" in markdown
     assert "| 10 | hand_numpy |" in markdown
     assert "Threads: pinned to 1" in markdown
+    # the summary: one row per (workload, N), a column per method that ran
+    summary = markdown.split("## Summary: median time per call")[1].split("\n## ")[0]
+    header, _, row = [line for line in summary.strip().splitlines()][:3]
+    ran = [
+        m
+        for m in methods
+        if results[m]["status"] != ABSENT and m not in ("finite_diff", "complex_step")
+    ]
+    assert header == "| workload | N | " + " | ".join(ran) + " |"
+    assert row.startswith("| sum_exp | 10 | ")
+    assert row.split(" | ")[2 + ran.index("numpy")] == format_seconds(baseline["median_s"])
     if importlib.util.find_spec("matplotlib") is None:  # plots are optional, like the extra
         assert any(n.startswith("matplotlib not installed: no plots") for n in document["notes"])
     else:

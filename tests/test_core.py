@@ -429,15 +429,45 @@ def test_guards_are_recorded_with_answer_and_source_line():
     assert "guard item(" in text and "guard int(" in text
 
 
+def guarded_constant_scale(x, n):
+    """`guarded` with its constant made explicit: under grad, .item() would cut the gradient."""
+    if x.sum() > 1:
+        x = x * 2.0
+    total = 0.0
+    for i in range(int(n)):
+        total = total + x[i]
+    scale = gt.stop_gradient(x[0])
+    return total * scale + x[int(x[1])]
+
+
 def test_guards_are_recorded_under_grad_too():
-    """Under grad a comparison is a plain value (no guard); int() and item() of a Tracer are."""
-    f = recording_levels(guarded)
+    """Under grad a comparison is a plain value (no guard); int() of a Tracer is guarded."""
+    f = recording_levels(guarded_constant_scale)
     g = gt.grad(f)(np.array([0.3, 0.2, 0.1]), np.array(1.0))
-    np.testing.assert_allclose(g, [0.3 + 1.0, 0.0, 0.0])  # x[0] * x[0].item() + x[int(0.2)]
-    assert [(gd.kind, gd.answer) for gd in f.levels[0].tape.guards] == [("item", 0.3), ("int", 0)]
+    np.testing.assert_allclose(g, [0.3 + 1.0, 0.0, 0.0])  # x[0] * sg(x[0]) + x[int(0.2)]
+    assert [(gd.kind, gd.answer) for gd in f.levels[0].tape.guards] == [("int", 0)]
     # staged around grad (what compile does), the comparison and int(n) are guarded too
-    tape = gt.trace(gt.grad(guarded), np.array([0.3, 0.2, 0.1]), np.array(1.0))
-    assert [gd.kind for gd in tape.guards] == ["bool", "int", "item", "int"]
+    tape = gt.trace(gt.grad(guarded_constant_scale), np.array([0.3, 0.2, 0.1]), np.array(1.0))
+    assert [gd.kind for gd in tape.guards] == ["bool", "int", "int"]
+
+
+def test_item_of_a_differentiated_float_is_refused_naming_the_line():
+    with pytest.raises(GradtapeError, match=r"\.item\(\) was called.*scale = x\[0\]\.item\(\)"):
+        gt.grad(guarded)(np.array([0.3, 0.2, 0.1]), np.array(1.0))
+    # integers have no gradient to cut: their .item() is a guard as before
+    g = gt.grad(lambda x: x[0] * np.argmax(x).item())(np.array([1.0, 3.0]))
+    assert g.tolist() == [1.0, 0.0]
+
+
+def test_tolist_of_a_differentiated_float_keeps_the_gradient():
+    def f(x):
+        rows = x.tolist()  # nested lists of traced scalars under grad
+        return sum(v * v for row in rows for v in row)
+
+    x = np.array([[1.0, 2.0], [3.0, -1.0]])
+    np.testing.assert_allclose(gt.grad(f)(x), 2 * x)
+    np.testing.assert_allclose(gt.jacfwd(f)(x), 2 * x)
+    assert f(x) == 15.0
 
 
 def test_trace_prints_one_instruction_a_line_with_shapes_and_dtypes():
@@ -571,3 +601,18 @@ def test_two_threads_tracing_at_once_each_get_their_own_answer():
     finally:
         sys.setswitchinterval(old)
     assert max(errors) < 1e-12
+
+
+def test_an_error_inside_scipy_names_the_users_line_first():
+    interpolate = pytest.importorskip("scipy.interpolate")
+
+    def f(y):
+        spline = interpolate.CubicSpline(np.arange(4.0), y)  # no rule: SciPy converts y
+        return spline(1.5)
+
+    with pytest.raises(GradtapeError) as caught:
+        gt.grad(f)(np.array([0.0, 1.0, 0.5, 2.0]))
+    message = str(caught.value)
+    user = message.index("test_core.py:")
+    assert "spline = interpolate.CubicSpline(np.arange(4.0), y)" in message
+    assert user < message.index("; inside SciPy at ")

@@ -69,6 +69,26 @@ def test_value_grad_and_hvp_match_in_memory(client, data):
 
 
 @pytest.mark.cluster
+def test_same_parameters_on_other_data_or_another_function_are_not_confused(client, data):
+    # task keys are named once per call: they must differ with the data, the function and
+    # the transform, not only with the parameters
+    X, y = data
+    Xd, yd = chunked(X, y)
+    Xd2, yd2 = chunked(X[::-1].copy(), y)
+    w = np.linspace(-0.5, 0.5, 6)
+    vg = gtd.value_and_grad(logistic_loss, data_argnums=(1, 2), backend="numpy")
+    first, second = vg(w, Xd, yd), vg(w, Xd2, yd2)
+    np.testing.assert_allclose(first[1], gt.grad(logistic_loss)(w, X, y), rtol=1e-10)
+    np.testing.assert_allclose(second[1], gt.grad(logistic_loss)(w, X[::-1], y), rtol=1e-10)
+    squared = gtd.value_and_grad(
+        lambda w, X, y: np.sum((X @ w - y) ** 2), data_argnums=(1, 2), backend="numpy"
+    )
+    np.testing.assert_allclose(squared(w, Xd, yd)[0], np.sum((X @ w - y) ** 2), rtol=1e-12)
+    g_only = gtd.grad(logistic_loss, data_argnums=(1, 2), backend="numpy")(w, Xd, yd)
+    np.testing.assert_allclose(g_only, first[1], rtol=1e-12)
+
+
+@pytest.mark.cluster
 def test_pytree_params_other_arguments_and_uneven_blocks(client, data):
     X, y = data
     Xd, yd = chunked(X, y, rows=(1000, 700, 1300, 1000))

@@ -121,3 +121,17 @@ def test_rnn_training_brings_the_loss_down(capsys: pytest.CaptureFixture) -> Non
 
         numeric = (loss_along(step) - loss_along(-step)) / (2 * step)
         assert np.sum(grads[key] * direction) == pytest.approx(numeric, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.cluster
+def test_dask_hmc_on_a_cluster_draws_the_in_memory_chain(capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("distributed")
+    example = load("dask_hmc")
+    out = example["main"](n_rows=3000, n_features=3, n_blocks=3, n_draws=40, n_warmup=40)
+    on_cluster, in_memory = out["dask_chain"], out["memory_chain"]
+    # the block sums are added in another order than the in-memory sum: rounding only
+    np.testing.assert_allclose(on_cluster.draws, in_memory.draws, rtol=0, atol=1e-8)
+    assert 0.5 < on_cluster.acceptance_rate < 1.0
+    mean, sd = on_cluster.draws.mean(axis=0), on_cluster.draws.std(axis=0)
+    assert np.all(np.abs(mean - out["true_w"]) < 5 * sd + 0.1)
+    assert "gradtape.dask" in capsys.readouterr().out

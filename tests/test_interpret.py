@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gradtape as gt
+from gradtape import GradtapeError
 from gradtape.core import interpret, ir
 
 F64 = np.dtype(np.float64)
@@ -143,9 +144,27 @@ def test_a_nan_answer_holds_for_nan():
     assert interpret.guard_holds(guard("value", nan_pair, (2,)), nan_pair.copy())[0]
 
 
-def test_grad_of_a_scan_whose_body_reads_a_nan_item():
+def test_a_scan_whose_body_reads_a_nan_item_replays_its_path():
+    # the NaN guard holds at every step, so the one recorded path is replayed
+    def f(c0, xs):
+        return gt.scan(lambda c, x: (c * 2.0 + x.item(), None), c0, xs)[0]
+
+    assert np.isnan(f(1.0, np.full(3, np.nan)))
+    assert f(1.0, np.ones(3)) == 15.0
+
+
+def test_item_in_a_loop_body_that_is_differentiated_is_refused():
     def f(xs):
         return gt.scan(lambda c, x: (c + x * x.item(), None), 0.0, xs)[0]
 
-    g = gt.grad(f)(np.array([1.0, np.nan, 2.0]))
-    np.testing.assert_array_equal(g, [1.0, np.nan, 2.0])
+    assert f(np.array([1.0, 2.0])) == 5.0  # not differentiated: fine
+    with pytest.raises(GradtapeError, match=r"\.item\(\).*loop body.*x \* x\.item\(\)"):
+        gt.grad(f)(np.array([1.0, 2.0]))
+    # the loop's backward pass differentiates every step input, so an item of data that is
+    # not differentiated is refused too; stop_gradient says the constant on purpose
+    with pytest.raises(GradtapeError, match="stop_gradient"):
+        gt.grad(lambda c0, xs: gt.scan(lambda c, x: (c * x.item(), None), c0, xs)[0])(
+            1.0, np.array([2.0, 3.0])
+        )
+    g = gt.grad(lambda c0, xs: gt.scan(lambda c, x: (c * gt.stop_gradient(x), None), c0, xs)[0])
+    assert g(1.0, np.array([2.0, 3.0])) == 6.0

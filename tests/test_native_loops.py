@@ -15,6 +15,7 @@ from test_scan import _rnn_params, guarded_scan, newton_sqrt, rnn_python, rnn_sc
 
 import gradtape as gt
 from gradtape.compile.numba import backend as numba_backend
+from gradtape.compile.numba import notices
 from gradtape.compile.numba.backend import NativeFallbackWarning, lowered
 from gradtape.core.pytree import tree_flatten
 
@@ -195,7 +196,7 @@ def test_a_body_without_native_translation_warns_once_and_stays_exact():
         return np.sum(c) + np.sum(ys)
 
     xs = RNG.random(6) + 0.5
-    numba_backend._warned.clear()
+    notices._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = compiled_agrees(f, xs)
@@ -284,6 +285,7 @@ def test_hessian_vector_products_run_natively():
 
 
 def test_a_driver_that_cannot_be_built_leaves_the_loop_in_python(monkeypatch):
+    from gradtape.compile.numba import drivers
     from gradtape.compile.numba import loops as native_loops
 
     def broken(*args, **kwargs):
@@ -291,7 +293,7 @@ def test_a_driver_that_cannot_be_built_leaves_the_loop_in_python(monkeypatch):
 
     from gradtape.control.loops import scan_p
 
-    monkeypatch.setitem(native_loops.DRIVERS, scan_p, broken)
+    monkeypatch.setitem(drivers._DRIVERS, scan_p, (broken, native_loops.NativeLoop))
     xs = RNG.random(7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NativeFallbackWarning)

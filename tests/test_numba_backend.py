@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import gradtape as gt
 from gradtape.compile.numba import backend as numba_backend
-from gradtape.compile.numba import cache, fusion
+from gradtape.compile.numba import cache, fusion, notices
 from gradtape.compile.numba import codegen as numba_codegen
 from gradtape.compile.numba.backend import NativeFallbackWarning, lowered
 
@@ -477,7 +477,7 @@ def test_pickle_re_lowers_on_load():
 
 # --- partial and whole fallback ---------------------------------------------------------------
 def test_primitive_without_native_code_runs_through_numpy_between_kernels(monkeypatch):
-    monkeypatch.setattr(numba_backend, "_warned", set())  # (the note is given once a process)
+    monkeypatch.setattr(notices, "_warned", set())  # (the note is given once a process)
 
     def f(x):
         y = np.exp(0.5 * x)

@@ -363,7 +363,9 @@ def test_fork_records_numba_work_and_the_child_keeps_away_from_numba(
     monkeypatch.setattr(nb, "_compiler_instance", [])
     for name in ("_numba_work_lock", "_startup_lock", "_registry_lock", "_compiler_lock"):
         monkeypatch.setattr(nb, name, getattr(nb, name))  # (restored after the test)
-    monkeypatch.setattr(nb, "_warn_lock", nb._warn_lock)
+    from gradtape.compile.numba import notices
+
+    monkeypatch.setattr(notices, "_warn_lock", notices._warn_lock)
     monkeypatch.setattr(nb, "_threads_lock", nb._threads_lock)
     monkeypatch.setattr(nb, "_switch_lock", nb._switch_lock)
     nk = nb.NativeKernels(Generated())

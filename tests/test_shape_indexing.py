@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gradtape as gt
+from gradtape import GradtapeError
 
 DTYPES = st.sampled_from([np.float64, np.float32])
 VALUES = ((-3.0, 3.0),)
@@ -329,13 +330,15 @@ def test_item_gives_a_constant_and_records_a_guard():
     x = np.array([2.0, 3.0])
 
     def f(x):
-        scale = x[0].item()  # a Python float: the gradient does not flow through it
+        scale = x[0].item()  # a Python float
         assert type(scale) is float
         return np.sum(scale * x)
 
-    np.testing.assert_allclose(gt.grad(f)(x), [2.0, 2.0])
-    tape = gt.trace(f, x)
+    tape = gt.trace(f, x)  # recorded, not differentiated: a guard on the value
     assert [g.kind for g in tape.guards] == ["item"] and tape.guards[0].answer == 2.0
+    # differentiated, the Python float would cut the gradient: refused, naming the line
+    with pytest.raises(GradtapeError, match=r"scale = x\[0\]\.item\(\)"):
+        gt.grad(f)(x)
 
 
 # --- operators ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -228,10 +229,12 @@ def _short(chunks: tuple) -> str:
     return str(chunks) if len(chunks) <= 4 else f"({chunks[0]}, {chunks[1]}, ..., {chunks[-1]})"
 
 
-def _tree_sum(parts: list) -> Delayed:
+def _tree_sum(parts: list, name: str) -> Delayed:
+    level = 0
     while len(parts) > 1:
+        level += 1
         parts = [
-            dask.delayed(_add, pure=True)(*parts[i : i + TREE_FAN_IN])
+            dask.delayed(_add)(*parts[i : i + TREE_FAN_IN], dask_key_name=f"{name}-sum-{level}-{i}")
             for i in range(0, len(parts), TREE_FAN_IN)
         ]
     return parts[0]
@@ -276,10 +279,15 @@ def _summed(fun: Callable, kind: str, argnums, data_argnums, backend: str, who: 
             shared = tuple(a for i, a in enumerate(args) if i not in data_positions)
             data_in_shared = data_positions
         blocks = _row_blocks(full, data_positions, who)
-        shared_delayed = dask.delayed(shared, pure=True, traverse=False)
+        # one fresh name per call for its task keys: hashing every task's arguments (as
+        # Dask does for unnamed tasks) costs milliseconds on the client, and keys shared by
+        # two calls with equal parameters race in the scheduler (a key released by one call
+        # while the other gathers it)
+        name = f"gradtape-{kind}-{uuid.uuid4().hex}"
+        shared_delayed = dask.delayed(shared, traverse=False, name=f"{name}-shared")
         fun_delayed = dask.delayed(fun, pure=True, traverse=False)
         parts = [
-            dask.delayed(_run_block, pure=True)(
+            dask.delayed(_run_block)(
                 fun_delayed,
                 token,
                 kind,
@@ -288,10 +296,11 @@ def _summed(fun: Callable, kind: str, argnums, data_argnums, backend: str, who: 
                 shared_delayed,
                 data_in_shared,
                 *block_row,
+                dask_key_name=f"{name}-block-{i}",
             )
-            for block_row in zip(*blocks, strict=True)
+            for i, block_row in enumerate(zip(*blocks, strict=True))
         ]
-        return _tree_sum(parts)
+        return _tree_sum(parts, name)
 
     @functools.wraps(fun)
     def call(*args):

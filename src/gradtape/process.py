@@ -87,20 +87,21 @@ def _dispatcher(original, traced):
     return dispatch
 
 
-def wrap_loaded_modules() -> None:
+def wrap_loaded_modules() -> bool:
     """Wrap the registered functions of every registered module that is already imported.
 
     A module still being imported (a registered module imported by another one's import) is
-    left for later: its functions may not be defined yet."""
+    left for later: its functions may not be defined yet. Returns whether one was left."""
+    left = False
     for name in routes.MODULE_FUNCTIONS:
         module = sys.modules.get(name)
-        if (
-            module is None
-            or name in _wrapped_modules
-            or getattr(getattr(module, "__spec__", None), "_initializing", False)
-        ):
+        if module is None or name in _wrapped_modules:
+            continue
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            left = True
             continue
         _wrap_module(name, module)
+    return left
 
 
 def _wrap_module(name: str, module) -> None:
@@ -286,12 +287,20 @@ def keep_freed_memory() -> None:
         pass  # not glibc: nothing to tune
 
 
+_modules_seen = 0  # len(sys.modules) at the last scan for registered modules
+
+
 def _on_new_level() -> None:
     """Run as each trace starts: cheap once everything is in place."""
+    global _modules_seen
     if not _malloc_tuned:
         keep_freed_memory()
-    if len(_wrapped_modules) < len(routes.MODULE_FUNCTIONS):
-        wrap_loaded_modules()  # a module imported by a path the import hook did not see
+    if len(_wrapped_modules) < len(routes.MODULE_FUNCTIONS) and len(sys.modules) != _modules_seen:
+        # a module imported by a path the import hook did not see; scanned again only after
+        # an import, or at every trace while a registered module is still initialising
+        _modules_seen = len(sys.modules)
+        if wrap_loaded_modules():
+            _modules_seen = 0
 
 
 _installed = False

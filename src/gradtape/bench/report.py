@@ -148,10 +148,42 @@ def _markdown_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
+# methods left out of the summary: the numerical baselines are far off every other scale
+SUMMARY_LEFT_OUT = ("finite_diff", "complex_step")
+
+
+def summary_table(run: BenchRun) -> list[str]:
+    """Markdown lines of one table: a row per (workload, N), a column per method that ran,
+    each cell the median time per call ('error'/'WRONG' when the method failed there)."""
+    methods = [
+        m.name
+        for m in run.methods
+        if m.name not in SUMMARY_LEFT_OUT
+        and any(x.method == m.name and x.status not in (ABSENT, SKIPPED) for x in run.measurements)
+    ]
+    lines = [
+        _markdown_row(["workload", "N", *methods]),
+        _markdown_row([":---", "---:", *("---:" for _ in methods)]),
+    ]
+    for workload in run.workloads:
+        for size in run.sizes_of(workload.name):
+            cells = {
+                m.method: format_seconds(m.median_s) if m.status == OK else m.status
+                for m in run.measurements
+                if m.workload == workload.name and m.size == size
+            }
+            row = [cells.get(name, "") for name in methods]
+            lines.append(_markdown_row([workload.name, str(size), *row]))
+    return lines
+
+
 def render_markdown(run: BenchRun, context: RunContext, tables: Sequence[Table]) -> str:
-    """results.md: the header as a list, then each workload's table, footnotes and plot."""
+    """results.md: the header as a list, a summary table of medians (workloads by methods),
+    then each workload's table, footnotes and plot."""
     parts = ["# gradtape benchmark", ""]
     parts.extend(f"- {line}" for line in header_lines(run, context))
+    parts += ["", "## Summary: median time per call", ""]
+    parts.extend(summary_table(run))
     for table in tables:
         parts += ["", f"## {table.workload}", "", f"`{table.title}`", ""]
         parts.append(_markdown_row(COLUMNS))

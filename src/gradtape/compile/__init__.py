@@ -12,8 +12,9 @@ from .dispatch import (
     compile,
     register_backend,
 )
+from .numba import backend as _numba_backend  # noqa: F401  (registers "numba"; lazy Numba)
 from .numba import export as _native_export  # noqa: F401  (registers as_native's handles)
-from .numba.backend import NativeFallbackWarning  # registers "numba" (Numba is imported lazily)
+from .numba.notices import NativeFallbackWarning
 
 __all__ = [
     "BACKENDS",

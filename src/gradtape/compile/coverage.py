@@ -41,7 +41,7 @@ def _before_backends(prim: Primitive) -> bool:
 def native_gaps() -> list[str]:
     """Names of the primitives the numba backend runs through NumPy (see the module
     docstring)."""
-    from .numba.loops import has_driver
+    from .numba.drivers import has_driver
     from .numba.lowering import LOWERINGS, REDUCTIONS
     from .numba.scalar import alternatives
 

@@ -11,9 +11,9 @@ import operator
 
 import numpy as np
 
-from .errors import GuardFailure
+from .errors import GradtapeError, GuardFailure
 from .ir import Guard, Tape, Var
-from .tracing import bind
+from .tracing import bind, differentiated
 
 
 def _concrete(x):
@@ -31,7 +31,19 @@ _ASK = {
 
 
 def guard_holds(guard: Guard, value) -> tuple[bool, object]:
-    """Ask `value` what the guard asked while recording; True if it answers the same."""
+    """Ask `value` what the guard asked while recording; True if it answers the same.
+
+    Raises GradtapeError when the guard turned a float value into Python numbers (`.item()`,
+    `.tolist()` in a loop body) and that value is now being differentiated: the recorded
+    body used the numbers as constants, so its derivative would miss their part."""
+    if guard.kind in ("item", "value") and guard.var.dtype.kind in "fc" and differentiated(value):
+        call = ".item()" if guard.kind == "item" else ".tolist()"
+        raise GradtapeError(
+            f"{call} turned a traced value into Python numbers in a loop body that is now "
+            f"differentiated ({guard.where}): the gradient through them would be cut silently. "
+            "Keep it an array (index it, x[0], instead of x[0].item()), or make the constant "
+            "explicit with gradtape.stop_gradient(x)."
+        )
     if guard.kind == "value":
         if getattr(getattr(value, "_level", None), "batch_size", None) is not None:
             value = np.asarray(value.tolist())  # a member of a vmap batch: the same for all

@@ -417,15 +417,31 @@ def user_frame(depth: int = 2) -> tuple | None:
 
 
 def _user_source_line() -> str:
-    """The first frame outside gradtape (and NumPy's dispatch): where the user asked for a value."""
-    f = sys._getframe(2)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIR) and _NUMPY_DIR not in fn:
-            break
-        f = f.f_back
+    """The first frame outside gradtape (and NumPy's dispatch): where the user asked for a
+    value. When that frame is SciPy's, the user's line that called SciPy comes first and
+    SciPy's line after it ("model.py:3: ...; inside SciPy at _cubic.py:865: ...")."""
+    f = _first_frame_outside(sys._getframe(2), scipy=False)
     if f is None:
         return "<unknown>"
+    where = _frame_line(f)
+    if _SCIPY_MARK in f.f_code.co_filename:
+        caller = _first_frame_outside(f, scipy=True)
+        if caller is not None:
+            return f"{_frame_line(caller)}; inside SciPy at {where}"
+    return where
+
+
+def _first_frame_outside(f, scipy: bool):
+    """The first frame from `f` outwards that is not gradtape's or NumPy's (nor SciPy's)."""
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or (scipy and _SCIPY_MARK in fn)):
+            return f
+        f = f.f_back
+    return None
+
+
+def _frame_line(f) -> str:
     import linecache
 
     line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
@@ -435,6 +451,22 @@ def _user_source_line() -> str:
 # --- the Tracer ------------------------------------------------------------------------------
 _UFUNCS = routes.UFUNCS
 _METHODS = routes.METHODS
+
+
+def differentiated(x) -> bool:
+    """Whether `x` is a Tracer of a level that differentiates (at any depth of nesting)."""
+    while type(x) is Tracer:
+        if x._level.kind is LevelKind.DIFFERENTIATE:
+            return True
+        x = x._value
+    return False
+
+
+def _traced_lists(t):
+    """`t.tolist()` with traced scalars as the items (0-d: `t` itself)."""
+    if not t.shape:
+        return t
+    return [_traced_lists(t[i]) for i in range(t.shape[0])]
 
 
 def _no_float_message(what: str, tracer: Tracer | None = None) -> str:
@@ -456,7 +488,7 @@ def _no_float_message(what: str, tracer: Tracer | None = None) -> str:
         "(np.exp, np.sqrt, ... rather than math.exp, math.sqrt). If you are writing it into a "
         "plain NumPy array (a[i] = x), build that array from traced values instead: "
         "y = np.zeros_like(x); y[i] = ...  or  np.stack([...]). If you really want a constant, "
-        "use gradtape.stop_gradient(x) or x.item() (which records a guard)."
+        "use gradtape.stop_gradient(x)."
     )
 
 
@@ -637,18 +669,29 @@ class Tracer:
         return ans
 
     def item(self, *args):
-        """The concrete value as a Python scalar; records a guard (the gradient stops here)."""
+        """The concrete value as a Python scalar, recorded as a guard.
+
+        Raises GradtapeError for a float or complex value being differentiated: a Python
+        number would cut the gradient silently (gradtape.stop_gradient says so on purpose).
+        """
         v = self._value
         if self._level.batch_size is not None:
             return _batch_answer(self, lambda m: m.item(*args), "item")
+        if self.dtype.kind in "fc" and differentiated(self):
+            raise GradtapeError(_no_float_message(".item()", self))
         ans = v.item(*args) if hasattr(v, "item") else v
         self._level.add_guard(self._var, "item", ans)
         return ans
 
     def tolist(self):
+        """The value as nested lists: of traced scalars when a float or complex value is being
+        differentiated (the gradient flows through them), else of Python numbers recorded as
+        a guard."""
         v = self._value
         if self._level.batch_size is not None:
             return _batch_answer(self, lambda m: m.tolist(), "tolist")
+        if self.dtype.kind in "fc" and differentiated(self):
+            return _traced_lists(self)
         ans = v.tolist()
         self._level.add_guard(self._var, "value", np.array(v))
         return ans

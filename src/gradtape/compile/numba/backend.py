@@ -38,7 +38,6 @@ import queue
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -49,39 +48,14 @@ from ... import config
 from .. import rolling
 from ..numpy_backend import NumpyLowered
 from ..program import Program
-from . import cache, codegen
-from .kernel import KernelArg
+from . import cache, codegen, notices
+from .generator import Generated, KernelArg
+from .notices import NativeFallbackWarning, warn_once  # noqa: F401  (the warning: re-exported)
 from .parallel import PARALLEL_MIN_CHUNK
-from .wrapper import STATUS_CHECK, STATUS_LAYOUT, runtime_functions
+from .status import STATUS_CHECK, STATUS_LAYOUT
+from .wrapper import bound_wrapper, runtime_functions
 
 NEW, QUEUED, COMPILING, READY, FAILED = "new", "queued", "compiling", "ready", "failed"
-
-
-class NativeFallbackWarning(UserWarning):
-    """Part of a compiled function runs through NumPy (a primitive without native code, or a
-    kernel Numba could not compile): results are exact, only slower.
-
-    Emitted once per cause by the numba backend and by the native drivers of loops.
-
-    Examples
-    --------
-    >>> import warnings
-    >>> import gradtape as gt
-    >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore", gt.NativeFallbackWarning)
-    """
-
-
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def warn_once(message: str) -> None:
-    with _warn_lock:
-        if message in _warned:
-            return
-        _warned.add(message)
-    warnings.warn(message, NativeFallbackWarning, stacklevel=4)
 
 
 def available() -> bool:
@@ -156,7 +130,7 @@ def get_num_threads() -> int:
 class NativeKernels:
     """The compiled kernels of one generated module; variants with the same text share it."""
 
-    def __init__(self, generated: codegen.Generated):
+    def __init__(self, generated: Generated):
         self.key = generated.key
         self.module_text = generated.module
         self.kernels = generated.kernels
@@ -256,7 +230,7 @@ _registry_lock = threading.Lock()
 _ALL_KERNELS: weakref.WeakSet = weakref.WeakSet()  # every live NativeKernels (fork reset)
 
 
-def kernels_for(generated: codegen.Generated) -> NativeKernels:
+def kernels_for(generated: Generated) -> NativeKernels:
     with _registry_lock:
         nk = _REGISTRY.get(generated.key)
         if nk is None:
@@ -465,7 +439,7 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _startup_lock, _registry_lock, _compiler_lock, _warn_lock, _threads_lock
+    global _startup_lock, _registry_lock, _compiler_lock, _threads_lock
     global _switch_lock, _numba_work_lock
     busy = bool(_fork_snapshot and _fork_snapshot[0])
     _fork_snapshot.clear()
@@ -476,9 +450,9 @@ def _after_fork_in_child() -> None:
     _startup_lock = threading.Lock()
     _registry_lock = threading.Lock()
     _compiler_lock = threading.Lock()
-    _warn_lock = threading.Lock()
     _threads_lock = threading.Lock()
     _switch_lock = threading.Lock()
+    notices._warn_lock = threading.Lock()
     cache.reset_after_fork()
     export = sys.modules.get(__package__ + ".export")
     if export is not None:
@@ -644,7 +618,7 @@ def _state(nk: NativeKernels, numpy_run: Callable) -> _State:
     return state
 
 
-def _generated(program: Program, threads: int) -> codegen.Generated | None:
+def _generated(program: Program, threads: int) -> Generated | None:
     """The kernels and wrapper of `program`, or None when the numpy backend's code is what
     should run (nothing native to do, or what the generator cannot write: a warning says so).
     No program is too long: long ones are split into bounded kernels (fusion.py)."""
@@ -717,7 +691,7 @@ class NumbaLowered:
         self._bound = wait and state.kernels is not None
         if self._bound:
             # the kernels are known now: bind them into the wrapper (no per-call lookup)
-            source, extra = generated.bound_wrapper()
+            source, extra = bound_wrapper(generated)
             extra.update({f"k{j}": k for j, k in enumerate(state.kernels)})
             state.run = self.run = self._build(source, extra)
         else:

@@ -17,20 +17,18 @@ Nothing here imports Numba: generating source is cheap and happens in the caller
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ...core.ir import Var
 from ..program import Program
-from . import fusion
-from .fusion import CHECK, LOOP, OP, PYTHON, Plan
-from .kernel import Consts, Kernel, KernelArg, KernelWriter
-from .lowering import is_view, lowerable
-from .matmul import blas_matmul, matrix_member
+from . import drivers, fusion
+from .fusion import OP, PYTHON
+from .generator import Generated, Generator, Kernel, KernelArg
+from .kernel import KernelWriter
+from .lowering import lowerable
+from .matmul import blas_matmul
 from .scalar import BOOL, fusable
-from .wrapper import STATUS_LAYOUT, wrapper_text
+from .status import STATUS_LAYOUT
+from .wrapper import wrapper_text
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -44,87 +42,6 @@ __all__ = [
 GENERATOR_VERSION = "1"
 
 
-@dataclass
-class Generated:
-    """What `generate` produces; `module` is compiled, `key` names it in caches."""
-
-    module: str
-    key: str
-    kernels: list[Kernel]
-    wrapper: str
-    wrapper_consts: dict
-    consts: list[np.ndarray]  # kernel constant arrays c0, c1, ... (C-contiguous)
-    plan: Plan
-    generator: Generator = field(repr=False, default=None)
-    loops: dict = field(default_factory=dict)  # id(instruction) -> its loops.NativeLoop
-
-    def bound_wrapper(self) -> tuple[str, dict]:
-        """The wrapper for kernels known before the first call (backend="numba"): they are
-        closure constants k0, k1, ... instead of being read from the state on every call."""
-        return wrapper_text(self.generator, self.kernels, bound=True)
-
-
-class Generator:
-    """What the kernels and the wrapper of one variant share: the program, its plan, the
-    thread count, the constants, and which values cross from one segment to another."""
-
-    def __init__(self, program: Program, plan: Plan, threads: int):
-        self.program = program
-        self.plan = plan
-        self.threads = threads
-        self.loops: dict = {}  # id(instruction) -> NativeLoop (set by generate)
-        self.input_pos = {v.id: k for k, v in enumerate(program.inputs)}
-        self.consts = Consts()
-        self.var_of: dict[int, Var] = {v.id: v for v in program.inputs}
-        for ins in program.instructions:
-            for v in ins.outvars:
-                self.var_of[v.id] = v
-        self.readers: dict[int, list[fusion.Stage]] = {}
-        for s in plan.stages:
-            for ins in s.members:
-                for v in fusion.operands(ins):
-                    self.readers.setdefault(v.id, []).append(s)
-        # values defined in one segment and read by a later one (or by the wrapper)
-        self.carried_from: dict[int, list[int]] = {}
-        self.carried: set[int] = set()
-        for vid, stages in self.readers.items():
-            home = plan.defined_in.get(vid)
-            if home is None:
-                continue
-            if any(s.segment != home.segment for s in stages):
-                self._carry(vid, home)
-        for c_stage in (s for s in plan.stages if s.kind == CHECK):
-            operand = program.checks[c_stage.check].operand
-            if isinstance(operand, Var):
-                home = plan.defined_in.get(operand.id)
-                if home is not None and home.segment != c_stage.segment:
-                    self._carry(operand.id, home)
-
-    def _carry(self, vid: int, home: fusion.Stage) -> None:
-        if vid in self.carried or home.kind == PYTHON:
-            return
-        self.carried.add(vid)
-        self.carried_from.setdefault(home.segment, []).append(vid)
-
-    def read_by_loop(self, v: Var) -> bool:
-        """Whether a loop reads `v` by flat index (matrix products index any layout)."""
-        return any(
-            s.kind == LOOP
-            and any(
-                not matrix_member(ins) and any(u.id == v.id for u in fusion.operands(ins))
-                for ins in s.members
-            )
-            for s in self.readers.get(v.id, ())
-        )
-
-    def maybe_strided(self, v: Var, segment: int) -> bool:
-        """Whether `v` may be a non-contiguous array in this segment (a view)."""
-        home = self.plan.defined_in.get(v.id)
-        if home is None or home.segment != segment or home.kind != OP:
-            return False
-        return is_view(home.members[0].prim)
-
-
 def generate(program: Program, threads: int = 1) -> Generated:
     """Plan `program` and write its kernels' module and its wrapper (see the module docstring).
 
@@ -136,12 +53,10 @@ def generate(program: Program, threads: int = 1) -> Generated:
         # two pools take the cores from each other (measured: 10x slower on 2 cores)
         threads = 1
     gen = Generator(program, plan, threads)
-    from .loops import NativeLoop, has_driver
-
     gen.loops = {
-        id(s.members[0]): NativeLoop(s.members[0].prim)
+        id(s.members[0]): drivers.native_loop(s.members[0].prim)
         for s in plan.stages
-        if s.kind == PYTHON and has_driver(s.members[0].prim)
+        if s.kind == PYTHON and drivers.has_driver(s.members[0].prim)
     }
     kernels = []
     for segment in range(plan.segments):

@@ -55,7 +55,8 @@ from ..dispatch import register_native_exporter
 from ..program import Program
 from . import cache, codegen
 from .fusion import PYTHON
-from .wrapper import STATUS_CHECK
+from .generator import Generated
+from .status import STATUS_CHECK
 
 STATUS_OK = 0
 STATUS_NONFINITE = 3
@@ -94,7 +95,7 @@ def _refuse(name: str, what: str) -> GradtapeError:
     return GradtapeError(f"as_native: {name} cannot be exported as a native handle: {what}")
 
 
-def _check_exportable(program: Program, generated: codegen.Generated, name: str) -> None:
+def _check_exportable(program: Program, generated: Generated, name: str) -> None:
     if len(program.inputs) != 1:
         raise _refuse(
             name,
@@ -148,7 +149,7 @@ def _dtype_expr(dtype: np.dtype) -> str:
 class _EntryWriter:
     """Writes `inner(x, value, grad, data_address)` and the entry points around it."""
 
-    def __init__(self, program: Program, generated: codegen.Generated):
+    def __init__(self, program: Program, generated: Generated):
         self.program = program
         self.gen = generated.generator
         self.kernels = generated.kernels

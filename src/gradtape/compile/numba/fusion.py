@@ -396,6 +396,46 @@ def _number_segments(stages: list[Stage]) -> int:
     return segment + 1
 
 
+@dataclass
+class _Array:
+    """One array of a plan's storage: the values it can hold (shape, dtype, segment) and the
+    intervals of stage indices over which it holds them."""
+
+    shape: tuple
+    dtype: np.dtype
+    segment: int
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _live_interval(vid: int, stages: list[Stage], defined_in, last_use, read_by_op) -> tuple:
+    """The stage indices over which value `vid` must stay in its array."""
+    start = defined_in[vid].index
+    stop = last_use.get(vid, start)
+    segment = defined_in[vid].segment
+    # read from a later segment (handed over) or by an op (maybe through a view): the array
+    # stays live to the end
+    if (
+        vid in read_by_op
+        or stop >= len(stages)
+        or any(s.segment != segment for s in stages if s.index == stop)
+    ):
+        stop = len(stages) + 1
+    return start, stop
+
+
+def _fits(spans: list[tuple[int, int]], start: int, stop: int, stages: list[Stage]) -> bool:
+    """Whether an array holding values over `spans` can hold one more over [start, stop]."""
+    for a, b in spans:
+        if stop < a or b < start:
+            continue
+        if stop == a and stages[a].kind == LOOP and stop != start:
+            continue  # last read in the loop that writes the other value
+        if b == start and stages[b].kind == LOOP and a != b:
+            continue
+        return False
+    return True
+
+
 def _assign_storage(
     program: Program,
     stages: list[Stage],
@@ -413,74 +453,33 @@ def _assign_storage(
     cross a python stage), values read by an op (its result may be a view of them: a slice,
     a reshape) and results keep their array to the end.
     """
-    segment_end: dict[int, int] = {}
-    for s in stages:
-        segment_end[s.segment] = s.index
-    var_of: dict[int, Var] = {}
-    for s in stages:
-        for ins in s.members:
-            for v in ins.outvars:
-                var_of[v.id] = v
-
-    def interval(vid: int) -> tuple[int, int]:
-        start = defined_in[vid].index
-        stop = last_use.get(vid, start)
-        seg = defined_in[vid].segment
-        # read from a later segment (handed over) or by an op (maybe through a view):
-        # the array stays live to the end
-        if (
-            vid in read_by_op
-            or stop >= len(stages)
-            or any(s.segment != seg for s in stages if s.index == stop)
-        ):
-            stop = len(stages) + 1
-        return start, stop
-
-    def compatible(spans: list[tuple[int, int]], start: int, stop: int) -> bool:
-        for a, b in spans:
-            if stop < a or b < start:
-                continue
-            if stop == a and stages[a].kind == LOOP and stop != start:
-                continue  # last read in the loop that writes the other value
-            if b == start and stages[b].kind == LOOP and a != b:
-                continue
-            return False
-        return True
-
+    var_of = {v.id: v for s in stages for ins in s.members for v in ins.outvars}
     storage: dict[int, tuple[str, int]] = {}
-    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    kinds: dict[tuple[str, int], tuple] = {}
-    segments_of: dict[tuple[str, int], int] = {}
+    arrays: dict[tuple[str, int], _Array] = {}
     buffers: list[tuple[tuple, np.dtype, int]] = []
-    # results first: their arrays are fixed
-    for vid, leaf in output_of.items():
+    for vid, leaf in output_of.items():  # results first: their arrays are fixed
         if vid in stored:
-            key = ("out", leaf)
-            storage[vid] = key
-            start = defined_in[vid].index
-            spans[key] = [(start, len(stages) + 1)]
-            v = var_of[vid]
-            kinds[key] = (v.shape, v.dtype)
-            segments_of[key] = defined_in[vid].segment
+            v, home = var_of[vid], defined_in[vid]
+            storage[vid] = ("out", leaf)
+            arrays[("out", leaf)] = _Array(
+                v.shape, v.dtype, home.segment, [(home.index, len(stages) + 1)]
+            )
     for vid in sorted((v for v in stored if v not in storage), key=lambda v: defined_in[v].index):
-        v = var_of[vid]
-        start, stop = interval(vid)
-        seg = defined_in[vid].segment
-        choice = None
-        for key, occupied in spans.items():
-            if (
-                kinds[key] == (v.shape, v.dtype)
-                and segments_of[key] == seg
-                and compatible(occupied, start, stop)
-            ):
-                choice = key
-                break
-        if choice is None:
-            choice = ("buf", len(buffers))
-            buffers.append((v.shape, v.dtype, seg))
-            spans[choice] = []
-            kinds[choice] = (v.shape, v.dtype)
-            segments_of[choice] = seg
-        spans[choice].append((start, stop))
-        storage[vid] = choice
+        v, segment = var_of[vid], defined_in[vid].segment
+        start, stop = _live_interval(vid, stages, defined_in, last_use, read_by_op)
+        key = next(
+            (
+                k
+                for k, a in arrays.items()
+                if (a.shape, a.dtype, a.segment) == (v.shape, v.dtype, segment)
+                and _fits(a.spans, start, stop, stages)
+            ),
+            None,
+        )
+        if key is None:
+            key = ("buf", len(buffers))
+            buffers.append((v.shape, v.dtype, segment))
+            arrays[key] = _Array(v.shape, v.dtype, segment)
+        arrays[key].spans.append((start, stop))
+        storage[vid] = key
     return storage, buffers

@@ -16,69 +16,17 @@ Elementwise members are written by scalar.py, ops by their lowering table entry
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...core.ir import Instruction, Var
 from . import indexing, matmul
 from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, SCALAR, Stage
+from .generator import Generator, Kernel, KernelArg
 from .lowering import LOWERINGS, REDUCTIONS
 from .parallel import parallel_loop
 from .scalar import BOOL, F32, F64, cast, literal, loop_dtypes, numpy_type, scalar_expression
-from .wrapper import STATUS_CHECK, STATUS_LAYOUT, STATUS_OK
-
-if TYPE_CHECKING:
-    from .codegen import Generator
-
-
-@dataclass
-class KernelArg:
-    """One argument of a kernel: its name, dtype and ndim (None: a scalar)."""
-
-    name: str
-    dtype: np.dtype
-    ndim: int | None
-
-
-@dataclass
-class Kernel:
-    """A kernel's name, arguments, returned values and body (lines, without the def)."""
-
-    name: str
-    args: list[KernelArg]
-    returns: list[tuple[str, Var]]  # ("scalar", var) 0-d results, ("carry", var) handed on
-    lines: list[str] = field(default_factory=list)
-
-
-class Consts:
-    """Array constants passed to kernels as c0, c1, ... (by identity)."""
-
-    def __init__(self):
-        self.arrays: list[np.ndarray] = []
-        self._by_id: dict[int, str] = {}
-        self._by_value: dict[tuple, str] = {}
-
-    def name(self, a: np.ndarray) -> str:
-        """The argument name of constant `a` (C-contiguous copies are kept in `arrays`)."""
-        key = id(a)
-        n = self._by_id.get(key)
-        if n is None:
-            n = self._by_id[key] = f"c{len(self.arrays)}"
-            self.arrays.append(np.ascontiguousarray(a))
-        return n
-
-    def scalar(self, value, dtype: np.dtype) -> str:
-        """The argument name of a one-element array holding the scalar constant `value` as
-        `dtype` (one argument per distinct value and dtype)."""
-        held = np.array([value], dtype=dtype)
-        key = (dtype.str, held.tobytes())
-        n = self._by_value.get(key)
-        if n is None:
-            n = self._by_value[key] = f"c{len(self.arrays)}"
-            self.arrays.append(held)
-        return n
+from .status import STATUS_CHECK, STATUS_LAYOUT, STATUS_OK
 
 
 # Scalar constants are kernel arguments, so that functions differing only in a constant (200

@@ -27,9 +27,9 @@ from ...core.errors import GuardFailure
 from ...core.primitive import Primitive
 from ...transforms.linearize import record_step_vjp
 from ..step import body_inputs, step_program
-from . import codegen
-from .codegen import Generated
-from .kernel import Kernel, KernelArg
+from . import backend, codegen, drivers
+from .generator import Generated, Kernel, KernelArg
+from .notices import warn_once
 from .scalar import literal, numpy_type
 
 _FIRST_CAPACITY = 16  # stored carries of a while loop: room for this many, doubled when full
@@ -138,8 +138,6 @@ class NativeLoop:
         return result
 
     def _prepare(self, args, params) -> None:
-        from . import backend
-
         with self._lock:
             if self.state != _NOT_YET:
                 return
@@ -151,7 +149,7 @@ class NativeLoop:
                 # the loop stays in Python rather than failing a call that works there
                 self.state, self.reason = _OFF, str(exc) or type(exc).__name__
                 if not self.quiet:
-                    backend.warn_once(
+                    warn_once(
                         f"numba backend: a {self.prim.name} loop runs step "
                         f"by step through NumPy: {exc}"
                     )
@@ -174,7 +172,7 @@ class NativeLoop:
             else:
                 self.state, self.reason = _OFF, nk.error
                 if not self.quiet:
-                    backend.warn_once(
+                    warn_once(
                         f"numba backend: Numba could not compile a "
                         f"{self.prim.name} loop ({nk.error}); it runs "
                         "through NumPy"
@@ -193,28 +191,17 @@ class _TooShort(Exception):
 
 
 # --- specs ---------------------------------------------------------------------------------------
-# loop primitive -> the function writing its driver; control flow, declared above compile,
-# registers its loops here (register_driver)
-DRIVERS: dict = {}
-
-
 def register_driver(prim: Primitive, build) -> None:
-    """Give a loop primitive a native driver: `build(params, args) -> LoopSpec`."""
-    DRIVERS[prim] = build
+    """Give a loop primitive a native driver: `build(params, args) -> LoopSpec` (control flow,
+    declared above compile, registers its loops here)."""
+    drivers.register(prim, build, NativeLoop)
 
 
-def has_driver(prim: Primitive) -> bool:
-    """Whether a loop primitive's instructions run a native driver (scan, its backward loop,
-    while_loop)."""
-    return prim in DRIVERS
+has_driver = drivers.has_driver
+build_spec = drivers.build_spec
 
 
-def build_spec(prim: Primitive, params: dict, args: tuple) -> LoopSpec:
-    """The driver of this loop instruction (raises Unsupported for what stays in Python)."""
-    return DRIVERS[prim](params, args)
-
-
-def _step_kernel(program) -> codegen.Generated:
+def _step_kernel(program) -> Generated:
     gen = codegen.generate(program, threads=1)
     if (
         len(gen.kernels) != 1
@@ -476,7 +463,7 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
 class _DriverWriter:
     """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
 
-    def __init__(self, gen: codegen.Generated):
+    def __init__(self, gen: Generated):
         self.gen = gen
         self.args: list[KernelArg] = []
         self.lines: list[str] = []

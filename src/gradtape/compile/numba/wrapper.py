@@ -1,11 +1,9 @@
-"""The generated Python wrapper around a variant's kernels, and the kernels' status codes.
+"""The generated Python wrapper around a variant's kernels.
 
 `wrapper_text` writes `run(*leaves, O)`: it allocates the results, calls the kernels natively
 and the python stages (primitives without a native translation, loops' drivers) between
-them. A kernel returns a status first: STATUS_OK (done), STATUS_LAYOUT (an array argument is
-not C-contiguous: the backend copies it and calls again) or STATUS_CHECK (a check failed: the
-numpy backend's code answers the call, and raises the same GuardFailure); the backend's
-`slow` path (backend.py) handles both.
+them. A kernel returns a status first (status.py); anything but STATUS_OK goes to the
+backend's `slow` path (backend.py).
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ import numpy as np
 from ...core.ir import Var
 from ..program import tree_expr
 from .fusion import PYTHON
-
-STATUS_OK, STATUS_LAYOUT, STATUS_CHECK = 0, 1, 2
 
 
 def _unpatched(f):
@@ -38,8 +34,7 @@ def runtime_functions() -> dict:
 
 
 if TYPE_CHECKING:
-    from .codegen import Generator
-    from .kernel import Kernel
+    from .generator import Generated, Generator, Kernel
 
 
 def wrapper_text(gen: Generator, kernels: list[Kernel], bound: bool) -> tuple[str, dict]:
@@ -53,6 +48,12 @@ def wrapper_text(gen: Generator, kernels: list[Kernel], bound: bool) -> tuple[st
     `state.slow`.
     """
     return _WrapperWriter(gen, kernels).text(bound)
+
+
+def bound_wrapper(generated: Generated) -> tuple[str, dict]:
+    """The wrapper for kernels known before the first call (backend="numba"): they are
+    closure constants k0, k1, ... instead of being read from the state on every call."""
+    return wrapper_text(generated.generator, generated.kernels, bound=True)
 
 
 class _WrapperWriter:
