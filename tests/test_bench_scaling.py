@@ -24,10 +24,21 @@ RESULTS = {
         "jax": [{"ops": 10, "seconds": 0.09}, {"ops": 100, "seconds": 0.12}],
     },
     "memory": [
-        {"method": "gradtape", "n": 1000, "peak_mb": 1.5, "input_mb": 0.01},
-        {"method": "autograd", "n": 1000, "peak_mb": 2.5, "input_mb": 0.01},
+        {"method": "gradtape", "n": 1000, "peak_mb": 1.5, "input_mb": 0.01, "traced_peak_mb": 0.12},
+        {"method": "autograd", "n": 1000, "peak_mb": 2.5, "input_mb": 0.01, "traced_peak_mb": 0.15},
     ],
     "overhead": [{"method": "gradtape", "us_per_op": 4.25}, {"method": "autograd", "error": "x"}],
+    "new_length": [
+        {"backend": "numpy", "new_length_ms": 0.4512, "steady_us": 3.21},
+        {"backend": "numba", "error": "boom"},
+    ],
+    "recreate": {"steady_us": 2.5, "recreated_us": 7.25, "ratio": 2.9},
+    "kernel_memory": {
+        "programs": 60,
+        "max_kernels": 8,
+        "kb_per_program": 123.4,
+        "modules_imported": 8,
+    },
 }
 
 
@@ -39,6 +50,17 @@ def test_markdown_tables_carry_every_figure():
     assert "| 1000 | 0.0 | 1.5 | 2.5 |" in text
     assert "| gradtape | 4.25 |" in text and "| autograd | error: x |" in text
     assert "jax: not installed" in text
+    assert "| 1000 | 0.1 | 0.1 |" in text  # tracemalloc peaks
+    assert "| numpy | 0.451 | 3.21 |" in text and "| numba | error: boom | |" in text
+    assert "| 2.50 | 7.25 | 2.90 |" in text
+    assert "| 60 | 8 | 123.4 | 8 |" in text
+
+
+def test_the_cost_measurements_run_and_report_their_figures():
+    got, error = scaling._run(scaling._NEW_LENGTH, BACKENDS=["numpy"], LENGTHS=5)
+    assert error is None and got[0]["backend"] == "numpy" and got[0]["new_length_ms"] > 0
+    got, error = scaling._run(scaling._RECREATE.replace("n=2000", "n=20"))
+    assert error is None and got["ratio"] > 0
 
 
 def test_plot_is_written(tmp_path):

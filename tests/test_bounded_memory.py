@@ -237,6 +237,57 @@ def test_kernel_registry_is_bounded(monkeypatch):
     assert gt.wait_for_native(120)
 
 
+@native
+def test_dropped_kernels_leave_sys_modules(tmp_path):
+    """Kernels dropped from the registry and no longer used are not kept imported (their
+    module held its functions and Numba's dispatchers): 6 distinct programs with room for 2
+    leave at most 2 kernel modules (all 6 stayed before)."""
+    script = """
+    import gc, sys, warnings
+    import numpy as np
+    import gradtape as gt
+
+    warnings.simplefilter("ignore")
+    OPS = [np.sin, np.cos, np.tanh, np.exp, np.arctan, np.log1p]
+
+    def program(i):
+        ops = [OPS[i % 6], OPS[(i // 6) % 6]]
+
+        def f(x):
+            y = x
+            for op in ops:
+                y = op(y) * 0.5 + y
+            return np.sum(y)
+
+        return f
+
+    x = np.linspace(0.1, 0.9, 20)
+    for i in range(6):
+        np.testing.assert_allclose(
+            gt.compile(gt.grad(program(i + 7)), backend="numba")(x), gt.grad(program(i + 7))(x)
+        )
+    gc.collect()
+    print("modules", sum(1 for m in sys.modules if m.startswith("gradtape_kernel_")))
+    """
+    env = dict(
+        os.environ,
+        PYTHONPATH=SRC,
+        GRADTAPE_CACHE_DIR=str(tmp_path / "cache"),
+        GRADTAPE_MAX_KERNELS="2",
+        GRADTAPE_MAX_COMPILED="2",
+    )
+    env.pop("GRADTAPE_NUMBA", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.split("modules")[1]) <= 2, proc.stdout
+
+
 # --- resident memory ---------------------------------------------------------------------------
 RESOURCE_BOUND_MB = 120  # documented in the guide ("Performance and memory")
 

@@ -335,26 +335,20 @@ def test_empty_reductions():
 
 # --- np.r_ and np.c_ ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("trick", "f", "instead"),
+    ("f", "same"),
     [
-        ("np.r_", lambda x: np.sum(np.r_[x, 2 * x]), lambda x: np.sum(np.concatenate([x, 2 * x]))),
-        ("np.r_", lambda x: np.sum(np.r_[0.5, x]), lambda x: np.sum(np.concatenate([[0.5], x]))),
+        (lambda x: np.sum(np.r_[x, 2 * x]), lambda x: np.sum(np.concatenate([x, 2 * x]))),
+        (lambda x: np.sum(np.r_[0.5, x]), lambda x: np.sum(np.concatenate([[0.5], x]))),
         (
-            "np.c_",
             lambda x: np.sum(np.c_[x, x**2] @ np.array([1.0, 3.0])),
             lambda x: np.sum(np.column_stack([x, x**2]) @ np.array([1.0, 3.0])),
         ),
     ],
 )
-def test_index_tricks_on_traced_values_name_themselves_and_what_to_write(trick, f, instead):
+def test_index_tricks_on_traced_values_concatenate_them(f, same):
     x = np.array([1.0, 2.0])
-    with pytest.raises(
-        gt.GradtapeError, match=rf"{trick.replace('.', '[.]')}\[...\] makes plain"
-    ) as e:
-        gt.grad(f)(x)
-    assert "test_numerical_edges.py" in str(e.value) and "np.concatenate" in str(e.value)
-    # what the message says to write works, and gives the same numbers
-    np.testing.assert_allclose(gt.grad(instead)(x), fd(f, x), rtol=1e-7)
+    np.testing.assert_allclose(gt.grad(f)(x), fd(f, x), rtol=1e-7)
+    np.testing.assert_array_equal(gt.grad(f)(x), gt.grad(same)(x))
     # index tricks of constants inside a traced function are plain arrays, as ever
     np.testing.assert_array_equal(gt.grad(lambda x: np.sum(x[np.r_[0, 1]]))(x), [1.0, 1.0])
 
@@ -504,12 +498,12 @@ def test_division_by_zero_on_the_numba_backend():
 def test_a_recorded_gradient_masks_only_where_a_zero_cotangent_can_meet_an_infinity():
     x = np.array([1.0, 4.0])
     # the cotangent of sqrt is the constant 1 (no zero): nothing to mask on replay
-    assert "isfinite" not in str(gt.trace(gt.grad(lambda x: np.sum(np.sqrt(x))), x))
+    assert "nan_safe_multiply" not in str(gt.trace(gt.grad(lambda x: np.sum(np.sqrt(x))), x))
     # a constant finite partial (3 * x): nothing to mask either
-    assert "isfinite" not in str(gt.trace(gt.grad(lambda x: np.sum(3.0 * x * x)), x))
-    # a traced cotangent meeting a traced partial: masked, and right on new inputs
+    assert "nan_safe_multiply" not in str(gt.trace(gt.grad(lambda x: np.sum(3.0 * x * x)), x))
+    # a traced cotangent meeting a traced partial: one masked product, right on new inputs
     f = lambda x: np.sum(np.where(x > 0, x * np.log(x), 0.0))  # noqa: E731
-    assert "isfinite" in str(gt.trace(gt.grad(f), x))
+    assert "nan_safe_multiply" in str(gt.trace(gt.grad(f), x))
     compiled = gt.compile(gt.grad(f), backend="numpy")
     with np.errstate(all="ignore"):
         compiled(x)

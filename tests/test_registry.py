@@ -25,8 +25,6 @@ pytest.importorskip("scipy")  # the scipy.special primitives' ufuncs count
 NATIVE_GAPS = {
     # a checkpointed block: recorded only by differentiating levels, never staged
     "checkpoint",
-    # a rolled Python loop: its body runs through NumPy between the kernels
-    "rolled_loop",
     # index and search functions, predicates on whole arrays
     "allclose",
     "argmax",
@@ -185,6 +183,7 @@ NUMPY_FALLBACKS = {
     "flatnonzero",
     "inv",
     "isclose",
+    "nan_safe_multiply",  # its implementation skips the mask when the product has no NaN
     "nonzero",
     "qr",
     "rolled_loop",
@@ -436,7 +435,6 @@ LOOP_BATCHED = {
     "real",
     "rolled_loop",  # made by compile after every transform: never batched
     "running_extreme",
-    "scan_bwd",
     "scipy_eigh",
     "scipy_eigh_general",
     "searchsorted",

@@ -32,6 +32,7 @@ def _recording_lower(prog):
 def roll_short_tapes(monkeypatch):
     """Every tape is searched (not only those beyond MIN_TAPE_LENGTH): small cases suffice."""
     monkeypatch.setattr(rolling, "MIN_TAPE_LENGTH", 0)
+    monkeypatch.setattr(rolling, "NATIVE_MIN_TAPE_LENGTH", 0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -379,3 +380,29 @@ def test_short_tapes_stay_unrolled(monkeypatch):
     x = np.linspace(0.1, 2.0, 32)
     _, prog = compiled_program(gt.value_and_grad(sum_of_products(30)), x, True, monkeypatch)
     assert not rolled_loops(prog)
+
+
+def test_backends_with_native_loops_roll_shorter_programs(monkeypatch):
+    """A backend whose lower function says `native_loops` (the numba backend) gets programs
+    rolled from NATIVE_MIN_TAPE_LENGTH on; the others from MIN_TAPE_LENGTH."""
+    monkeypatch.setattr(rolling, "MIN_TAPE_LENGTH", 10_000)
+    monkeypatch.setattr(rolling, "NATIVE_MIN_TAPE_LENGTH", 100)
+    monkeypatch.setenv(config.ROLL, "1")
+
+    def native_lower(prog):
+        _PROGRAMS.append(prog)
+        return BACKENDS["numpy"](prog)
+
+    native_lower.native_loops = True
+    register_backend("record-native-loops", native_lower)
+    try:
+        x = np.linspace(0.1, 2.0, 32)
+        vg = gt.value_and_grad(sum_of_products(30))
+        memo.forget_all()
+        cf = gt.compile(vg, backend="record-native-loops")
+        assert_same(cf(x), vg(x))
+        assert rolled_loops(_PROGRAMS[-1])
+        _, prog = compiled_program(vg, x, True, monkeypatch)
+        assert not rolled_loops(prog)
+    finally:
+        del BACKENDS["record-native-loops"]

@@ -348,6 +348,7 @@ def test_fork_records_numba_work_and_the_child_keeps_away_from_numba(
     and a child forked during Numba work refuses Numba: its kernels fail with the reason
     instead of compiling, so the variant runs on the numpy backend."""
     from gradtape.compile.numba import backend as nb
+    from gradtape.compile.numba import notices
 
     class Generated:
         key = f"fork-test-{numba_work_at_fork}"
@@ -363,8 +364,6 @@ def test_fork_records_numba_work_and_the_child_keeps_away_from_numba(
     monkeypatch.setattr(nb, "_compiler_instance", [])
     for name in ("_numba_work_lock", "_startup_lock", "_registry_lock", "_compiler_lock"):
         monkeypatch.setattr(nb, name, getattr(nb, name))  # (restored after the test)
-    from gradtape.compile.numba import notices
-
     monkeypatch.setattr(notices, "_warn_lock", notices._warn_lock)
     monkeypatch.setattr(nb, "_threads_lock", nb._threads_lock)
     monkeypatch.setattr(nb, "_switch_lock", nb._switch_lock)

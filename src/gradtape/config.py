@@ -178,6 +178,23 @@ def buffer_sets() -> int:
     return _count(BUFFER_SETS, DEFAULT_BUFFER_SETS)
 
 
+#: the settings a compiled function reads while it builds its code: `compile` remembers a
+#: compiled function only for the values they had when it was built
+BUILD_SETTINGS = (NUMBA, ROLL, BUFFER_SETS, MAX_SIGNATURES)
+_BUILD_KEYS = tuple(os.fsencode(name) for name in BUILD_SETTINGS)
+_POSIX = os.name == "posix"  # (os.environ keeps its values in a dict of bytes there)
+
+
+def build_settings() -> tuple:
+    """The raw values (None when unset) of BUILD_SETTINGS, read at once (part of the key of
+    `compile`'s memo, so it is read on every `compile` call: a few hundred nanoseconds)."""
+    data = getattr(os.environ, "_data", None)
+    if _POSIX and type(data) is dict:  # (os.environ.get costs a microsecond each)
+        get = data.get
+        return (get(_BUILD_KEYS[0]), get(_BUILD_KEYS[1]), get(_BUILD_KEYS[2]), get(_BUILD_KEYS[3]))
+    return tuple([os.environ.get(name) for name in BUILD_SETTINGS])
+
+
 def _count(name: str, default: int) -> int:
     """A positive whole number (at least 1): a value that is not warns once; default used."""
     value = _number(name, default)

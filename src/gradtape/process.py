@@ -56,6 +56,7 @@ import functools
 import importlib.abc
 import os
 import sys
+import threading
 
 from .core import routes, tracing
 
@@ -263,6 +264,156 @@ def _alias_in_numba(replaced: dict) -> None:
             registry.globals.append((hit[1], typ))
 
 
+# --- lists and tuples of traced values where NumPy takes an array ---------------------------
+# NumPy dispatches a function through `__array_function__` when one of the arguments its
+# dispatcher names (the array-likes: `a` of np.mean, every item of np.concatenate's sequence)
+# has the method; it does not look inside a list, so `np.mean([a, b])` with traced `a`, `b`
+# would reach NumPy's implementation, which copies the Tracers out. Each dispatcher (a small
+# Python function NumPy calls first) gets a wrapper, at the first trace: while the calling
+# thread traces, a list or tuple holding a Tracer among the array-likes makes NumPy dispatch
+# to the Tracer, and `Tracer.__array_function__` stacks exactly those lists (rules/conversion.py).
+_dispatchers_wrapped = False
+_dispatchers_lock = threading.Lock()
+_WRAPPED_DISPATCHERS: list = []  # the functions whose code was replaced (for tests)
+
+
+def _first_tracer(seq):
+    tracer = tracing.Tracer
+    for e in seq:
+        t = type(e)
+        if t is tracer:
+            return e
+        if t is list or t is tuple:
+            found = _first_tracer(e)
+            if found is not None:
+                return found
+    return None
+
+
+def _array_likes_with_tracers(relevant):
+    """NumPy's relevant arguments, plus a Tracer found in a list or tuple among them (while
+    this thread traces); the lists are left for `Tracer.__array_function__` to stack."""
+    state = tracing._state
+    relevant = tuple(relevant)
+    lists = None
+    found = None
+    for a in relevant:
+        t = type(a)
+        if t is list or t is tuple:
+            inner = _first_tracer(a)
+            if inner is not None:
+                found = inner
+                lists = (a,) if lists is None else lists + (a,)
+    state.array_like_lists = lists
+    return relevant if found is None else relevant + (found,)
+
+
+def _numpy_dispatcher_functions() -> list:
+    """NumPy's `__array_function__` dispatchers: the Python functions that name a function's
+    array-like arguments (`_mean_dispatcher`, and the ones of its C functions in multiarray.py,
+    which only the dispatcher objects reference)."""
+    import gc
+    import types
+
+    import numpy
+
+    root = os.path.dirname(os.path.abspath(numpy.__file__)) + os.sep
+    multiarray = sys.modules.get("numpy._core.multiarray")
+    found = []
+    for obj in gc.get_objects():
+        if type(obj) is not types.FunctionType:
+            continue
+        code = obj.__code__
+        if not code.co_filename.startswith(root) or obj.__closure__ is not None:
+            continue
+        name = obj.__name__
+        if name.endswith("_dispatcher") or (
+            code.co_filename.endswith("multiarray.py")
+            and type(getattr(multiarray, name, None)).__name__ == "_ArrayFunctionDispatcher"
+        ):
+            found.append(obj)
+    return found
+
+
+def _wrap_dispatcher(fn) -> bool:
+    """Replace `fn`'s code by a call of a copy of it whose result passes through
+    `_array_likes_with_tracers` (the function object stays: NumPy's C dispatcher holds it)."""
+    import inspect
+    import types
+
+    if "_gradtape_original_dispatcher" in fn.__code__.co_varnames:
+        return True  # wrapped by an earlier attempt (one a KeyboardInterrupt cut short)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    params = []
+    call = []
+    star = False
+    extra = "_gradtape_original_dispatcher, _gradtape_array_likes, _gradtape_thread"
+    kinds = [p.kind for p in sig.parameters.values()]
+    for i, p in enumerate(sig.parameters.values()):
+        if p.kind is p.POSITIONAL_ONLY:
+            params.append(p.name)
+            call.append(p.name)
+            if i + 1 == len(kinds) or kinds[i + 1] is not p.POSITIONAL_ONLY:
+                params.append("/")
+        elif p.kind is p.POSITIONAL_OR_KEYWORD:
+            params.append(p.name)
+            call.append(p.name)
+        elif p.kind is p.VAR_POSITIONAL:
+            params.append("*" + p.name)
+            call.append("*" + p.name)
+            star = True
+        elif p.kind is p.KEYWORD_ONLY:
+            if not star:
+                params.append("*")
+                star = True
+            params.append(p.name)
+            call.append(f"{p.name}={p.name}")
+        else:  # **kwargs
+            params.append(("" if star else "*, ") + extra + ", **" + p.name)
+            call.append("**" + p.name)
+            extra = None
+    if extra is not None:
+        params.append(extra if star else "*, " + extra)
+    source = (
+        f"def {fn.__name__}({', '.join(params)}):\n"
+        f"    if _gradtape_thread.__dict__.get('stack'):\n"
+        f"        return _gradtape_array_likes(_gradtape_original_dispatcher({', '.join(call)}))\n"
+        f"    return _gradtape_original_dispatcher({', '.join(call)})\n"
+    )
+    namespace: dict = {}
+    exec(compile(source, fn.__code__.co_filename, "exec"), {}, namespace)
+    code = namespace[fn.__name__].__code__
+    original = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+    original.__kwdefaults__ = fn.__kwdefaults__
+    kwdefaults = dict(fn.__kwdefaults__ or {})
+    kwdefaults["_gradtape_original_dispatcher"] = original
+    kwdefaults["_gradtape_array_likes"] = _array_likes_with_tracers
+    kwdefaults["_gradtape_thread"] = tracing._state  # while its levels stack is not empty
+    # the defaults first: the old code ignores keyword defaults it does not name, so an
+    # interrupt between the two assignments leaves a working function either way
+    fn.__kwdefaults__ = kwdefaults
+    fn.__code__ = code.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
+    return True
+
+
+def wrap_numpy_dispatchers() -> None:
+    """Wrap NumPy's dispatchers once (see above); `GRADTAPE_PATCH_NUMPY=0` leaves them alone."""
+    global _dispatchers_wrapped
+    if _dispatchers_wrapped:
+        return
+    with _dispatchers_lock:
+        if _dispatchers_wrapped:
+            return
+        if os.environ.get("GRADTAPE_PATCH_NUMPY") != "0":
+            for fn in _numpy_dispatcher_functions():
+                if _wrap_dispatcher(fn):
+                    _WRAPPED_DISPATCHERS.append(fn)
+        _dispatchers_wrapped = True
+
+
 # --- the allocator ----------------------------------------------------------------------------
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -295,6 +446,8 @@ def _on_new_level() -> None:
     global _modules_seen
     if not _malloc_tuned:
         keep_freed_memory()
+    if not _dispatchers_wrapped:
+        wrap_numpy_dispatchers()
     if len(_wrapped_modules) < len(routes.MODULE_FUNCTIONS) and len(sys.modules) != _modules_seen:
         # a module imported by a path the import hook did not see; scanned again only after
         # an import, or at every trace while a registered module is still initialising

@@ -11,7 +11,12 @@ cache (so one measurement cannot warm the next):
   its value and gradient compiled by gradtape's numba backend and by JAX's `jit` (XLA);
 * **peak memory against N**: eager `grad` of a chain of 20 operations, gradtape against
   autograd and JAX (the resident high-water mark above the process's own, in MB);
-* **per-operation overhead**: eager `grad` of a chain of k operations at N=10, per operation.
+* **per-operation overhead**: eager `grad` of a chain of k operations at N=10, per operation;
+* **a new input length**: `compile(value_and_grad(f))` called with a length it has not seen
+  (the same program), against a steady call, on the numpy and numba backends;
+* **re-creating** `compile(value_and_grad(f))` before each call, against a steady call;
+* **kernel memory**: resident memory per distinct program over many programs compiled
+  natively with a small `GRADTAPE_MAX_KERNELS` and `GRADTAPE_MAX_COMPILED`.
 
 Results go to DIR/scaling.json and DIR/scaling.md, and DIR/scaling.png when matplotlib is
 installed. Peers that are not installed are reported as absent.
@@ -29,10 +34,19 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-QUICK_SIZES = {"ops": (10, 100, 300), "n_memory": (10_000, 100_000, 1_000_000)}
-FULL_SIZES = {"ops": (10, 100, 300, 1000), "n_memory": (10_000, 100_000, 1_000_000, 3_000_000)}
+QUICK_SIZES = {
+    "ops": (10, 100, 300),
+    "n_memory": (10_000, 100_000, 1_000_000),
+    "kernel_programs": 60,
+}
+FULL_SIZES = {
+    "ops": (10, 100, 300, 1000),
+    "n_memory": (10_000, 100_000, 1_000_000, 3_000_000),
+    "kernel_programs": 400,
+}
 LOAD_SECONDS = 20.0  # the longest a caller waits for native code
 OVERHEAD_OPS = 100
+NEW_LENGTHS = 200  # new input lengths timed (and as many steady calls)
 
 # --- the measurements, each a script run in a fresh process; it prints one JSON line --------
 _TIME_TO_NATIVE = """
@@ -161,8 +175,16 @@ np.asarray(g(small))  # imports and first-call state, before the baseline
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 result = np.asarray(g(x))
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+traced = None
+if METHOD != "jax":  # (XLA's buffers are not Python allocations)
+    import tracemalloc
+    del result
+    tracemalloc.start()
+    result = np.asarray(g(x))
+    traced = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
 print(json.dumps({"method": METHOD, "n": N, "peak_mb": max(after - before, 0) / 1024,
-                  "input_mb": x.nbytes / 2**20}))
+                  "traced_peak_mb": traced, "input_mb": x.nbytes / 2**20}))
 """
 
 _OVERHEAD = """
@@ -194,11 +216,127 @@ print(json.dumps({"method": METHOD, "us_per_op": best / OPS * 1e6}))
 """
 
 
-def _run(script: str, timeout: float = 900.0, **names: Any) -> tuple[Any, str | None]:
-    """Run `script` with `names` defined, in a fresh process with a cold kernel cache."""
+_NEW_LENGTH = """
+import json, time, warnings
+import numpy as np
+import gradtape as gt
+
+warnings.simplefilter("ignore")
+
+
+def f(x):
+    return np.sum(-0.5 * ((x - 0.3) / 1.7) ** 2 - np.log(1.7) - 0.9189385332046727)
+
+
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+
+out = []
+for backend in BACKENDS:
+    cf = gt.compile(gt.value_and_grad(f), backend=backend)
+    for n in (10, 11, 12):  # the first recordings, and the kernels compiled
+        cf(np.linspace(0.0, 1.0, n))
+    new = []
+    for n in range(100, 100 + LENGTHS):
+        x = np.linspace(0.0, 1.0, n)
+        start = time.perf_counter()
+        cf(x)
+        new.append(time.perf_counter() - start)
+    x = np.linspace(0.0, 1.0, 100)
+    steady = []
+    for _ in range(LENGTHS):
+        start = time.perf_counter()
+        cf(x)
+        steady.append(time.perf_counter() - start)
+    out.append({"backend": backend, "new_length_ms": median(new) * 1e3,
+                "steady_us": median(steady) * 1e6})
+print(json.dumps(out))
+"""
+
+_RECREATE = """
+import json, time
+import numpy as np
+import gradtape as gt
+
+
+def f(x):
+    return np.sum(-0.5 * ((x - 0.3) / 1.7) ** 2)
+
+
+x = np.linspace(0.0, 1.0, 10)
+cf = gt.compile(gt.value_and_grad(f), backend="numpy")
+cf(x)
+
+
+def best(call, n=2000):
+    times = []
+    for _ in range(9):
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        times.append((time.perf_counter() - start) / n)
+    return sorted(times)[len(times) // 2]
+
+
+steady = best(lambda: cf(x))
+again = best(lambda: gt.compile(gt.value_and_grad(f), backend="numpy")(x))
+print(json.dumps({"steady_us": steady * 1e6, "recreated_us": again * 1e6,
+                  "ratio": again / steady}))
+"""
+
+_KERNEL_MEMORY = """
+import gc, json, resource, sys, warnings
+import numpy as np
+import gradtape as gt
+
+warnings.simplefilter("ignore")
+OPS = [np.sin, np.cos, np.tanh, np.exp, np.arctan, np.log1p]
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def program(i):  # a distinct sequence of five operations per i: a distinct kernel text
+    ops = []
+    for _ in range(5):
+        ops.append(OPS[i % 6])
+        i //= 6
+
+    def f(x):
+        y = x
+        for op in ops:
+            y = op(y) * 0.5 + y
+        return np.sum(y)
+
+    return f
+
+
+x = np.linspace(0.1, 0.9, 50)
+warm = PROGRAMS // 4
+for i in range(PROGRAMS):
+    gt.compile(gt.grad(program(i + 7)), backend="numba")(x)
+    if i + 1 == warm:
+        gc.collect()
+        base = rss_mb()
+gc.collect()
+kept = sum(1 for name in sys.modules if name.startswith("gradtape_kernel_"))
+print(json.dumps({"programs": PROGRAMS, "max_kernels": MAX_KERNELS,
+                  "kb_per_program": (rss_mb() - base) * 1024 / (PROGRAMS - warm),
+                  "modules_imported": kept}))
+"""
+
+
+def _run(
+    script: str, timeout: float = 900.0, environment: dict | None = None, **names: Any
+) -> tuple[Any, str | None]:
+    """Run `script` with `names` defined, in a fresh process with a cold kernel cache (and
+    `environment` added to the environment)."""
     prelude = "".join(f"{k} = {v!r}\n" for k, v in names.items())
     with tempfile.TemporaryDirectory(prefix="gradtape-scaling-") as cache_dir:
-        env = dict(os.environ, GRADTAPE_CACHE_DIR=cache_dir)
+        env = dict(os.environ, GRADTAPE_CACHE_DIR=cache_dir, **(environment or {}))
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", prelude + textwrap.dedent(script)],
@@ -258,6 +396,23 @@ def measure(quick: bool) -> dict[str, Any]:
         if _installed(module):
             got, error = _run(_OVERHEAD, METHOD=method, OPS=OVERHEAD_OPS)
             results["overhead"].append(got or {"method": method, "error": error})
+
+    backends = ["numpy", "numba"] if native else ["numpy"]
+    got, error = _run(_NEW_LENGTH, BACKENDS=backends, LENGTHS=NEW_LENGTHS)
+    results["new_length"] = got if got is not None else [{"backend": "-", "error": error}]
+    got, error = _run(_RECREATE)
+    results["recreate"] = got if got is not None else {"error": error}
+    if native:
+        got, error = _run(
+            _KERNEL_MEMORY,
+            timeout=7200.0,
+            environment={"GRADTAPE_MAX_KERNELS": "8", "GRADTAPE_MAX_COMPILED": "8"},
+            PROGRAMS=sizes["kernel_programs"],
+            MAX_KERNELS=8,
+        )
+        results["kernel_memory"] = got if got is not None else {"error": error}
+    else:
+        results["notes"].append("numba not installed: no kernel memory")
     return results
 
 
@@ -308,14 +463,66 @@ def markdown(results: dict[str, Any]) -> str:
     for n in sorted(by_n):
         cells = " | ".join(by_n[n].get(m, "") for m in methods)
         lines.append(f"| {n} | {inputs.get(n, float('nan')):.1f} | {cells} |")
+    traced = [r for r in results["memory"] if r.get("traced_peak_mb") is not None]
+    if traced:
+        lines += ["", "Peak of Python's allocations (tracemalloc) in the same call, MB:", ""]
+        traced_methods = list(dict.fromkeys(r["method"] for r in traced))
+        lines.append("| N | " + " | ".join(traced_methods) + " |")
+        lines.append("|---|" + "---|" * len(traced_methods))
+        by_n_traced: dict[int, dict[str, str]] = {}
+        for r in traced:
+            by_n_traced.setdefault(r["n"], {})[r["method"]] = f"{r['traced_peak_mb']:.1f}"
+        for n in sorted(by_n_traced):
+            cells = " | ".join(by_n_traced[n].get(m, "") for m in traced_methods)
+            lines.append(f"| {n} | {cells} |")
     lines += ["", f"## Eager grad, per recorded operation (N=10, {OVERHEAD_OPS} operations)", ""]
     lines += ["| method | us per operation |", "|---|---|"]
     for r in results["overhead"]:
         value = f"error: {r['error']}" if "error" in r else f"{r['us_per_op']:.2f}"
         lines.append(f"| {r['method']} | {value} |")
+    lines += _cost_tables(results)
     if results["notes"]:
         lines += ["", "Notes: " + "; ".join(results["notes"])]
     return "\n".join(lines) + "\n"
+
+
+def _cost_tables(results: dict[str, Any]) -> list[str]:
+    """New input lengths, re-creating a compiled function, kernel memory (when measured)."""
+    lines: list[str] = []
+    if "new_length" in results:
+        lines += ["", "## A new input length (the same program), medians", ""]
+        lines += ["| backend | new length (ms) | steady call (us) |", "|---|---|---|"]
+        for r in results["new_length"]:
+            if "error" in r:
+                lines.append(f"| {r['backend']} | error: {r['error']} | |")
+            else:
+                lines.append(
+                    f"| {r['backend']} | {r['new_length_ms']:.3f} | {r['steady_us']:.2f} |"
+                )
+    if "recreate" in results:
+        r = results["recreate"]
+        lines += ["", "## Re-creating `compile(value_and_grad(f))` before each call", ""]
+        if "error" in r:
+            lines.append(f"error: {r['error']}")
+        else:
+            lines += [
+                "| steady call (us) | re-created and called (us) | ratio |",
+                "|---|---|---|",
+                f"| {r['steady_us']:.2f} | {r['recreated_us']:.2f} | {r['ratio']:.2f} |",
+            ]
+    if "kernel_memory" in results:
+        r = results["kernel_memory"]
+        lines += ["", "## Resident memory per distinct natively compiled program", ""]
+        if "error" in r:
+            lines.append(f"error: {r['error']}")
+        else:
+            lines += [
+                "| programs | GRADTAPE_MAX_KERNELS | KB per program | kernel modules imported |",
+                "|---|---|---|---|",
+                f"| {r['programs']} | {r['max_kernels']} | {r['kb_per_program']:.1f} | "
+                f"{r['modules_imported']} |",
+            ]
+    return lines
 
 
 def plot(results: dict[str, Any], path: Path) -> bool:

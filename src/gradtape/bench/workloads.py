@@ -664,6 +664,36 @@ def logistic_batch(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return 0.1 * rng.standard_normal(d), x, np.sign(rng.standard_normal(n))
 
 
+_RNN_HIDDEN, _RNN_INPUTS, _RNN_STEPS = 8, 3, 20
+
+
+def sequence_loss(xp: Any, w: Any, x: Any, y: Any) -> Any:
+    """The squared error of a small recurrent network on one sequence x (steps x inputs),
+    its weights flattened into w; the recurrence is a scan (``gradtape.scan`` for NumPy,
+    ``jax.lax.scan`` for JAX)."""
+    n_h = _RNN_HIDDEN * _RNN_HIDDEN
+    w_h = w[:n_h].reshape(_RNN_HIDDEN, _RNN_HIDDEN)
+    w_x = w[n_h:].reshape(_RNN_INPUTS, _RNN_HIDDEN)
+    if xp is np:
+        from gradtape import scan
+    else:
+        from jax.lax import scan
+
+    def step(h, x_t):
+        h = xp.tanh(h @ w_h + x_t @ w_x)
+        return h, xp.sum(h)
+
+    h, ys = scan(step, xp.zeros(_RNN_HIDDEN), x)
+    return (xp.sum(h) - y) ** 2 + 0.01 * xp.sum(ys)
+
+
+def sequence_batch(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    n = 256
+    w = 0.3 * rng.standard_normal(_RNN_HIDDEN * _RNN_HIDDEN + _RNN_INPUTS * _RNN_HIDDEN)
+    x = rng.standard_normal((n, _RNN_STEPS, _RNN_INPUTS))
+    return w, x, rng.standard_normal(n)
+
+
 def softplus_quadratic(xp: Any, x: Any) -> Any:
     """A smooth non-separable scalar function of a short vector (its Hessian is dense)."""
     return xp.sum(xp.log1p(xp.exp(x))) + 0.5 * xp.sum(x * x) * xp.sum(xp.sin(x))
@@ -686,12 +716,228 @@ BATCHED_WORKLOADS: dict[str, BatchedWorkload] = {
             logistic_batch,
         ),
         BatchedWorkload(
+            "per_example_scan_grad",
+            "per-example gradients of a recurrent network, a scan of 20 steps, 256 sequences "
+            "(vmap(grad(loss), in_axes=(None, 0, 0)))",
+            sequence_loss,
+            "grad",
+            (None, 0, 0),
+            sequence_batch,
+        ),
+        BatchedWorkload(
             "batched_hessian",
             "Hessians of a dense 5-dimensional function at 1000 points (vmap(hessian(f)))",
             softplus_quadratic,
             "hessian",
             (0,),
             hessian_batch,
+        ),
+    )
+}
+
+
+# =============================================================================================
+# Python-loop workloads: code written with plain Python `for` loops over data points, mixture
+# components, observations and time steps, as people write likelihoods and simulations.
+# gradtape records one iteration per pass of the loop and compile rolls them back into loops
+# (compile/rolling.py). Each workload is `body(x, *consts)` in plain NumPy (no `xp`: the point
+# is the loop as written), a vectorized NumPy objective giving the same value (the reference
+# the Python-loop body is checked against), and a problem at size n. `python -m
+# gradtape.bench.loop_workloads` is not a separate tool: `measure_loop_workload` below times
+# one workload at one size, and benchmarks/loop_bench.py prints the table.
+# =============================================================================================
+def _lower_triangle(params: np.ndarray, d: int) -> np.ndarray:
+    """The strictly lower triangle of a d x d matrix from d(d-1)/2 parameters, row by row."""
+    rows, cols = np.tril_indices(d, -1)
+    L = np.zeros((d, d), dtype=params.dtype)
+    L[rows, cols] = params
+    return L
+
+
+def mixture_loglik_loops(x: Any, data: np.ndarray, n_components: int) -> Any:
+    """Gaussian-mixture log-likelihood with Python loops over points and components.
+
+    x packs, per component k: the weight logit alpha_k, the mean mu_k (d values), the log
+    diagonal of the inverse Cholesky factor (d values) and its strictly lower triangle
+    (d(d-1)/2 values), as the ADBench GMM objective parametrises full covariances:
+    Q_k = diag(exp(q_k)) + L_k, log N(x_i | mu_k, (Q_k^T Q_k)^-1) up to constants.
+    """
+    n, d = data.shape
+    K = n_components
+    width = 1 + 2 * d + d * (d - 1) // 2
+    rows, cols = np.tril_indices(d, -1)
+    Qs, log_dets, alphas, means = [], [], [], []
+    for k in range(K):
+        p = x[k * width : (k + 1) * width]
+        alphas.append(p[0])
+        means.append(p[1 : 1 + d])
+        q = p[1 + d : 1 + 2 * d]
+        Q = np.diag(np.exp(q))
+        Q[rows, cols] = p[1 + 2 * d :]
+        Qs.append(Q)
+        log_dets.append(np.sum(q))
+    alpha = np.stack(alphas)
+    log_weights = alpha - (np.max(alpha) + np.log(np.sum(np.exp(alpha - np.max(alpha)))))
+    total = 0.0
+    for i in range(n):
+        terms = []
+        for k in range(K):
+            z = Qs[k] @ (data[i] - means[k])
+            terms.append(log_weights[k] + log_dets[k] - 0.5 * np.sum(z * z))
+        t = np.stack(terms)
+        m = np.max(t)
+        total = total + m + np.log(np.sum(np.exp(t - m)))
+    return total - 0.5 * n * d * LOG_2PI
+
+
+def mixture_loglik_vectorized(x: np.ndarray, data: np.ndarray, n_components: int) -> float:
+    """The same log-likelihood with no Python loop over points or components (NumPy)."""
+    n, d = data.shape
+    K = n_components
+    width = 1 + 2 * d + d * (d - 1) // 2
+    p = x.reshape(K, width)
+    alpha, mu, q = p[:, 0], p[:, 1 : 1 + d], p[:, 1 + d : 1 + 2 * d]
+    rows, cols = np.tril_indices(d, -1)
+    Q = np.zeros((K, d, d))
+    Q[:, np.arange(d), np.arange(d)] = np.exp(q)
+    Q[:, rows, cols] = p[:, 1 + 2 * d :]
+    diff = data[None, :, :] - mu[:, None, :]  # (K, n, d)
+    z = np.einsum("kab,knb->kna", Q, diff)
+    log_weights = alpha - (alpha.max() + np.log(np.sum(np.exp(alpha - alpha.max()))))
+    t = log_weights[:, None] + q.sum(axis=1)[:, None] - 0.5 * np.sum(z * z, axis=2)  # (K, n)
+    m = t.max(axis=0)
+    return float(np.sum(m + np.log(np.sum(np.exp(t - m), axis=0))) - 0.5 * n * d * LOG_2PI)
+
+
+def mixture_problem(n: int, rng: np.random.Generator, d: int = 10, K: int = 25) -> Problem:
+    width = 1 + 2 * d + d * (d - 1) // 2
+    x = rng.normal(0.0, 0.1, K * width)
+    return Problem(x, (rng.standard_normal((n, d)), K), n)
+
+
+def _rotate(r: Any, point: Any) -> Any:
+    """Rodrigues' rotation of a 3-vector by the angle-axis vector r (|r| > 0)."""
+    theta = np.sqrt(np.sum(r * r))
+    axis = r / theta
+    c, s = np.cos(theta), np.sin(theta)
+    cross = np.stack(
+        [
+            axis[1] * point[2] - axis[2] * point[1],
+            axis[2] * point[0] - axis[0] * point[2],
+            axis[0] * point[1] - axis[1] * point[0],
+        ]
+    )
+    return point * c + cross * s + axis * (np.sum(axis * point) * (1.0 - c))
+
+
+def reprojection_loops(x: Any, points: np.ndarray, observed: np.ndarray) -> Any:
+    """Sum of squared reprojection residuals with a Python loop over observations.
+
+    x = (angle-axis rotation r (3), translation (3), focal length, radial distortion k1, k2):
+    one camera sees each 3-D point; the projection is distorted radially, as in bundle
+    adjustment's residual per observation.
+    """
+    r, translation, f, k1, k2 = x[0:3], x[3:6], x[6], x[7], x[8]
+    total = 0.0
+    for i in range(points.shape[0]):
+        p = _rotate(r, points[i]) + translation
+        u = -p[:2] / p[2]
+        r2 = np.sum(u * u)
+        distortion = 1.0 + k1 * r2 + k2 * r2 * r2
+        residual = f * distortion * u - observed[i]
+        total = total + np.sum(residual * residual)
+    return total
+
+
+def reprojection_vectorized(x: np.ndarray, points: np.ndarray, observed: np.ndarray) -> float:
+    """The same sum with no Python loop (NumPy)."""
+    r, translation, f, k1, k2 = x[0:3], x[3:6], x[6], x[7], x[8]
+    theta = np.sqrt(np.sum(r * r))
+    axis = r / theta
+    c, s = np.cos(theta), np.sin(theta)
+    rotated = points * c + np.cross(axis, points) * s + np.outer(points @ axis, axis) * (1.0 - c)
+    p = rotated + translation
+    u = -p[:, :2] / p[:, 2:3]
+    r2 = np.sum(u * u, axis=1, keepdims=True)
+    residual = f * (1.0 + k1 * r2 + k2 * r2 * r2) * u - observed
+    return float(np.sum(residual * residual))
+
+
+def reprojection_problem(n: int, rng: np.random.Generator) -> Problem:
+    x = np.array([0.1, -0.2, 0.05, 0.1, 0.2, 5.0, 1.2, -0.05, 0.01])
+    points = rng.uniform(-1.0, 1.0, (n, 3))
+    observed = rng.normal(0.0, 0.3, (n, 2))
+    return Problem(x, (points, observed), n)
+
+
+def time_stepping_loops(x: Any, steps: int, dt: float) -> Any:
+    """Explicit time stepping of a damped pendulum chain (8 masses), 'steps' Euler steps with
+    a Python loop; x = (initial angles (8), damping, stiffness); the loss is the final energy
+    plus the tracked angle's squared deviation summed over the steps."""
+    theta, omega = x[:8] * 1.0, np.zeros(8)
+    damping, stiffness = x[8], x[9]
+    loss = 0.0
+    for _ in range(steps):
+        difference = theta[1:] - theta[:-1]  # spring forces between neighbours
+        coupling = np.concatenate((difference, [0.0])) - np.concatenate(([0.0], difference))
+        accel = -np.sin(theta) + stiffness * coupling - damping * omega
+        omega = omega + dt * accel
+        theta = theta + dt * omega
+        loss = loss + dt * (theta[0] - 0.5) ** 2
+    return loss + 0.5 * np.sum(omega * omega)
+
+
+def time_stepping_vectorized(x: np.ndarray, steps: int, dt: float) -> float:
+    """The same simulation in NumPy (a loop over steps is inherent; this is the plain run)."""
+    return float(time_stepping_loops(x, steps, dt))
+
+
+def time_stepping_problem(n: int, rng: np.random.Generator) -> Problem:
+    x = np.concatenate([rng.uniform(-0.5, 0.5, 8), [0.1, 0.5]])
+    return Problem(x, (n, 1e-3), n)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopWorkload:
+    """A Python-loop workload (see the block's comment)."""
+
+    name: str
+    description: str
+    body: Callable[..., Any]
+    vectorized: Callable[..., float]
+    make_problem: Callable[[int, np.random.Generator], Problem]
+    size_meaning: str
+
+
+LOOP_WORKLOADS: dict[str, LoopWorkload] = {
+    w.name: w
+    for w in (
+        LoopWorkload(
+            "mixture_loops",
+            "Gaussian-mixture log-likelihood, d=10, K=25, full covariances through a "
+            "triangular parametrisation, Python loops over points and components",
+            mixture_loglik_loops,
+            mixture_loglik_vectorized,
+            mixture_problem,
+            "n, the number of points",
+        ),
+        LoopWorkload(
+            "reprojection_loops",
+            "squared reprojection residuals of n observations of 3-D points by one camera "
+            "(angle-axis rotation, translation, focal length, radial distortion), a Python "
+            "loop over observations",
+            reprojection_loops,
+            reprojection_vectorized,
+            reprojection_problem,
+            "n, the number of observations",
+        ),
+        LoopWorkload(
+            "time_stepping_loops",
+            "explicit Euler steps of a damped chain of 8 pendulums, a Python loop over steps",
+            time_stepping_loops,
+            time_stepping_vectorized,
+            time_stepping_problem,
+            "n, the number of time steps",
         ),
     )
 }

@@ -244,16 +244,24 @@ class _Variant:
 class _Signature:
     """The variants recorded for one signature, and the tree that selects among them."""
 
-    __slots__ = ("label", "variants", "by_prefix", "hot", "stats", "eager_reason", "used")
+    __slots__ = ("_label", "variants", "by_prefix", "hot", "stats", "eager_reason", "used")
 
-    def __init__(self, label: str):
-        self.label = label
+    def __init__(self, label: str | Callable[[], str]):
+        self._label = label  # (or the function that writes it: most labels are never read)
         self.variants: list[_Variant] = []
         self.by_prefix: dict[tuple, _Variant] = {}
         self.hot: _Variant | None = None
         self.stats = SignatureStats()
         self.eager_reason: str | None = None
         self.used = next(_clock)  # when last dispatched to: the least recent is dropped
+
+    @property
+    def label(self) -> str:
+        """The readable signature, "(f64[1000], {'w': f32[3]})"."""
+        label = self._label
+        if type(label) is not str:
+            label = self._label = label()
+        return label
 
     def add(self, variant: _Variant) -> _Variant:
         for v in self.variants:
@@ -347,6 +355,7 @@ class CompiledFunction:
         # at most _max_signatures, least recently used dropped first (GRADTAPE_MAX_SIGNATURES)
         self._signatures: dict = {}
         self._max_signatures = config.max_signatures()
+        self._roll = config.roll_enabled()  # (settings read now are part of compile's memo key)
         self._dropped = SignatureStats()  # the counters of dropped signatures
         self._lock = threading.Lock()
         self._warned = False
@@ -478,7 +487,11 @@ class CompiledFunction:
             if sig is None:
                 sig = self._signatures.get(info.key)
                 if sig is None:
-                    sig = self._signatures[info.key] = _Signature(self._label(info))
+                    # (the label is written when read, from the key alone: not the arrays)
+                    shape_only = _CallInfo(info.key, None, info.in_tree, None, None)
+                    sig = self._signatures[info.key] = _Signature(
+                        functools.partial(self._label, shape_only)
+                    )
                     self._drop_least_recent()
             sig.stats.recordings += 1
             if reason is not None:
@@ -525,8 +538,12 @@ class CompiledFunction:
             ((shape, dtype),) = info.key
             self._last = (shape, dtype, variant.run, variant, sig.stats)
 
-    def _record(self, info: _CallInfo):
-        """Run the function on stage Tracers; returns (tape, program, traced result)."""
+    def _record(self, info: _CallInfo, native_loops: bool | None = None):
+        """Run the function on stage Tracers; returns (tape, program, traced result).
+        `native_loops`: the backend runs rolled Python loops natively (its lower function's
+        `native_loops`; rolling then starts at shorter programs)."""
+        if native_loops is None:
+            native_loops = getattr(self._lower, "native_loops", False)
         with new_level(LevelKind.STAGE) as level:
             tracers = [level.new_input(x) for x in info.leaves]
             args, kwargs = self._rebuild(info, tracers)
@@ -547,7 +564,7 @@ class CompiledFunction:
                 values.append(x)
         tape = level.tape
         tape.outputs = [leaf.var if leaf.var is not None else leaf.const for leaf in outputs]
-        program = build_program(tape, outputs, out_tree)
+        program = build_program(tape, outputs, out_tree, roll=self._roll, native_loops=native_loops)
         return tape, program, tree_unflatten(out_tree, values)
 
     def _rebuild(self, info: _CallInfo, leaves) -> tuple[list, dict]:
@@ -707,7 +724,7 @@ class CompiledFunction:
         5.0 [0. 2. 4.]
         """
         info = self._call_info(args, kwargs)
-        tape, program, _ = self._record(info)
+        tape, program, _ = self._record(info, native_loops=False)  # (exported: no loops)
         reason = unreplayable_reason(program)
         if reason is not None:
             raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
@@ -851,8 +868,10 @@ def compile(
 
     Compiling the same function again returns the compiled function already built, so
     `compile(value_and_grad(f))` may be written inside a loop: the key is the function's
-    code, the values of its closure cells, defaults and the globals it names, and these
-    options (see compile/memo.py; GRADTAPE_MAX_COMPILED of them are remembered).
+    code, the values of its closure cells, defaults and the globals it names, these
+    options and the settings read while building (`GRADTAPE_ROLL`, `GRADTAPE_NUMBA`,
+    `GRADTAPE_BUFFER_SETS`, `GRADTAPE_MAX_SIGNATURES`; see compile/memo.py;
+    GRADTAPE_MAX_COMPILED of them are remembered).
 
     Parameters
     ----------
@@ -902,9 +921,10 @@ def compile(
     """
     options = (
         backend,
-        static_argnums if isinstance(static_argnums, int) else tuple(static_argnums),
+        static_argnums if type(static_argnums) is int else tuple(static_argnums),
         max_variants,
-        static_argnames if isinstance(static_argnames, str) else tuple(static_argnames),
+        static_argnames if type(static_argnames) is str else tuple(static_argnames),
+        config.build_settings(),  # (GRADTAPE_ROLL and the others read while building)
     )
     return remembered(
         fun,

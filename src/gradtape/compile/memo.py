@@ -18,9 +18,9 @@ dropped first.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import types
-from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -47,6 +47,14 @@ def _value_key(v, depth: int, keep: list):
         return (t, v)
     if t is float:
         return (t, v.hex())
+    if t is types.FunctionType:
+        if _library(v) and not v.__closure__:  # a library's function, not a closure
+            keep.append(v)
+            return id(v)
+        return function_key(v, depth + 1, keep)
+    if t in _BY_IDENTITY:
+        keep.append(v)
+        return id(v)
     transformed = getattr(v, "transformed", None)
     if transformed is not None and type(transformed) is tuple:
         # what a transform returns (grad(f), vmap(f), ...): the transform, the user's function
@@ -59,18 +67,16 @@ def _value_key(v, depth: int, keep: list):
             function_key(fun, depth + 1, keep),
             _value_key(options, depth, keep),
         )
-    if t is types.FunctionType:
-        if _library(v) and not v.__closure__:  # a library's function, not a closure
-            keep.append(v)
-            return id(v)
-        return function_key(v, depth + 1, keep)
-    if t in _BY_IDENTITY or isinstance(v, (type, types.ModuleType)):
+    if isinstance(v, (type, types.ModuleType)):
         keep.append(v)
         return id(v)
     if t is complex:
         return (t, v.real.hex(), v.imag.hex())
     if t is tuple or t is frozenset:
-        return (t, tuple(_value_key(x, depth, keep) for x in v))
+        kinds = tuple(map(type, v))
+        if _PLAIN.issuperset(kinds):  # (0, False, False): compared with their types
+            return (t, v, kinds)
+        return (t, tuple([_value_key(x, depth, keep) for x in v]))
     if t is functools.partial:
         return (
             t,
@@ -137,22 +143,6 @@ def _library(fun: types.FunctionType) -> bool:
     return found
 
 
-class _Key:
-    """A key whose hash is computed once (a nested tuple is hashed again at every lookup)."""
-
-    __slots__ = ("parts", "hash")
-
-    def __init__(self, parts):
-        self.parts = parts
-        self.hash = hash(parts)
-
-    def __eq__(self, other):
-        return self.hash == other.hash and self.parts == other.parts
-
-    def __hash__(self):
-        return self.hash
-
-
 _names_of: dict = {}
 
 
@@ -170,8 +160,9 @@ def _global_names(code: types.CodeType) -> tuple:
     return names
 
 
-_memo: OrderedDict = OrderedDict()
+_memo: dict = {}  # key -> [compiled function, objects its key holds by identity, last use]
 _memo_lock = threading.Lock()
+_clock = itertools.count()  # (next() on it is atomic: a hit needs no lock)
 
 
 def remembered(fun: Callable, options: tuple, build: Callable[[], object]):
@@ -179,23 +170,24 @@ def remembered(fun: Callable, options: tuple, build: Callable[[], object]):
     `build()` (remembered when `fun` can be keyed)."""
     keep: list = []
     try:
-        key = _Key((function_key(fun, 0, keep), options))
-    except (_Unkeyable, TypeError):
+        # (a plain tuple: the dict keeps the hashes of stored keys, so a lookup hashes only
+        # the new key, once)
+        key = (function_key(fun, 0, keep), options)
+        entry = _memo.get(key)  # (a dict read needs no lock)
+    except (_Unkeyable, TypeError):  # (TypeError: an unhashable part)
         return build()
-    with _memo_lock:
-        entry = _memo.get(key)
-        if entry is not None:
-            _memo.move_to_end(key)
-            return entry[0]
+    if entry is not None:
+        entry[2] = next(_clock)
+        return entry[0]
     compiled = build()
     with _memo_lock:
         # (another thread may have built it too: the first one stays)
-        compiled = _memo.setdefault(key, (compiled, keep))[0]
-        _memo.move_to_end(key)
+        entry = _memo.setdefault(key, [compiled, keep, 0])
+        entry[2] = next(_clock)
         limit = config.max_compiled()
-        while len(_memo) > limit:
-            _memo.popitem(last=False)
-    return compiled
+        while len(_memo) > limit:  # drop the least recently used
+            del _memo[min(_memo, key=lambda k: _memo[k][2])]
+    return entry[0]
 
 
 def forget_all() -> None:

@@ -301,6 +301,26 @@ def _emit_astype(gen, ins, out, args):
     return [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]}, 'unsafe')"]
 
 
+def _zero_nan_products(d, g, p) -> None:
+    """In place on d = g * p: 0 where g is 0 and p is not finite (nan_safe_multiply's rule,
+    with its test first: a finite p broadcast against a larger g, or a product whose sum is
+    not NaN, needs no mask)."""
+    if 2 * np.size(p) <= d.size:
+        if np.isfinite(p).all():
+            return
+    elif not np.isnan(np.add.reduce(d, axis=None)):
+        return
+    np.copyto(d, 0, where=np.equal(g, 0) & ~np.isfinite(p))
+
+
+def _emit_nan_safe_multiply(gen, ins, out, args):
+    multiply = gen.const(np.multiply, "multiply")
+    return [
+        f"{multiply}({args[0]}, {args[1]}, {out})",
+        f"{gen.const(_zero_nan_products, 'zero_nan_products')}({out}, {args[0]}, {args[1]})",
+    ]
+
+
 def _emit_identity(gen, ins, out, args):
     return [f"{out} = {args[0]}"]
 
@@ -329,6 +349,8 @@ EMITTERS: dict[Primitive, Callable[[Instruction], Emitter]] = {
     reductions.cumprod_p: _always(_cumulative(np.cumprod)),
     indexing.where_p: lambda ins: _scalar_where(ins) or _WHERE,
     shape.concatenate_p: _always(Emitter(BUFFER, _emit_concatenate)),
+    # the product into its buffer, then the mask in place where needed (not a fresh array)
+    elementwise.nan_safe_multiply_p: _always(Emitter(BUFFER, _emit_nan_safe_multiply)),
     shape.astype_p: _always(Emitter(BUFFER, _emit_astype)),
     indexing.setitem_p: _always(_copy_then(_setitem_update)),
     indexing.scatter_add_p: _always(_copy_then(_scatter_add_update)),
@@ -521,6 +543,31 @@ def _same_value(x, answer: np.ndarray) -> bool:
 
 
 # --- lowering -------------------------------------------------------------------------------------
+_CODE_CACHE_SIZE = 256
+_code_cache: collections.OrderedDict = collections.OrderedDict()  # source -> code object
+
+
+def compiled_source(source: str, filename: str):
+    """Python's `compile` of generated `source`, shared by every variant that generates the
+    same text (a new input length of one program usually does: its shapes are constants),
+    so only the first pays the compile. The least recently used of at most 256 are kept."""
+    code = _code_cache.get(source)
+    if code is None:
+        code = compile(source, filename, "exec")
+        _code_cache[source] = code
+        while len(_code_cache) > _CODE_CACHE_SIZE:
+            try:
+                _code_cache.popitem(last=False)
+            except KeyError:  # (another thread emptied it)
+                break
+    else:
+        try:
+            _code_cache.move_to_end(source)
+        except KeyError:  # (another thread dropped it meanwhile)
+            pass
+    return code
+
+
 class NumpyLowered:
     """A compiled variant: `run(*leaves, out_leaves)` replays it; `source` is the generated code.
 
@@ -536,7 +583,7 @@ class NumpyLowered:
         body = self._body(gen, program, plan)
         self.source = self._assemble(gen, program, plan, input_names, body)
         namespace: dict = {}
-        exec(compile(self.source, f"<gradtape compiled {id(self):x}>", "exec"), namespace)
+        exec(compiled_source(self.source, "<gradtape compiled>"), namespace)
         slots = plan.slots
         # buffer sets kept between calls: one per thread calling at once, at most
         # GRADTAPE_BUFFER_SETS (a deque drops the oldest set beyond that)

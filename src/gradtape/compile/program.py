@@ -115,11 +115,24 @@ def _is_array_like(value) -> bool:
 
 
 # --- building ------------------------------------------------------------------------------
-def build_program(tape: Tape, outputs: list[OutputLeaf], out_tree: TreeDef) -> Program:
-    """Simplify a recorded tape into the Program a backend lowers (see the module docstring)."""
+def build_program(
+    tape: Tape,
+    outputs: list[OutputLeaf],
+    out_tree: TreeDef,
+    roll: bool | None = None,
+    native_loops: bool = False,
+) -> Program:
+    """Simplify a recorded tape into the Program a backend lowers (see the module docstring).
+    `roll`: search it for Python loops to roll (None: GRADTAPE_ROLL now; False for a loop's
+    step: a native driver runs it as one kernel); `native_loops`: the backend runs rolled
+    loops natively, so rolling starts at shorter programs (rolling.min_tape_length)."""
     snapshots: dict[int, np.ndarray] = {}
-    if config.roll_enabled():  # Python loops recorded once per iteration: one loop each
-        tape = rolling.roll_tape(tape, lambda ins: _captured(ins, snapshots))
+    if roll is None:
+        roll = config.roll_enabled()
+    if roll:  # Python loops recorded once per iteration: one loop each
+        tape = rolling.roll_tape(
+            tape, lambda ins: _captured(ins, snapshots), rolling.min_tape_length(native_loops)
+        )
         outputs = _rolled_outputs(tape, outputs)
     checks = _ordered_checks(tape)
     subst: dict[int, tuple] = {}  # var id -> ("var", Var) | ("const", value)

@@ -34,9 +34,10 @@ that differ between iterations) ends the run: rolling refuses when unsure, and a
 tape computes the same numbers. Runs are searched again on the rolled tape, so a loop nested
 in a loop rolls into a loop whose body holds a loop.
 
-Tapes shorter than MIN_TAPE_LENGTH instructions are left as they are (the backends' code
-for the unrolled program runs faster than a rolled body, which calls one primitive at a
-time). `GRADTAPE_ROLL=0` turns rolling off
+Tapes shorter than MIN_TAPE_LENGTH instructions are left as they are (the numpy backend's
+code for the unrolled program runs faster than a rolled body interpreted one primitive at a
+time); where rolled loops run on native drivers (the numba backend: `step_tape` below, and
+compile/numba/loops.py), from NATIVE_MIN_TAPE_LENGTH on. `GRADTAPE_ROLL=0` turns rolling off
 (config.py).
 """
 
@@ -58,6 +59,12 @@ MIN_TRIPS = 4  # shorter runs stay unrolled (nothing to gain)
 # (measured on a Gaussian mixture of 7,600 instructions: 55 ms against 3.9 ms a call on the
 # numpy backend); beyond this, lowering and compiling the unrolled program costs more
 MIN_TAPE_LENGTH = 20_000
+# where rolled loops run on native drivers (the numba backend), from this length on (measured
+# on compile(value_and_grad) of Python loops: below it, the unrolled program compiles in
+# seconds and its calls are faster; from it on, the unrolled compile takes several times the
+# rolled one's and keeps growing with the trip count, the rolled one does not; the guide's
+# "Python loops" section has the table)
+NATIVE_MIN_TAPE_LENGTH = 1_000
 MAX_PERIOD = 4096  # the longest body searched for
 # the longest body searched for in successive passes: inner loops (short bodies) roll first,
 # so that the loop around them then repeats a body holding one loop instruction
@@ -163,6 +170,37 @@ class RolledLoop:
         self._steps_plan = plan
         return plan
 
+    def _iterate(self, plan: list, inputs: tuple, carry: list, env: list, t: int) -> None:
+        """Run iteration t of the body: env[k] becomes step k's value."""
+        for k, (impl, params, progressing, refs) in enumerate(plan):
+            args = []
+            for code, a, b in refs:
+                if code == 0:
+                    args.append(env[a])
+                elif code == 3:
+                    args.append(inputs[a])
+                elif code == 2:
+                    args.append(carry[a])
+                elif code == 1:
+                    args.append(env[a][b])
+                elif code == 5:
+                    args.append(a)
+                elif code == 4:
+                    args.append(inputs[a + t])
+                else:  # a constant that differs per iteration (b: as a Python scalar)
+                    row = inputs[a][t]
+                    args.append(row.item() if b else row)
+            if progressing is not None:
+                env[k] = impl(*args, **progressing.params_at(t))
+            else:
+                env[k] = impl(*args, **params)
+
+    def first_iteration(self, inputs: tuple) -> list:
+        """The value of every body step in the first iteration (an example for lowering)."""
+        env: list = [None] * len(self.steps)
+        self._iterate(self._plan(), inputs, [inputs[m] for m, _ in self.carries], env, 0)
+        return env
+
     def run(self, inputs: tuple) -> tuple:
         """The loop's outputs for these inputs (NumPy values)."""
         steps = self.steps
@@ -172,28 +210,7 @@ class RolledLoop:
         env: list = [None] * len(steps)
         last = self.trips - 1
         for t in range(self.trips):
-            for k, (impl, params, progressing, refs) in enumerate(plan):
-                args = []
-                for code, a, b in refs:
-                    if code == 0:
-                        args.append(env[a])
-                    elif code == 3:
-                        args.append(inputs[a])
-                    elif code == 2:
-                        args.append(carry[a])
-                    elif code == 1:
-                        args.append(env[a][b])
-                    elif code == 5:
-                        args.append(a)
-                    elif code == 4:
-                        args.append(inputs[a + t])
-                    else:  # a constant that differs per iteration (b: as a Python scalar)
-                        row = inputs[a][t]
-                        args.append(row.item() if b else row)
-                if progressing is not None:
-                    env[k] = impl(*args, **progressing.params_at(t))
-                else:
-                    env[k] = impl(*args, **params)
+            self._iterate(plan, inputs, carry, env, t)
             carry = [_pick(steps, env, kj) for _, kj in self.carries]
             for i, (kind, k, j) in enumerate(self.outputs):
                 if kind == "stack" or t == last:
@@ -238,6 +255,419 @@ def _not_differentiated(*args, **params):
 
 rolled_loop_p = Primitive("rolled_loop", _rolled_impl, multiple_results=True, nondiff=True)
 rolled_loop_p.vjp_all = _not_differentiated
+
+
+# --- one iteration as a tape (what the numba backend's driver runs natively) ---------------------
+class NotSteppable(Exception):
+    """This rolled loop's body cannot be written as one step tape; the message says why."""
+
+
+# primitives whose progressing index becomes the same primitive with traced integers in it
+_DYNAMIC = {
+    indexing.getitem_p: indexing.dyn_getitem_p,
+    indexing.setitem_p: indexing.dyn_setitem_p,
+    indexing.scatter_add_p: indexing.dyn_scatter_add_p,
+}
+
+
+@dataclass
+class StepTape:
+    """One iteration of a rolled loop as a tape, for a driver that walks the iterations.
+
+    tape: inputs, instructions and outputs (the next value of each carry, then the value of
+    each of the loop's outputs, in their orders); no guards (the loop's guards check its
+    stacked outputs after it).
+    sources: per tape input, where a driver reads it in iteration t: ("carry", c) the
+    current value of carry c, ("in", m) loop input m, ("row", m) row t of loop input m,
+    ("index", start, step) the integer start + t * step (a progressing index), ("view", m,
+    parts) the view loop_input_m[parts] (see _view_parts).
+    accumulators: carry c -> [(index parts, position among the tape's outputs)]: a carry
+    that the body reads only to scatter-add into it (the backward pass's gradient of `x[i]`),
+    which a driver adds into in place, after the step, the value at that position at that
+    index (parts as in _view_parts); the first position is the carry's own slot, others
+    follow the loop's outputs.
+    """
+
+    tape: Tape
+    sources: list
+    accumulators: dict
+
+
+def step_tape(loop: RolledLoop, inputs: tuple) -> StepTape:
+    """The body of `loop` as one step tape, recorded on these inputs' first iteration.
+
+    Progressing integers of an index (`x[i]`, the backward pass's scatter into position i)
+    become traced integers of dyn_getitem, dyn_setitem and dyn_scatter_add, read from the
+    step's inputs. A loop rolled inside the body is unrolled into the step (its trip count is
+    fixed; the outer loop is the long one), up to MAX_STEP_INSTRUCTIONS. Raises NotSteppable
+    for a body that reads one array of a list per iteration, is longer than that, or has
+    other progressing params.
+    """
+    writer = _StepWriter()
+    carry_vars = [
+        (writer.add_input(inputs[m], ("carry", c)), inputs[m])
+        for c, (m, _) in enumerate(loop.carries)
+    ]
+    accumulators = _accumulators(loop, inputs)
+    shared: dict = {}  # ("in", m) | ("row", m) -> (Var, value)
+
+    def operand(kind: str, m: int, step: BodyStep):
+        if kind == "pick":
+            raise NotSteppable("its body reads one array of a list per iteration")
+        key = (kind, m)
+        if key not in shared:
+            value = inputs[m] if kind == "in" else np.asarray(inputs[m])[0]
+            shared[key] = (writer.add_input(value, key), value)
+        return shared[key]
+
+    skipped = {at for chain in accumulators.values() for at, _ in chain}
+    env = writer.iteration(loop, operand, carry_vars, None, skipped=skipped)
+
+    def value_of(pair):
+        return pair[0] if pair[0] is not None else pair[1]
+
+    added: list = []  # values added in place after the step, beyond the first of each carry
+    adds: dict = {}  # carry -> [(index parts, position among the tape's outputs)]
+    carried = []
+    for c, (_, (k, j)) in enumerate(loop.carries):
+        if c in accumulators:  # the values added: a step's, an input's or a constant
+            adds[c] = []
+            for n, (at, parts) in enumerate(accumulators[c]):
+                ref = loop.steps[at].refs[1]
+                pair = writer.resolve(ref, loop, operand, env, carry_vars, None, loop.steps[at])
+                if n == 0:
+                    carried.append(value_of(pair))
+                    adds[c].append((parts, c))
+                else:
+                    adds[c].append((parts, len(added)))  # (shifted below)
+                    added.append(value_of(pair))
+        else:
+            carried.append(value_of(_pick(loop.steps, env, (k, j))))
+    producers = {kj: c for c, (_, kj) in enumerate(loop.carries)}
+    outputs = []
+    for kind, k, j in loop.outputs:
+        if kind == "last" and (k, j) in producers:  # (a driver reads it after the loop)
+            outputs.append(carried[producers[(k, j)]])
+        else:
+            outputs.append(value_of(_pick(loop.steps, env, (k, j))))
+    base = len(carried) + len(outputs)
+    adds = {
+        c: [(parts, pos if n == 0 else base + pos) for n, (parts, pos) in enumerate(entries)]
+        for c, entries in adds.items()
+    }
+    tape = Tape()
+    tape.inputs = writer.inputs
+    tape.instructions = writer.instructions
+    tape.outputs = carried + outputs + added
+    return StepTape(tape, writer.sources, adds)
+
+
+MAX_STEP_INSTRUCTIONS = 4096  # a longer step (loops unrolled inside it) stays in Python
+
+
+class _StepWriter:
+    """Writes the instructions of one step tape (see step_tape); values are (Var, value)
+    pairs, Var None for a constant."""
+
+    def __init__(self):
+        self.instructions: list[Instruction] = []
+        self.inputs: list[Var] = []
+        self.sources: list = []
+        self._ids = iter(range(1, 1 << 62))
+
+    def new_var(self, value) -> Var:
+        a = np.asarray(value)
+        return Var(next(self._ids), a.shape, a.dtype)
+
+    def add_input(self, value, source) -> Var:
+        v = self.new_var(value)
+        self.inputs.append(v)
+        self.sources.append(source)
+        return v
+
+    def emit(self, prim: Primitive, operands: list, params: dict, recorded=None):
+        """Record prim on the operands; `recorded` = (prim, params, extra operands) to write
+        instead (a dyn_* instruction computing the same value)."""
+        values = [value for _, value in operands]
+        out = (prim.python_impl or prim.impl)(*values, **params)
+        if all(var is None for var, _ in operands) and recorded is None:
+            outs = out if prim.multiple_results else (out,)
+            pairs = [(None, o) for o in outs]  # (constants in, a constant out)
+            return pairs if prim.multiple_results else pairs[0]
+        if recorded is not None:
+            prim, params, extra = recorded
+            operands = list(operands) + list(extra)
+        outs = out if prim.multiple_results else (out,)
+        outvars = tuple(self.new_var(o) for o in outs)
+        self.instructions.append(
+            Instruction(
+                prim,
+                tuple(var for var, _ in operands),
+                tuple(value for _, value in operands),
+                params,
+                outvars,
+                out,
+            )
+        )
+        if len(self.instructions) > MAX_STEP_INSTRUCTIONS:
+            raise NotSteppable(
+                f"its body, with the loops inside it unrolled, is longer than "
+                f"{MAX_STEP_INSTRUCTIONS} instructions"
+            )
+        pairs = list(zip(outvars, outs))
+        return pairs if prim.multiple_results else pairs[0]
+
+    def resolve(self, ref, loop, operand, env, carry, t: int, step: BodyStep):
+        """The (Var, value) pair of one operand reference in iteration t."""
+        kind = ref[0]
+        if kind == "body":
+            return _pick(loop.steps, env, (ref[1], ref[2]))
+        if kind == "carry":
+            return carry[ref[1]]
+        if kind == "const":
+            return (None, ref[1])
+        if kind == "in":
+            return operand("in", ref[1], step)
+        if kind == "pick":
+            if t is None:
+                raise NotSteppable("its body reads one array of a list per iteration")
+            return operand("pick", ref[1] + t, step)
+        # a row of a constant that differs per iteration (the outer loop: a step input)
+        return operand("row", ref[1], step) if t is None else self._row(operand, ref[1], t, step)
+
+    def _row(self, operand, m: int, t: int, step: BodyStep):
+        var, value = operand("value", m, step)
+        if var is None:
+            return (None, np.asarray(value)[t])
+        return self.emit(indexing.getitem_p, [(var, value)], {"idx": (t,)})
+
+    def iteration(self, loop, operand, carry, t, skipped=frozenset()) -> list:
+        """Emit iteration t of loop's body (t None: the outer loop, whose progressing
+        indices are read from the step's inputs); returns its env of pairs."""
+        env: list = []
+        for k, step in enumerate(loop.steps):
+            if k in skipped:  # (a driver adds its value in place)
+                env.append(None)
+                continue
+            operands = [self.resolve(r, loop, operand, env, carry, t, step) for r in step.refs]
+            _check_python_rows(step, operands)
+            if step.prim is rolled_loop_p:
+                inner = dict(step.params)["loop"]
+                env.append(tuple(self.unrolled(inner, operands)))
+                continue
+            if not step.progress:
+                env.append(self.emit(step.prim, operands, dict(step.params)))
+            elif t is not None:
+                env.append(self.emit(step.prim, operands, step.params_at(t)))
+            elif step.prim is indexing.getitem_p and step.refs[0][0] == "in":
+                # a window of a loop input (x[i], x[i:i + 3], data[i, :]): the driver
+                # passes the view as a step input
+                value = (step.prim.python_impl or step.prim.impl)(
+                    operands[0][1], **step.params_at(0)
+                )
+                parts = _view_parts(step, np.ndim(operands[0][1]))
+                env.append((self.add_input(value, ("view", step.refs[0][1], parts)), value))
+            else:
+                dynamic = _dynamic_index(step, self.add_input)
+                env.append(self.emit(step.prim, operands, step.params_at(0), dynamic))
+        return env
+
+    def unrolled(self, loop: RolledLoop, operands: list) -> list:
+        """A loop inside the body, unrolled: its outputs as pairs."""
+
+        def operand(kind, m, step):
+            return operands[m]
+
+        carry = [operands[m] for m, _ in loop.carries]
+        stacked: list[list] = [[] for _ in loop.outputs]
+        for t in range(loop.trips):
+            env = self.iteration(loop, operand, carry, t)
+            carry = [_pick(loop.steps, env, kj) for _, kj in loop.carries]
+            for i, (kind, k, j) in enumerate(loop.outputs):
+                if kind == "stack" or t == loop.trips - 1:
+                    stacked[i].append(_pick(loop.steps, env, (k, j)))
+        results = []
+        for (kind, _, _), pairs in zip(loop.outputs, stacked):
+            if kind == "last":
+                results.append(pairs[-1])
+                continue
+            first = np.asarray(pairs[0][1])
+            buffer = (None, np.zeros((len(pairs), *first.shape), first.dtype))
+            for t, pair in enumerate(pairs):
+                buffer = self.emit(indexing.setitem_p, [buffer, pair], {"idx": (t,)})
+            results.append(buffer)
+        return results
+
+
+def _accumulators(loop: RolledLoop, inputs: tuple) -> dict:
+    """The carries the body reads only to scatter-add into them (one scatter-add after
+    another: the gradient of x[i] and of x[i + 1]), with basic indices (see StepTape):
+    carry c -> [(body step, index parts)] in order."""
+    found = {}
+    for c, (m, (k, _)) in enumerate(loop.carries):
+        base = np.asarray(inputs[m])
+        if base.ndim == 0 or sum(1 for _, kj in loop.carries if kj[0] == k) != 1:
+            continue
+        readers: dict = {}
+        for i, s in enumerate(loop.steps):
+            for a, r in enumerate(s.refs):
+                if r[0] == "body" or r[0] == "carry":
+                    readers.setdefault(r[:2], []).append((i, a))
+        stacked = {o[1] for o in loop.outputs if o[0] == "stack"}
+        chain = []
+        at = k
+        while True:
+            step = loop.steps[at]
+            if (
+                step.prim is not indexing.scatter_add_p
+                or step.refs[1][0] == "pick"
+                or (step.refs[1][0] == "row" and step.refs[1][2])
+                or at in stacked
+            ):
+                chain = None
+                break
+            parts = _scatter_parts(step, base.ndim)
+            if parts is None:
+                chain = None
+                break
+            chain.append((at, parts))
+            source = step.refs[0]
+            if readers.get(source[:2]) != [(at, 0)]:
+                chain = None
+                break
+            if source == ("carry", c):
+                break
+            if source[0] != "body":
+                chain = None
+                break
+            at = source[1]
+        if chain and not readers.get(("body", k)):
+            found[c] = chain[::-1]
+    return found
+
+
+def _scatter_parts(step: BodyStep, ndim: int) -> list | None:
+    """A scatter-add's index as a driver writes it (see _view_parts), or None."""
+    if step.progress:
+        try:
+            return _view_parts(step, ndim)
+        except NotSteppable:
+            return None
+    idx = dict(step.params).get("idx")
+    if not isinstance(idx, tuple):
+        return None
+    parts: list = []
+    for i in idx:
+        if isinstance(i, slice):
+            parts.append(("slice", i.start, i.stop, i.step))
+        elif isinstance(i, int) or i is None or i is Ellipsis:
+            parts.append(i)
+        else:
+            return None
+    used = sum(1 for p in parts if p is not None and p is not Ellipsis)
+    expanded: list = []
+    for p in parts:
+        if p is Ellipsis:
+            expanded.extend([("slice", None, None, None)] * (ndim - used))
+        else:
+            expanded.append(p)
+    return expanded
+
+
+def _check_python_rows(step: BodyStep, operands: list) -> None:
+    """A per-iteration constant the body gave as a Python scalar becomes a 0-d array in a
+    step: refuse where NumPy's promotion would then differ (float32 * 0.5 stays float32)."""
+    python = [a for a, r in enumerate(step.refs) if r[0] == "row" and r[2]]
+    if not python:
+        return
+    others = [
+        np.asarray(value).dtype
+        for a, (_, value) in enumerate(operands)
+        if a not in python and step.refs[a][0] != "const"
+    ]
+    for a in python:
+        row = np.asarray(operands[a][1])
+        if np.result_type(*others, row.item()) != np.result_type(*others, row.dtype):
+            raise NotSteppable("a per-iteration Python scalar changes a dtype")
+
+
+def _view_parts(step: BodyStep, ndim: int) -> list:
+    """The index of a getitem whose params progress, as parts a driver writes: ints, None,
+    ("index", start, step) for a progressing integer, ("slice", start, stop, step) with
+    such integers or None in it; Ellipsis expanded."""
+    if [p[0] for p in step.progress] != ["idx"]:
+        raise NotSteppable(
+            f"{step.prim.name} has params that change from one iteration to the next"
+        )
+    _, template, start, stride = step.progress[0]
+    if template[0] != "t":
+        raise NotSteppable("an index that is not a tuple changes per iteration")
+    ints = iter(zip(start, stride))
+
+    def integer():
+        a, d = next(ints)
+        return ("index", a, d) if d else a
+
+    parts: list = []
+    for part in template[1]:
+        if part[0] == "i":
+            parts.append(integer())
+        elif part[0] == "s":
+            bounds = [integer() if x[0] == "i" else x[1] for x in part[1]]
+            if isinstance(bounds[2], tuple) or (bounds[2] is not None and bounds[2] <= 0):
+                raise NotSteppable("a window with a changing or negative step")
+            if any(isinstance(b, int) and b < 0 for b in bounds[:2]) or any(
+                isinstance(b, tuple) and b[1] < 0 for b in bounds[:2]
+            ):
+                raise NotSteppable("a window counted from the end changes per iteration")
+            parts.append(("slice", *bounds))
+        elif part[0] == "v" and (part[1] is None or part[1] is Ellipsis):
+            parts.append(part[1])
+        else:
+            raise NotSteppable("an index part a driver cannot write changes per iteration")
+    used = sum(1 for p in parts if p is not None and p is not Ellipsis)
+    expanded: list = []
+    for p in parts:
+        if p is Ellipsis:
+            expanded.extend([("slice", None, None, None)] * (ndim - used))
+        else:
+            expanded.append(p)
+    return expanded
+
+
+def _dynamic_index(step: BodyStep, add_input) -> tuple:
+    """(dyn primitive, its params, index operands) of a step whose `idx` progresses in
+    top-level integers (x[i, 2], not x[i:i + 2])."""
+    dynamic = _DYNAMIC.get(step.prim)
+    if dynamic is None or [p[0] for p in step.progress] != ["idx"]:
+        raise NotSteppable(
+            f"{step.prim.name} has params that change from one iteration to the next"
+        )
+    _, template, start, stride = step.progress[0]
+    if template[0] != "t":
+        raise NotSteppable("an index that is not a tuple changes per iteration")
+    idx = list(_rebuild(template, list(start)))
+    flat = 0
+    positions, index_vars, index_values = [], [], []
+    for position, part in enumerate(template[1]):
+        if part[0] == "i":
+            if stride[flat] != 0:
+                positions.append(position)
+                index_values.append(np.int64(start[flat]))
+                index_vars.append(
+                    add_input(np.int64(start[flat]), ("index", start[flat], stride[flat]))
+                )
+                idx[position] = indexing._SLOT
+            flat += 1
+        elif part[0] == "s":
+            n = sum(1 for x in part[1] if x[0] == "i")
+            if any(stride[flat + i] != 0 for i in range(n)):
+                raise NotSteppable("a slice whose bounds change per iteration")
+            flat += n
+        elif part[0] == "t":
+            raise NotSteppable("a nested index changes per iteration")
+    params = {"template": tuple(idx), "positions": tuple(positions)}
+    return dynamic, params, list(zip(index_vars, index_values))
 
 
 # --- params: flat integers and a template -------------------------------------------------------
@@ -354,8 +784,18 @@ def _signature(ins: Instruction):
 class _Roller:
     """One pass over a tape's instructions (see roll_tape)."""
 
-    def __init__(self, tape: Tape, next_id: int, capture, max_period: int, gathers: bool):
+    def __init__(
+        self,
+        tape: Tape,
+        next_id: int,
+        capture,
+        max_period: int,
+        gathers: bool,
+        signatures: dict | None = None,
+    ):
         self.tape = tape
+        # id(instruction) -> (instruction, signature): shared by the passes over one tape
+        self.signatures = {} if signatures is None else signatures
         self.max_period = max_period
         self.gathers = gathers
         self.ins = tape.instructions
@@ -390,8 +830,14 @@ class _Roller:
         n = len(ins)
         codes = []
         interned: dict = {}
+        signatures = self.signatures
         for x in ins:
-            sig = _signature(x)
+            known = signatures.get(id(x))
+            if known is not None and known[0] is x:
+                sig = known[1]
+            else:
+                sig = _signature(x)
+                signatures[id(x)] = (x, sig)
             codes.append(
                 -1 - len(codes) if sig is None else interned.setdefault(sig, len(interned))
             )
@@ -821,11 +1267,20 @@ def _value(ins: Instruction, j: int):
     return ins.out[j] if ins.prim.multiple_results else ins.out
 
 
-def roll_tape(tape: Tape, capture=lambda ins: ins) -> Tape:
+def min_tape_length(native_loops: bool) -> int:
+    """The shortest tape searched for loops: NATIVE_MIN_TAPE_LENGTH where rolled loops run
+    on native drivers (the numba backend), MIN_TAPE_LENGTH where they are interpreted."""
+    return NATIVE_MIN_TAPE_LENGTH if native_loops else MIN_TAPE_LENGTH
+
+
+def roll_tape(tape: Tape, capture=lambda ins: ins, min_length: int | None = None) -> Tape:
     """The tape with its repeated runs rolled (see the module docstring); the tape itself
-    when nothing rolls. `capture(ins)` is applied to each new loop instruction (the program
-    snapshots constant arrays with it)."""
-    if len(tape.instructions) < max(2 * MIN_TRIPS, MIN_TAPE_LENGTH):
+    when nothing rolls or it is shorter than `min_length` instructions (MIN_TAPE_LENGTH by
+    default). `capture(ins)` is applied to each new loop instruction (the program snapshots
+    constant arrays with it)."""
+    if min_length is None:
+        min_length = MIN_TAPE_LENGTH
+    if len(tape.instructions) < max(2 * MIN_TRIPS, min_length):
         return tape
     ids = [v.id for v in tape.inputs] + [c[0].id for c in tape.captured]
     ids += [v.id for ins in tape.instructions for v in ins.outvars]
@@ -840,10 +1295,11 @@ def roll_tape(tape: Tape, capture=lambda ins: ins) -> Tape:
         for _ in range(MAX_PASSES)
     ]
     skip = None
+    signatures: dict = {}
     for limit, gathers in passes:
         if (limit, gathers) == skip:
             continue  # (this limit's last pass rolled nothing)
-        roller = _Roller(current, next_id, capture, limit, gathers)
+        roller = _Roller(current, next_id, capture, limit, gathers, signatures)
         instructions = roller.run()
         if not roller.rolled_any:
             skip = (limit, gathers)

@@ -26,9 +26,11 @@ def body_inputs(tape: Tape) -> list:
     return tape.inputs + [c[0] for c in tape.captured]
 
 
-def step_program(tape: Tape, inputs: list) -> Program:
+def step_program(tape: Tape, inputs: list, roll: bool | None = None) -> Program:
     """The compile Program of one step: `tape` read with these input vars (usually
-    `body_inputs(tape)`), its outputs a flat tuple, its guards kept as checks."""
+    `body_inputs(tape)`), its outputs a flat tuple, its guards kept as checks; `roll`:
+    Python loops in it may be rolled (None: as GRADTAPE_ROLL says; False for a native
+    driver's step kernel)."""
     flat = Tape()
     flat.inputs = list(inputs)
     flat.instructions = tape.instructions
@@ -39,7 +41,7 @@ def step_program(tape: Tape, inputs: list) -> Program:
         for o in tape.outputs
     ]
     td = tree_flatten(tuple(range(len(leaves))))[1]
-    return build_program(flat, leaves, td)
+    return build_program(flat, leaves, td, roll)
 
 
 @dataclass

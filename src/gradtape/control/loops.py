@@ -664,6 +664,165 @@ scan_bwd_p.vjp_all = _scan_bwd_vjp_all
 scan_bwd_p.python_impl = _scan_bwd_python
 
 
+def _scan_bwd_batch(prim, args, batched, **params):
+    """vmap of the backward loop (per-example gradients of a scan, fori_loop or while_loop).
+
+    The stored carries of a batched forward loop are each member's own (batch axis first),
+    so each member gets the cotangents of its own loop. Recorded (compile, a loop body), it is
+    one backward loop over the batch whose step is the member's step mapped over the batch
+    (`_batched_backward_loop`); on concrete values, one walk over the steps, each step's VJP
+    mapped over the batch. Either way each rule of the step runs once on the whole batch.
+    """
+    parts = BackwardLoopArgs.split(
+        args, params["n_carry"], params["n_x"], params["n_y"], params["stored_cotangents"]
+    )
+    if parts.xs and params["checkpoint"] is None:
+        return _backward_as_scan(args, batched, **params)
+    if any(_is_tracer(a) for a in args) and all(_is_tracer(c) for c in parts.caps):
+        return _batched_backward_loop(args, batched, **params)
+    in_axes = tuple(0 if b else None for b in batched)
+    return vmap(lambda *a: _scan_bwd_python(*a, **params), in_axes=in_axes)(*args)
+
+
+def _backward_as_scan(
+    args, batched, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
+):
+    """The batched backward loop as a scan over the steps from the last to the first, whose
+    step is the member's step VJP mapped over the batch (as JAX batches the transpose of a
+    scan). The VJP of each member gives each member its own cotangents of values the batch
+    shares, with the rules' own forms (an outer product, a matrix-vector product), which the
+    backends fuse; the cotangents of the captured values are carried and summed."""
+    split = functools.partial(
+        BackwardLoopArgs.split,
+        n_carry=n_carry,
+        n_x=n_x,
+        n_y=n_y,
+        stored_cotangents=stored_cotangents,
+    )
+    parts, flags = split(args), split(batched)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    nc = n_carry
+
+    def full(v, b):
+        return v if b else np.broadcast_to(v, (size,) + shape_of(v))
+
+    def by_step(v, b, indexed_by_step=True):
+        """A stacked value in the order the forward loop visited its steps, loop axis first
+        (xs and their cotangents are indexed by step, stored carries by visit)."""
+        v = np.swapaxes(v, 0, 1) if b else v
+        return v[::-1] if reverse and indexed_by_step else v
+
+    caps = parts.caps
+    cap_axes = [0 if b else None for b in flags.caps]
+    x_axes = [0 if b else None for b in flags.xs]
+    gy_axes = [0 if b else None for b in flags.g_ys]
+
+    def member_vjp(carry, x, k, g_carry, g_y):
+        g_in, g_k = _step_vjp(program, list(carry) + list(x), list(k), list(g_carry) + list(g_y))
+        inputs = list(carry) + list(x)
+        g_in = [
+            g if g is not None else np.zeros(shape_of(v), _cotangent_dtype(v))
+            for g, v in zip(g_in, inputs)
+        ]
+        g_k = [
+            g if g is not None else np.zeros(shape_of(c), _cotangent_dtype(c))
+            for g, c in zip(g_k, k)
+        ]
+        return g_in, g_k
+
+    mapped_vjp = vmap(member_vjp, in_axes=(0, x_axes, cap_axes, 0, gy_axes))
+
+    def backward_step(carry, step):
+        g_carry, g_caps = carry
+        stored, x, g_y, g_stored = step
+        g_in, g_k = mapped_vjp(stored, x, caps, g_carry, g_y)
+        g_carry = list(g_in[:nc])
+        if g_stored:
+            g_carry = [g + s for g, s in zip(g_carry, g_stored)]
+        return (g_carry, [a + b for a, b in zip(g_caps, g_k)]), list(g_in[nc:])
+
+    g_carry = [full(g, b) for g, b in zip(parts.g_carry, flags.g_carry)]
+    g_caps = [
+        np.zeros(shape_of(c) if b else (size,) + shape_of(c), _cotangent_dtype(c))
+        for c, b in zip(caps, flags.caps)
+    ]
+    steps = (
+        [by_step(v, b, False) for v, b in zip(parts.stored, flags.stored)],
+        [by_step(v, b) for v, b in zip(parts.xs, flags.xs)],
+        [by_step(v, b) for v, b in zip(parts.g_ys, flags.g_ys)],
+        [by_step(v, b, False) for v, b in zip(parts.g_stored, flags.g_stored)],
+    )
+    (g_init, g_caps), g_xs = scan(backward_step, (g_carry, g_caps), steps, reverse=True)
+    g_xs = [np.swapaxes(g[::-1] if reverse else g, 0, 1) for g in g_xs]
+    return tuple([*g_init, *g_xs, *g_caps])
+
+
+def _batched_backward_loop(
+    args, batched, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
+):
+    """One scan_bwd over the batch: every argument gets the batch axis (values shared by the
+    members are broadcast, so that each member gets its own cotangent of them), the stacked
+    ones with the loop's axis first and the batch second."""
+    split = functools.partial(
+        BackwardLoopArgs.split,
+        n_carry=n_carry,
+        n_x=n_x,
+        n_y=n_y,
+        stored_cotangents=stored_cotangents,
+    )
+    parts, flags = split(args), split(batched)
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+
+    def full(values, are_batched, stacked=False):
+        out = [
+            v if b else np.broadcast_to(v, (size,) + shape_of(v))
+            for v, b in zip(values, are_batched)
+        ]
+        return [np.swapaxes(v, 0, 1) for v in out] if stacked else out
+
+    caps = full(parts.caps, flags.caps)
+    stored = full(parts.stored, flags.stored, stacked=True)
+    xs = full(parts.xs, flags.xs, stacked=True)
+    member_step = vmap(lambda c, x, k: program.run(list(c) + list(x), list(k)))
+
+    def batched_step(carry, x):
+        out = member_step(carry, x, caps)
+        return list(out[:n_carry]), list(out[n_carry:])
+
+    steps = _backward_length(stored, xs, checkpoint, length)
+    example = (
+        [_concrete(s)[0] for s in stored]
+        if steps
+        else [_concrete(c) for c in full(parts.g_carry, flags.g_carry)]
+    )
+    step_program, step_caps, _, _, _, _ = _scan_program(batched_step, example, xs, steps)
+    loop = BackwardLoopArgs(
+        full(parts.g_carry, flags.g_carry),
+        full(parts.g_ys, flags.g_ys, stacked=True),
+        stored,
+        xs,
+        step_caps,
+        full(parts.g_stored, flags.g_stored, stacked=True),
+    )
+    g_init, g_xs, g_step_caps = loop.outputs(
+        bind(scan_bwd_p, loop.flat(), loop.params(step_program, length, reverse, checkpoint))
+    )
+    g_caps = []
+    for c in caps:
+        j = next((j for j, k in enumerate(step_caps) if k is c), None)
+        g_caps.append(
+            g_step_caps[j] if j is not None else np.zeros(shape_of(c), _cotangent_dtype(c))
+        )
+    return tuple([*g_init, *(np.swapaxes(g, 0, 1) for g in g_xs), *g_caps])
+
+
+def _cotangent_dtype(x) -> np.dtype:
+    return dtype_of(x) if dtype_of(x).kind in "fc" else np.dtype(np.float64)
+
+
+scan_bwd_p.batch = _scan_bwd_batch
+
+
 # --- scan -----------------------------------------------------------------------------------
 def _scan_impl(*args, **params):
     if any(_is_tracer(a) for a in args):  # values of a lower level: the loop is bound there
@@ -734,19 +893,9 @@ def _stored_cotangents(g_hidden, hidden) -> list:
 
 def _scan_batch(prim, args, batched, program, n_carry, n_x, length, reverse, checkpoint):
     """vmap of scan: one scan over the batch, whose step is the member's step mapped over the
-    batch (so a compiled batch runs one loop). When the scan is also differentiated per member
-    (a grad inside the vmap), each member runs its own scan: the gradient above reads each
-    member's stored carries."""
-    params = dict(
-        program=program,
-        n_carry=n_carry,
-        n_x=n_x,
-        length=length,
-        reverse=reverse,
-        checkpoint=checkpoint,
-    )
-    if trace.read_above():
-        return trace.loop_batch(prim, args, batched, **params)
+    batch (so a compiled batch runs one loop). Its stored carries, batch axis first, are each
+    member's own: a gradient inside the vmap (per-example gradients) reads them, and its
+    backward loop is batched too (`_scan_bwd_batch`)."""
     size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
     carry = [
         a if b else np.broadcast_to(a, (size,) + shape_of(a))
@@ -1058,19 +1207,11 @@ native_loops.register_driver(while_p, native_loops.while_spec)
 def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
     """vmap of while_loop, as JAX: one loop over the whole batch that runs while any member's
     condition holds; a member whose condition fails keeps its carry (np.where). When the loop
-    is also differentiated per member (a grad inside the vmap), each member runs its own loop
-    instead, and the members must take the same number of steps."""
-    params = dict(body=body, cond=cond, n_carry=n_carry, n_body_caps=n_body_caps)
-    if trace.read_above():
-        results = trace.member_results(prim, args, batched, params)
-        if len(trace.member_shapes(prim, results)) > 1:
-            raise GradtapeError(
-                "while_loop differentiated inside vmap: the members of the batch ran different "
-                "numbers of iterations, and the gradient of each needs its own stored carries. "
-                "Differentiate outside the vmap (grad of vmap), or use fori_loop or scan with a "
-                "fixed number of steps."
-            )
-        return trace.stack_members(prim, results)
+    is also differentiated per member (a grad inside the vmap), the members must take the
+    same number of steps: the gradient of each walks its own stored carries, which the
+    batched loop's are (batch axis first) only then. A count of each member's steps checks it.
+    """
+    differentiated = trace.read_above()
     size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
     carry = [
         a if b else np.broadcast_to(a, (size,) + shape_of(a))
@@ -1084,18 +1225,27 @@ def _while_batch(prim, args, batched, body, cond, n_carry, n_body_caps):
     member_body = vmap(lambda c, k: body.run(list(c), list(k)), in_axes=(0, b_axes))
 
     def any_member(c):
-        return np.any(member_cond(c, ccaps))
+        return np.any(member_cond(c[:n_carry], ccaps))
 
     def step_active_members(c):
-        going = member_cond(c, ccaps)
-        new = member_body(c, bcaps)
-        return [
+        going = member_cond(c[:n_carry], ccaps)
+        new = member_body(c[:n_carry], bcaps)
+        stepped = [
             np.where(np.reshape(going, (size,) + (1,) * (len(shape_of(o)) - 1)), n, o)
-            for n, o in zip(new, c)
+            for n, o in zip(new, c[:n_carry])
         ]
+        return stepped + [c[n_carry] + going.astype(np.int64)] if differentiated else stepped
 
-    outs, _, n = _bind_while(any_member, step_active_members, carry)
-    return tuple(list(outs[:n]) + [np.swapaxes(h, 0, 1) for h in outs[n:]])
+    start = carry + [np.zeros(size, np.int64)] if differentiated else carry
+    outs, _, n = _bind_while(any_member, step_active_members, start)
+    if differentiated and bool(np.any(outs[n_carry] != outs[n_carry][0])):
+        raise GradtapeError(
+            "while_loop differentiated inside vmap: the members of the batch ran different "
+            "numbers of iterations, and the gradient of each needs its own stored carries. "
+            "Differentiate outside the vmap (grad of vmap), or use fori_loop or scan with a "
+            "fixed number of steps."
+        )
+    return tuple(list(outs[:n_carry]) + [np.swapaxes(h, 0, 1) for h in outs[n : n + n_carry]])
 
 
 while_p.batch = _while_batch

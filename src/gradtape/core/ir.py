@@ -26,6 +26,36 @@ DTYPE_SHORT = {
 }
 
 
+class Released:
+    """An array a differentiated tape no longer holds: no derivative rule reads its values, only
+    its shape and dtype (eager `grad` frees intermediates as the function goes on). Using it
+    as a value raises, so a rule that reads more than declared fails loudly."""
+
+    __slots__ = ("shape", "dtype")
+    __array_ufunc__ = None  # NumPy's operators and ufuncs refuse it
+
+    def __init__(self, shape: tuple, dtype: np.dtype):
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError(
+            "gradtape: a derivative rule read a value the tape had released as unread; "
+            "this is a bug in gradtape's declaration of that rule (please report it)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<released {self.dtype}{list(self.shape)}>"
+
+
 class Var:
     """A value on the tape: an id, a shape and a dtype."""
 
@@ -60,7 +90,7 @@ class Instruction:
     `invars[i]` is the Var of argument i when it is traced at this tape's level,
     else None (a constant, whose value is `args[i]`). `args` and `out` hold the
     values seen while recording; the reverse interpreter reads them. `source` is where the
-    user's code asked for the operation, `(code object, line number)`, on the tapes that are
+    user's code asked for the operation, `(code object, instruction offset)`, on the tapes that are
     differentiated (None elsewhere): an error raised by a derivative rule names that line.
     """
 
@@ -86,14 +116,24 @@ class Instruction:
         return f"{outs} = {self.prim.name}{ps} {ins}"
 
 
+def source_line_number(code, offset: int) -> int:
+    """The line of the instruction at byte `offset` of `code` (a frame's `f_lasti`)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return line
+    return code.co_firstlineno
+
+
 def source_text(source) -> str | None:
-    """`file.py:12: the source line` for an Instruction's `source`, or None."""
+    """`file.py:12: the source line` for an Instruction's `source`, `(code, instruction
+    offset)` as `tracing.user_frame` found it, or None."""
     if source is None:
         return None
     import linecache
     import os
 
-    code, lineno = source
+    code, offset = source
+    lineno = source_line_number(code, offset)
     line = linecache.getline(code.co_filename, lineno).strip()
     return f"{os.path.basename(code.co_filename)}:{lineno}: {line}"
 

@@ -8,6 +8,8 @@ work with no extra machinery.
 
 from __future__ import annotations
 
+import dis
+import types
 from collections.abc import Callable
 
 from . import tracing as trace
@@ -103,6 +105,7 @@ class Primitive:
         "batch",
         "aliases_input",
         "complex_correct",
+        "_vjp_reads",
     )
 
     def __init__(
@@ -153,6 +156,7 @@ class Primitive:
         self.batch = batch
         self.aliases_input = aliases_input
         self.complex_correct = complex_correct or user_rule or name in _COMPLEX_CORRECT_NAMES
+        self._vjp_reads: dict = {}  # number of arguments -> what the VJP rules read
         if user_rule:  # one per custom_vjp/custom_jvp function: not part of the library
             return
         if name in REGISTRY:
@@ -169,5 +173,107 @@ class Primitive:
             return None if rule is None else (lambda g, ans, *a, **p: rule(i, g, ans, *a, **p))
         return self.vjps[i] if self.vjps is not None and i < len(self.vjps) else None
 
+    def vjp_reads(self, nargs: int) -> tuple | None:
+        """What each VJP rule reads of a recorded application with `nargs` arguments, beyond
+        shapes and dtypes: one `(reads_ans, reads_arg_0, ...)` per argument, or None when that
+        cannot be told (the reverse interpreter then keeps every value).
+
+        Found from the rules' code: a rule reads a value when its code names the parameter
+        other than for its `.shape`, `.dtype`, `.ndim` or `.size` (a name used by a nested
+        function counts as read); an elementwise rule derived from `partials` reads what its
+        partial names, and a constant partial reads nothing. A rule taking `*args` that it
+        uses, or one that is not a plain function, reads everything.
+        """
+        found = self._vjp_reads.get(nargs, False)
+        if found is False:
+            found = self._vjp_reads[nargs] = _rules_read(self, nargs)
+        return found
+
     def __repr__(self) -> str:
         return f"<primitive {self.name}>"
+
+
+_READS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "DELETE_FAST", "STORE_FAST"})
+_METADATA = frozenset({"shape", "dtype", "ndim", "size"})  # what a released value keeps
+_names_read: dict = {}
+
+
+def _code_names_read(code: types.CodeType) -> frozenset:
+    """The local names a code object reads other than for their shape or dtype (parameters
+    read, or captured by inner code)."""
+    names = _names_read.get(code)
+    if names is None:
+        found = set(code.co_cellvars)
+        listing = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+        for k, ins in enumerate(listing):
+            if ins.opname not in _READS:
+                continue
+            after = listing[k + 1] if k + 1 < len(listing) else None
+            if (
+                ins.opname == "LOAD_FAST"
+                and after is not None
+                and after.opname == "LOAD_ATTR"
+                and after.argval in _METADATA
+            ):
+                continue  # x.shape: kept by a released value
+            found.add(ins.argval)
+        names = _names_read[code] = frozenset(found)
+    return names
+
+
+def _function_reads(fn, nargs: int, skip: int) -> tuple | None:
+    """Which of the positional values after the first `skip` parameters `fn` reads: a tuple of
+    nargs + (1 if ans) booleans, or None (unknown)."""
+    if type(fn) is not types.FunctionType:
+        return None
+    code = fn.__code__
+    names = _code_names_read(code)
+    positional = code.co_varnames[: code.co_argcount]
+    reads = [name in names for name in positional[skip:]]
+    if len(reads) < nargs + 1:
+        if not code.co_flags & _CO_VARARGS:
+            return None  # (a rule for fewer arguments: not this call's)
+        star = code.co_varnames[code.co_argcount + code.co_kwonlyargcount]
+        reads += [star in names] * (nargs + 1 - len(reads))
+    return tuple(reads[: nargs + 1])
+
+
+_CO_VARARGS = 0x04
+
+
+def _rule_reads(rule, nargs: int) -> tuple | None:
+    """(ans, arg 0, ...) read by one VJP rule `rule(g, ans, *args, **params)`."""
+    if rule is None:
+        return (False,) * (nargs + 1)
+    if type(rule) is not types.FunctionType:
+        return None
+    code = rule.__code__
+    freevars = code.co_freevars
+    if (
+        code.co_name == "<lambda>"
+        and "partial" in freevars
+        and set(freevars) <= {"i", "partial"}
+        and code.co_flags & _CO_VARARGS
+        and rule.__closure__
+    ):
+        # a rule derived from an elementwise partial: `g * partial(ans, *args)`, summed back to
+        # the argument's shape (a shape the released value keeps)
+        partial = rule.__closure__[freevars.index("partial")].cell_contents
+        if partial is None or isinstance(partial, (int, float)):
+            return (False,) * (nargs + 1)
+        return _function_reads(partial, nargs, 0)
+    return _function_reads(rule, nargs, 1)
+
+
+def _rules_read(prim: Primitive, nargs: int) -> tuple | None:
+    if prim.vjp_all is not None or prim.multiple_results or prim.user_rule:
+        return None
+    if type(prim.vjps) is not tuple or len(prim.vjps) < nargs:
+        return None
+    rules = []
+    for i in range(nargs):
+        got = _rule_reads(prim.vjps[i], nargs)
+        if got is None:
+            return None
+        rules.append(got)
+    return tuple(rules)

@@ -10,6 +10,8 @@ Rules fill these tables when they are declared; the Tracer (core/tracing.py) rea
 * `METHODS`: the few ndarray methods with no NumPy function behind them (`__getitem__`,
   `__setitem__`, `astype`, ...): method name -> implementation.
 * `UFUNC_METHODS`: (ufunc, method) -> implementation, for `np.add.reduce`, `np.add.at`, ...
+* `ARRAY_LIKE`: the one function that turns a list or tuple holding Tracers into a Tracer
+  where NumPy takes an array-like (`np.mean([a, b])`, `np.add([a, 1.0], t)`).
 * `MODULE_FUNCTIONS`: functions written in Python in other libraries (scipy.special.logsumexp
   converts its input with np.asarray first): module name -> {attribute -> implementation for
   Tracer arguments}. gradtape/process.py wraps those attributes when the module is imported;
@@ -33,6 +35,9 @@ METHODS: dict = {}
 UFUNC_METHODS: dict = {}
 # module name -> {attribute name -> implementation for Tracer arguments}
 MODULE_FUNCTIONS: dict = {}
+# (obj, name) -> Tracer: a list or tuple holding Tracers, stacked where NumPy takes an array
+# (`np.mean([a, b])`); set by rules/conversion.py
+ARRAY_LIKE: list = [None]
 
 
 def lookup_ufunc(ufunc):

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import routes
 from .errors import GradtapeError
-from .ir import Guard, Instruction, Tape, Var
+from .ir import Guard, Instruction, Released, Tape, Var
 
 _state = threading.local()
 _level_counter = iter(range(1, 1 << 62))
@@ -59,6 +59,7 @@ class Level:
         "_nvars",
         "_frozen",
         "batch_size",
+        "releases",
         "__weakref__",
     )
 
@@ -75,6 +76,9 @@ class Level:
         self._nvars = 0
         self._frozen = None  # id -> (array, read-only copy): see freeze
         self.batch_size = batch_size  # BATCH levels: the size of the batch axis
+        # only the reverse interpreter reads this tape (grad, vjp): values its rules do not
+        # read are released as they are recorded (see release_unread)
+        self.releases = False
 
     def new_var(self, value) -> Var:
         try:
@@ -226,8 +230,13 @@ def bind(prim, args: tuple, params: dict):
                 + complex_refusal(prim.name, "taken as a constant, with zero derivative")
             )
         return out
-    if top.record_all or not prim.linear:  # rules or a replay will read the constants later
-        vals = [top.freeze(v) if type(v) is np.ndarray and v.flags.writeable else v for v in vals]
+    if (top.record_all or not prim.linear) and None in invars:  # constants read again later
+        # (only constants: a traced value is the result of a recorded operation, which the
+        # function cannot write into, or an input, which is read before the call returns)
+        vals = [
+            top.freeze(v) if var is None and type(v) is np.ndarray and v.flags.writeable else v
+            for v, var in zip(vals, invars)
+        ]
     vals = tuple(vals)
     invars = tuple(invars)
     # a differentiated tape remembers the user's line of each operation: an error raised by
@@ -238,11 +247,52 @@ def bind(prim, args: tuple, params: dict):
         top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out, source))
         return type(out)(Tracer(o, v, top) for o, v in zip(out, outvars))
     var = top.new_var(out)
-    top.tape.instructions.append(Instruction(prim, invars, vals, params, (var,), out, source))
+    ins = Instruction(prim, invars, vals, params, (var,), out, source)
+    top.tape.instructions.append(ins)
+    if top.releases:
+        release_unread(ins)
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
         add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
     return tracer
+
+
+_RELEASE_SIZE = 256  # arrays smaller than this are kept: releasing them saves little
+
+
+def release_unread(ins: Instruction) -> None:
+    """Replace the values of `ins` that no VJP rule of its differentiated arguments reads by
+    `Released` stand-ins (shape and dtype only), so an eager gradient does not keep every
+    intermediate alive until its backward pass. Constants stay (the tape prints them)."""
+    out = ins.out
+    args = ins.args
+    if not (
+        (type(out) is np.ndarray and out.size >= _RELEASE_SIZE)
+        or any(type(a) is np.ndarray and a.size >= _RELEASE_SIZE for a in args)
+    ):
+        return
+    per_rule = ins.prim.vjp_reads(len(args))
+    if per_rule is None:
+        return
+    reads = None
+    for v, rule_reads in zip(ins.invars, per_rule):
+        if v is not None:
+            reads = rule_reads if reads is None else [a or b for a, b in zip(reads, rule_reads)]
+    if reads is None:
+        return
+    if not reads[0] and type(out) is np.ndarray and out.size >= _RELEASE_SIZE:
+        ins.out = Released(out.shape, out.dtype)
+    if not any(
+        v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
+        for v, r, a in zip(ins.invars, reads[1:], args)
+    ):
+        return
+    ins.args = tuple(
+        Released(a.shape, a.dtype)
+        if v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
+        else a
+        for v, r, a in zip(ins.invars, reads[1:], args)
+    )
 
 
 def _recompute_view(prim, rest: tuple, params: dict):
@@ -397,9 +447,10 @@ _LIBRARY_CODE: dict = {}  # code object -> True when it is gradtape's, NumPy's o
 
 
 def user_frame(depth: int = 2) -> tuple | None:
-    """`(code, line number)` of the first frame outside gradtape, NumPy and SciPy (the user's
-    line that led to this operation; a SciPy function's own lines are skipped so that
-    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame."""
+    """`(code, instruction offset)` of the first frame outside gradtape, NumPy and SciPy (the
+    user's line that led to this operation; a SciPy function's own lines are skipped so that
+    `norm.logpdf(x)` names the caller). Costs a dictionary lookup per frame; the line number
+    is found from the offset only when a message names it (`ir.source_text`)."""
     f = sys._getframe(depth)
     library = _LIBRARY_CODE
     while f is not None:
@@ -411,7 +462,7 @@ def user_frame(depth: int = 2) -> tuple | None:
                 fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
             )
         if not inside:
-            return (code, f.f_lineno)
+            return (code, f.f_lasti)
         f = f.f_back
     return None
 
@@ -509,9 +560,29 @@ def _index_trick() -> str | None:
     return None
 
 
-def _as_array_message() -> str:
+def _guarded_value(x):
+    """The concrete value of `x` (an integer cast), guarded at every level that recorded it."""
+    if type(x) is not Tracer:
+        return np.asarray(x)
+    if x._level.batch_size is not None:
+        return _batch_answer(x, np.asarray, "an integer cast")
+    value = _guarded_value(x._value)
+    x._level.add_guard(x._var, "value", value)
+    return value
+
+
+def _as_array_message(dtype: np.dtype | None = None) -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
     where = _user_source_line()
+    if dtype is not None:
+        return (
+            f"NumPy was asked to convert a traced value into a plain array of {dtype} "
+            f"({where}), which would copy the numbers out and cut the gradient. A NumPy scalar "
+            f"type called on it (np.{dtype}(x)) does that: write x.astype(np.{dtype}) or "
+            f"np.asarray(x, dtype=np.{dtype}) (the cast is recorded, the gradient flows through "
+            "it). So does a write into a plain array (a[i] = x): build that array from traced "
+            "values instead (y = np.zeros_like(x); y[i] = value, or np.stack([...]))."
+        )
     trick = _index_trick()
     if trick is not None:
         return (
@@ -520,7 +591,7 @@ def _as_array_message() -> str:
             "(np.atleast_1d for scalars) instead of np.r_[a, b], and np.column_stack([a, b]) "
             "instead of np.c_[a, b]."
         )
-    if ".dot(" in where:
+    if ".dot(" in where.replace("np.dot(", "").replace("numpy.dot(", ""):
         advice = (
             "A plain array's method (X.dot(w)) cannot see a traced argument: write "
             "X @ w or np.dot(X, w)."
@@ -530,12 +601,50 @@ def _as_array_message() -> str:
             "This happens in a plain array's methods given a traced argument (write "
             "X @ w or np.dot(X, w) for X.dot(w)), in writes into a plain array (build it "
             "from traced values: y = np.zeros_like(x); y[i] = value, or np.stack([...])), "
-            "and in C code of other libraries."
+            "in a NumPy ufunc given only a list of traced values (np.exp([a, b]): write "
+            "np.exp(np.array([a, b]))), and in C code of other libraries."
         )
     return (
         f"NumPy was asked to convert a traced value into a plain array ({where}), which "
         f"would copy the numbers out and cut the gradient. {advice}"
     )
+
+
+_SEQUENCES = (list, tuple)
+
+
+def _holds_tracer(seq) -> bool:
+    for e in seq:
+        t = type(e)
+        if t is Tracer or ((t is list or t is tuple) and _holds_tracer(e)):
+            return True
+    return False
+
+
+def _stacked_inputs(inputs: tuple, name: str) -> tuple:
+    """A ufunc's inputs with each list or tuple that holds a Tracer stacked into one."""
+    stack = routes.ARRAY_LIKE[0]
+    return tuple(
+        stack(i, f"np.{name}") if type(i) in _SEQUENCES and _holds_tracer(i) else i for i in inputs
+    )
+
+
+def _stacked_arguments(args: tuple, kwargs: dict, lists: tuple, func) -> tuple:
+    """`args` and `kwargs` with each of `lists` (the lists and tuples holding Tracers that
+    NumPy's dispatcher of `func` names as array-likes) stacked into a Tracer; also inside a
+    sequence argument (np.concatenate([[a, b], x]))."""
+    stack = routes.ARRAY_LIKE[0]
+    name = f"np.{getattr(func, '__name__', 'function')}"
+
+    def convert(a):
+        for seq in lists:
+            if a is seq:
+                return stack(a, name)
+        if type(a) in _SEQUENCES and any(e is seq for e in a for seq in lists):
+            return type(a)(convert(e) for e in a)
+        return a
+
+    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
 
 class Tracer:
@@ -613,6 +722,10 @@ class Tracer:
 
     # --- NumPy's override protocols -----------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        for i in inputs:
+            if type(i) in _SEQUENCES:
+                inputs = _stacked_inputs(inputs, ufunc.__name__)
+                break
         out = kwargs.pop("out", None)
         if out is not None and not (isinstance(out, tuple) and all(o is None for o in out)):
             return _ufunc_into(ufunc, method, inputs, kwargs, out)
@@ -639,9 +752,20 @@ class Tracer:
             ]
             parts[:1] = ["np"] if parts[:1] == ["numpy"] else parts[:1]
             raise _no_rule_error(".".join(parts + [func.__name__]))
+        lists = getattr(_state, "array_like_lists", None)
+        if lists is not None:  # np.mean([a, b]): NumPy's dispatcher named these lists
+            _state.array_like_lists = None
+            args, kwargs = _stacked_arguments(args, kwargs, lists, func)
         return impl(*args, **kwargs)
 
     def __array__(self, dtype=None, copy=None):
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            if dt.kind in "biu" and self.dtype.kind in "biuf":
+                # np.int64(x): an integer cast has zero derivative, as NumPy's cast cuts the
+                # value; its value is a guard wherever it is recorded
+                return _guarded_value(self.astype(dt))
+            raise GradtapeError(_as_array_message(dt))
         raise GradtapeError(_as_array_message())
 
     # --- Python values: answered with the concrete value, recorded as a guard -----------

@@ -108,10 +108,17 @@ def _full_like_batch(prim, args, batched, fill, dtype):
 
 # --- static indexing ---------------------------------------------------------------------
 def _advanced_apart(idx: tuple) -> bool:
-    """Whether the index's array parts are separated by a slice (NumPy moves their axes
-    first then, which a leading batch slice would change)."""
-    positions = [i for i, p in enumerate(idx) if isinstance(p, np.ndarray)]
-    return bool(positions) and positions[-1] - positions[0] + 1 != len(positions)
+    """Whether the index's advanced parts are separated by a slice, None or Ellipsis (NumPy
+    moves their axes first then, which a leading batch slice would change). With an array
+    in the index, an integer is an advanced part too (`x[0, :, [1, 2]]`)."""
+    if not any(isinstance(p, np.ndarray) for p in idx):
+        return False
+    positions = [
+        i
+        for i, p in enumerate(idx)
+        if isinstance(p, (np.ndarray, int, np.integer)) and not isinstance(p, bool)
+    ]
+    return positions[-1] - positions[0] + 1 != len(positions)
 
 
 def _getitem_batch(prim, args, batched, idx):

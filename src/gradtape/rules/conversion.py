@@ -18,11 +18,15 @@ a Tracer, or a (nested) list or tuple holding one:
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 
+from ..core import routes
 from ..core.errors import GradtapeError
 from ..core.routes import implements, implements_module_function
-from ..core.tracing import Tracer
+from ..core.tracing import Tracer, _user_source_line
 from .shape import astype, concatenate, reshape, stack
 
 # NumPy's own functions, whatever the numpy module holds later (process.py replaces them)
@@ -106,6 +110,14 @@ def to_array(obj, dtype=None, *, copy=None, ndmin: int = 0, name: str = "np.asar
     return x
 
 
+def _stack_array_like(seq, name: str):
+    """A list or tuple holding Tracers where NumPy takes an array: stacked, as np.array does."""
+    return to_array(seq, name=name)
+
+
+routes.ARRAY_LIKE[0] = _stack_array_like
+
+
 def _check_device(device, name: str) -> None:
     if device not in (None, "cpu"):
         raise ValueError(f"{name}: device must be None or 'cpu', not {device!r}")
@@ -150,6 +162,48 @@ def asarray_chkfinite(a, dtype=None, order=None):
     if x.dtype.kind in "fc" and not np.all(np.isfinite(x)):
         raise ValueError("array must not contain infs or NaNs")
     return x
+
+
+# np.r_ and np.c_: NumPy's AxisConcatenator.__getitem__ run with `array` bound to the numpy
+# module's np.array (gradtape's dispatcher, which passes a Tracer through) instead of the
+# C function its module imported; its np.concatenate then dispatches to gradtape's
+_index_tricks = sys.modules.get("numpy.lib._index_tricks_impl")
+_axis_concatenator_items = None
+
+
+def _traced_axis_concatenator():
+    global _axis_concatenator_items
+    if _axis_concatenator_items is None:
+        original = _unwrapped(_index_tricks.AxisConcatenator.__getitem__)
+        namespace = dict(original.__globals__)
+        namespace["array"] = _traced_array
+        _axis_concatenator_items = types.FunctionType(
+            original.__code__, namespace, original.__name__, original.__defaults__
+        )
+    return _axis_concatenator_items
+
+
+def _traced_array(obj, dtype=None, *, copy=True, order="K", subok=False, ndmin=0, like=None):
+    if type(obj) is Tracer or (isinstance(obj, (list, tuple)) and _holds(obj)):
+        return to_array(obj, dtype, copy=copy, ndmin=ndmin, name="np.r_")
+    return _unwrapped(np.array)(obj, dtype, copy=copy, order=order, subok=subok, ndmin=ndmin)
+
+
+@implements_module_function("numpy.lib._index_tricks_impl", "AxisConcatenator.__getitem__")
+def axis_concatenator_getitem(self, key):
+    """np.r_[...] and np.c_[...] with traced items: NumPy's algorithm (slices, scalars,
+    the '0,2,1' directives) with the traced items concatenated by gradtape. The matrix
+    directives ('r', 'c') and np.r_ on a string of matrix syntax are refused."""
+    items = key if isinstance(key, tuple) else (key,)
+    if self.matrix or (items and isinstance(items[0], str) and items[0] in ("r", "c")):
+        trick = "np.c_" if self is getattr(np, "c_", None) else "np.r_"
+        directive = items[0] if items and items[0] in ("r", "c") else "r"
+        raise GradtapeError(
+            f"{trick}[{directive!r}, ...] builds an np.matrix ({_user_source_line()}), which "
+            "gradtape does not trace: write np.concatenate (or np.column_stack) of the traced "
+            "arrays, as a plain 2-d array, instead."
+        )
+    return _traced_axis_concatenator()(self, key)
 
 
 @implements(np.append)

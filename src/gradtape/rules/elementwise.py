@@ -69,6 +69,9 @@ def _make_vjp(i: int, partial, safe: bool, name: str):
     return lambda g, ans, *args: unbroadcast(g * partial(ans, *args), shape_of(args[i]))
 
 
+_add_reduce = np.add.reduce  # (np.sum's Python wrapper costs more than the sum at small sizes)
+
+
 def _times_safe(g, partial, ans, args):
     """g * partial, but 0 where g is 0 and the partial is infinite or NaN (a masked branch).
 
@@ -76,18 +79,49 @@ def _times_safe(g, partial, ans, args):
     recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
     Concrete values (eager differentiation) pay one sum over the product: a zero times an
     infinite or NaN partial is NaN, so a product whose sum is not NaN needs no mask. A recorded
-    product (compile, higher order) keeps the mask unless the partial is a finite constant or
-    the cotangent a constant with no zero (a constant is the same on every replay).
+    product (compile, higher order) is a plain multiply when the partial is a finite constant or
+    the cotangent a constant with no zero (a constant is the same on every replay), and one
+    `nan_safe_multiply` instruction otherwise, which makes the same test on every replay.
     """
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
-    d = g * p
-    if type(d) is not Tracer:
-        if not np.isnan(np.sum(d) if type(d) is np.ndarray else d):
+    traced_g = type(g) is Tracer
+    traced_p = type(p) is Tracer
+    if not traced_g and not traced_p:
+        d = g * p
+        if not np.isnan(_add_reduce(d, axis=None) if type(d) is np.ndarray else d):
             return d
-    elif type(p) is not Tracer:  # a constant partial (c * x): finite now, finite on replay
+        return np.where((g == 0) & ~np.isfinite(p), 0, d)
+    if not traced_p:  # a constant partial (c * x): finite now, finite on replay
+        if np.isfinite(p).all():
+            return g * p
+    elif not traced_g and np.all(g != 0):  # a constant cotangent with no zero
+        return g * p
+    if dtype_of(g).kind == "c" or dtype_of(p).kind == "c":
+        return np.where((g == 0) & ~np.isfinite(p), 0, g * p)
+    return nan_safe_multiply(g, p)
+
+
+def _nan_safe_multiply_impl(g, p):
+    """g * p, with 0 where g is 0 and p is infinite or NaN.
+
+    A zero times an infinity or a NaN is NaN, so when the product's sum is not NaN no entry
+    needs the mask: one multiplication and one sum (a finite p broadcast against a larger g,
+    such as a scalar, is tested instead), and the mask only where it changes something."""
+    if type(g) is Tracer or type(p) is Tracer:  # recorded one level down
+        return bind(nan_safe_multiply_p, (g, p), {})
+    if isinstance(g, float) and isinstance(p, float):  # Python and NumPy float64 scalars
+        d = g * p
+        if d == d or g != 0:  # not NaN, or not a zero g's NaN
+            return d
+        return type(d)(0.0)  # g is 0 and p infinite or NaN
+    d = np.multiply(g, p)
+    if type(d) is not np.ndarray:
+        if not np.isnan(d):
+            return d
+    elif 2 * np.size(p) <= d.size:
         if np.isfinite(p).all():
             return d
-    elif type(g) is not Tracer and np.all(g != 0):  # a constant cotangent with no zero
+    elif not np.isnan(_add_reduce(d, axis=None)):
         return d
     return np.where((g == 0) & ~np.isfinite(p), 0, d)
 
@@ -255,6 +289,59 @@ multiply = _np(
     safe=True,  # p * log(p) masked where p == 0: the zero cotangent meets log(0) = -inf
     native=("signed:({0} * {1})", "np.multiply"),
 )
+
+
+# the product of a cotangent (or tangent) g and a local derivative p in the rules above. Its
+# derivatives are those of np.where((g == 0) & ~np.isfinite(p), 0, g * p) written out (the
+# masked entries pass no derivative on, to every order)
+def _nan_safe_mask(g, p):
+    return (g == 0) & ~np.isfinite(p)
+
+
+def _nan_safe_multiply_vjp(i: int):
+    def vjp(ct, ans, g, p):
+        masked = np.where(_nan_safe_mask(g, p), 0, ct)
+        other = p if i == 0 else g
+        return unbroadcast(_times_safe(masked, lambda *_: other, ans, ()), shape_of((g, p)[i]))
+
+    return vjp
+
+
+def _nan_safe_multiply_jvp(tangents, ans, g, p):
+    nd = ndim_of(ans)
+    out = None
+    lead = None
+    for t, arg, other in ((tangents[0], g, p), (tangents[1], p, g)):
+        if t is None:
+            continue
+        if lead is None:
+            lead = batch_shape(t, arg)
+        term = _times_safe(lift_tangent(t, arg, nd), lambda *_: other, ans, ())
+        out = term if out is None else out + term
+    if out is None:
+        return None
+    out = np.where(_nan_safe_mask(g, p), 0, out)
+    if shape_of(out) != lead + shape_of(ans):
+        out = np.broadcast_to(out, lead + shape_of(ans))
+    return out
+
+
+nan_safe_multiply_p = elementwise(
+    "nan_safe_multiply",
+    _nan_safe_multiply_impl,
+    (lambda ans, g, p: np.where(_nan_safe_mask(g, p), 0, p), lambda ans, g, p: g),
+    safe=True,
+    native=("@nan_safe_product", "({0} * {1})"),
+)
+nan_safe_multiply_p.vjps = (_nan_safe_multiply_vjp(0), _nan_safe_multiply_vjp(1))
+nan_safe_multiply_p.jvp = _nan_safe_multiply_jvp
+
+
+def nan_safe_multiply(g, p):
+    """g * p with zero where g is zero and p infinite or NaN (one instruction when recorded)."""
+    return bind(nan_safe_multiply_p, (g, p), {})
+
+
 divide = _np(
     "divide",
     (lambda ans, x, y: _inverse(y), lambda ans, x, y: -ans / y),
@@ -305,9 +392,11 @@ logaddexp2 = _np(
 )
 
 # --- exponentials and logarithms ----------------------------------------------------------
-exp = _np("exp", (lambda ans, x: ans,), native="float:fast_exp")
-expm1 = _np("expm1", (lambda ans, x: ans + 1,), native="float:fast_expm1")
-exp2 = _np("exp2", (lambda ans, x: ans * _LN2,), native="np.exp2")
+# the exponentials overflow to inf where the function is defined: NaN-safe, so an overflow in
+# an unselected branch (np.where(x < 700, np.exp(x), 0) at x = 1000) has a zero derivative
+exp = _np("exp", (lambda ans, x: ans,), safe=True, native="float:fast_exp")
+expm1 = _np("expm1", (lambda ans, x: ans + 1,), safe=True, native="float:fast_expm1")
+exp2 = _np("exp2", (lambda ans, x: ans * _LN2,), safe=True, native="np.exp2")
 log = _np("log", (lambda ans, x: 1 / x,), safe=True, native="float:fast_log")
 log1p = _np("log1p", (lambda ans, x: 1 / (1 + x),), safe=True, native="float:fast_log1p")
 log2 = _np("log2", (lambda ans, x: 1 / (x * _LN2),), safe=True, native="np.log2")
@@ -322,8 +411,8 @@ tan = _np("tan", (lambda ans, x: 1 + ans * ans,), native="np.tan")
 arcsin = _np("arcsin", (lambda ans, x: 1 / np.sqrt(1 - x * x),), safe=True, native="np.arcsin")
 arccos = _np("arccos", (lambda ans, x: -1 / np.sqrt(1 - x * x),), safe=True, native="np.arccos")
 arctan = _np("arctan", (lambda ans, x: 1 / (1 + x * x),), native="np.arctan")
-sinh = _np("sinh", (lambda ans, x: np.cosh(x),), native="np.sinh")
-cosh = _np("cosh", (lambda ans, x: np.sinh(x),), native="np.cosh")
+sinh = _np("sinh", (lambda ans, x: np.cosh(x),), safe=True, native="np.sinh")
+cosh = _np("cosh", (lambda ans, x: np.sinh(x),), safe=True, native="np.cosh")
 tanh = _np("tanh", (lambda ans, x: 1 - ans * ans,), native="float:fast_tanh")
 arcsinh = _np("arcsinh", (lambda ans, x: 1 / np.sqrt(x * x + 1),), native="np.arcsinh")
 arccosh = _np("arccosh", (_arccosh_partial,), safe=True, native="np.arccosh")

@@ -118,19 +118,29 @@ def std(
     mean=None,
     correction=None,
 ):
-    return np.sqrt(
-        var(
-            a,
-            axis=axis,
-            dtype=dtype,
-            out=out,
-            ddof=ddof,
-            keepdims=keepdims,
-            correction=correction,
-            where=where,
-            mean=mean,
-        )
+    v = var(
+        a,
+        axis=axis,
+        dtype=dtype,
+        out=out,
+        ddof=ddof,
+        keepdims=keepdims,
+        correction=correction,
+        where=where,
+        mean=mean,
     )
+    shape = shape_of(a)
+    count = 1
+    for ax in normalize_axis(axis, len(shape)):
+        count *= shape[ax]
+    if count == 1 and (correction if correction is not None else ddof) == 0:
+        if where is True and mean is None:
+            # the deviation of one element from its own mean is 0 for every input: the
+            # standard deviation is constant, and each of its derivatives is exactly 0 (the
+            # square root's derivative at 0 would make them NaN); the value stays NumPy's
+            # (NaN for an infinite element)
+            return np.sqrt(stop_gradient(v))
+    return np.sqrt(v)
 
 
 @implements(np.average)

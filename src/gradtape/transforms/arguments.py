@@ -58,6 +58,8 @@ def check_function(f: Any, who: str) -> None:
 
 def check_argnums(argnums: Any, who: str) -> None:
     """argnums is an int or a tuple/list of distinct ints (empty: nothing differentiated)."""
+    if type(argnums) is int:  # the common case, checked first: transforms are made in loops
+        return
     nums = (argnums,) if isinstance(argnums, int) and not isinstance(argnums, bool) else argnums
     ok = (
         isinstance(nums, (tuple, list))
@@ -193,21 +195,40 @@ def _is_number(v: Any) -> bool:
     )
 
 
+_WRAPPED_NAMES = ("__module__", "__name__", "__qualname__", "__doc__")
+
+
 # --- what grad and value_and_grad return ----------------------------------------------------------
-class TransformedFunction:
+class TransformedFunction(functools.partial):
     """The function a transform returns: it calls `call`, looks like the user's function
     (name, docstring, `__wrapped__`), and pickles as `transform(fun, *options)`, so the user's
-    function is pickled by reference (it must be importable: defined at module level)."""
+    function is pickled by reference (it must be importable: defined at module level).
 
-    def __init__(self, call: Callable, transform: Callable, fun: Callable, options: tuple):
-        functools.update_wrapper(self, fun)
-        self._call = call
-        self._transform = transform
-        self._fun = fun
-        self._options = options
+    A `functools.partial` of `call` with no bound arguments: calling it goes straight to `call`
+    from C, with no Python layer in between.
+    """
 
-    def __call__(self, *args, **kwargs):
-        return self._call(*args, **kwargs)
+    def __new__(cls, call: Callable, transform: Callable, fun: Callable, options: tuple):
+        self = super().__new__(cls, call)
+        wrapped = self.__dict__
+        for name in _WRAPPED_NAMES:
+            try:
+                wrapped[name] = getattr(fun, name)
+            except AttributeError:
+                pass
+        extra = getattr(fun, "__dict__", None)
+        if extra:
+            for name, value in extra.items():
+                wrapped.setdefault(name, value)
+        wrapped["__wrapped__"] = fun
+        wrapped["_transform"] = transform
+        wrapped["_fun"] = fun
+        wrapped["_options"] = options
+        return self
+
+    @property
+    def _call(self) -> Callable:
+        return self.func
 
     @property
     def transformed(self) -> tuple:
@@ -216,12 +237,13 @@ class TransformedFunction:
         return self._transform, self._fun, self._options
 
     def __reduce__(self):
-        module = sys.modules.get(getattr(self, "__module__", None) or "")
+        module = sys.modules.get(self.__dict__.get("__module__") or "")
         obj = module
-        for part in (getattr(self, "__qualname__", None) or "").split("."):
+        qualname = self.__dict__.get("__qualname__") or ""
+        for part in qualname.split("."):
             obj = getattr(obj, part, None)
         if obj is self:  # used as a decorator: the module attribute is this object
-            return self.__qualname__
+            return qualname
         return (self._transform, (self._fun, *self._options))
 
     def __repr__(self) -> str:

@@ -260,30 +260,30 @@ def _split_aux(out, who: str):
 
 
 # --- jvp ---------------------------------------------------------------------------------------
-def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
-    """Forward mode: `(f(*primals), J @ tangents)`, from one recorded pass of f.
+def jvp(fun: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = False):
+    """Forward mode: `(fun(*primals), J @ tangents)`, from one recorded pass of fun.
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code.
     primals : sequence
-        The point, one value per positional argument of `f`.
+        The point, one value per positional argument of `fun`.
     tangents : sequence
         One tangent per primal, with its primal's structure, shapes and dtype (a Python number
         takes its primal's dtype).
     has_aux : bool, default False
-        `f` returns `(output, aux)`; `jvp` then returns `(output, tangent_out, aux)`.
+        `fun` returns `(output, aux)`; `jvp` then returns `(output, tangent_out, aux)`.
 
     Returns
     -------
     tuple
-        `(output, tangent_out)`: the output of `f` and its directional derivative.
+        `(output, tangent_out)`: the output of `fun` and its directional derivative.
 
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated, or a tangent does not match its
+        When `fun` does something that cannot be differentiated, or a tangent does not match its
         primal.
 
     Examples
@@ -294,11 +294,11 @@ def jvp(f: Callable, primals: Sequence, tangents: Sequence, has_aux: bool = Fals
     >>> print(out, tangent)
     [1. 4.] [2. 0.]
     """
-    arguments.check_function(f, "jvp")
+    arguments.check_function(fun, "jvp")
     tangent_leaves = _tangent_leaves(primals, tangents, "jvp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
-        out, in_trees = _trace_call(f, tuple(primals), {}, nums, level)
+        out, in_trees = _trace_call(fun, tuple(primals), {}, nums, level)
         aux = None
         if has_aux:
             out, aux = _split_aux(out, "jvp")
@@ -513,24 +513,27 @@ def assemble(rec: Recording, blocks: list):
 
 
 def jacfwd(
-    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
 ) -> Callable:
-    """The Jacobian by forward mode: f recorded once, all input directions pushed as a batch.
+    """The Jacobian by forward mode: fun recorded once, all input directions pushed as a batch.
 
     Shapes and structure follow JAX: out.shape + in.shape per (output leaf, input leaf).
     Best when the input is smaller than the output. Inputs are real (outputs may be complex),
-    or, with holomorphic=True, f is holomorphic in complex inputs and the blocks are f'(z).
+    or, with holomorphic=True, fun is holomorphic in complex inputs and the blocks are f'(z).
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code.
     argnums : int or sequence of int, default 0
         Which positional argument(s) to differentiate.
     has_aux : bool, default False
-        `f` returns `(output, aux)`; the result is then `(jacobian, aux)`.
+        `fun` returns `(output, aux)`; the result is then `(jacobian, aux)`.
     holomorphic : bool, default False
-        `f` is holomorphic in complex inputs.
+        `fun` is holomorphic in complex inputs.
 
     Returns
     -------
@@ -540,7 +543,7 @@ def jacfwd(
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated, or a complex input without
+        When `fun` does something that cannot be differentiated, or a complex input without
         `holomorphic=True`.
 
     Examples
@@ -551,7 +554,7 @@ def jacfwd(
     [[2. 0.]
      [0. 4.]]
     """
-    return jacobian_transform(f, argnums, has_aux, jacobian_by_columns, "jacfwd", holomorphic)
+    return jacobian_transform(fun, argnums, has_aux, jacobian_by_columns, "jacfwd", holomorphic)
 
 
 def jacobian_transform(

@@ -82,26 +82,37 @@ def name_forward_line(error: BaseException, ins) -> None:
     setattr(error, "_gradtape_forward_line", True)  # noqa: B010  (an attribute of any exception)
 
 
-def backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
+def backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool = False) -> dict:
     """Run the tape backwards from `cotangents` of `outvars`; returns var id -> cotangent.
 
     Only instructions whose outputs received a cotangent are visited, and only the
-    arguments traced at this level get one: constants cost nothing.
+    arguments traced at this level get one: constants cost nothing. `consume`: the caller
+    reads the tape once (grad): each instruction drops its traced values once its rules have
+    run, so the values only it held are freed during the pass.
     """
     # a masked branch (np.where(x > 0, np.sqrt(x), 0)) has infinite local derivatives where
     # its cotangent is zero: no warnings for them, once for the whole pass
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return _backward(tape, outvars, cotangents)
+        return _backward(tape, outvars, cotangents, consume)
 
 
-def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence) -> dict:
+def _consumed(instructions: list):
+    """The instructions last to first; each one's traced values are dropped once its rules
+    have run (the tape still lists it, with its constants)."""
+    for ins in reversed(instructions):
+        yield ins
+        ins.out = None
+        ins.args = tuple([a if v is None else None for v, a in zip(ins.invars, ins.args)])
+
+
+def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool) -> dict:
     acc: dict = {}
     for v, ct in zip(outvars, cotangents):
         if v is not None and ct is not None:
             _accumulate(acc, v, ct)
     ins = None
     try:
-        for ins in reversed(tape.instructions):
+        for ins in _consumed(tape.instructions) if consume else reversed(tape.instructions):
             prim = ins.prim
             if prim.multiple_results:
                 gs = [acc.pop(v.id, None) for v in ins.outvars]
@@ -304,25 +315,28 @@ def check_input_dtypes(in_trees, who: str, holomorphic: bool) -> None:
 
 
 def value_and_grad(
-    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
 ) -> Callable:
     """The value of a scalar function and its gradient from one pass: `(value, gradient)`.
 
-    `f` returns a real scalar; the gradient with respect to a complex argument z follows JAX:
-    df/dx - i df/dy (for |z|^2 that is 2 conj(z)). With holomorphic=True, f is a holomorphic
+    `fun` returns a real scalar; the gradient with respect to a complex argument z follows JAX:
+    df/dx - i df/dy (for |z|^2 that is 2 conj(z)). With holomorphic=True, fun is a holomorphic
     function of complex arguments with a complex scalar output, and the gradient is f'(z). This
     is what `scipy.optimize.minimize(fun, x0, jac=True)` expects.
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code returning a real scalar, or `(scalar, aux)` with `has_aux=True`.
     argnums : int or sequence of int, default 0
         Which positional argument(s) to differentiate.
     has_aux : bool, default False
-        `f` returns `(value, aux)`; the result is then `((value, aux), gradient)`, as in JAX.
+        `fun` returns `(value, aux)`; the result is then `((value, aux), gradient)`, as in JAX.
     holomorphic : bool, default False
-        `f` is holomorphic in complex arguments with a complex scalar output.
+        `fun` is holomorphic in complex arguments with a complex scalar output.
 
     Returns
     -------
@@ -343,14 +357,15 @@ def value_and_grad(
     >>> print(float(value), g)
     5.0 [2. 4.]
     """
-    arguments.check_function(f, "value_and_grad")
+    arguments.check_function(fun, "value_and_grad")
     arguments.check_argnums(argnums, "value_and_grad")
-    fname = getattr(f, "__name__", "the function")
+    fname = getattr(fun, "__name__", "the function")
 
     def value_and_grad_f(*args, **kwargs):
         nums, single = _normalize_argnums(argnums, len(args))
         with new_level(LevelKind.DIFFERENTIATE) as level:
-            out, in_trees = _trace_call(f, args, kwargs, nums, level)
+            level.releases = True  # only the backward pass reads this tape
+            out, in_trees = _trace_call(fun, args, kwargs, nums, level)
             check_input_dtypes(in_trees, "grad", holomorphic)
             aux = None
             if has_aux:
@@ -363,7 +378,8 @@ def value_and_grad(
         seed = np.ones(
             np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out)
         )
-        cts = backward(level.tape, [outvar], [seed]) if outvar is not None else {}
+        # (consume: the tape is this call's own, read once)
+        cts = backward(level.tape, [outvar], [seed], consume=True) if outvar is not None else {}
         grads = _grads_for(in_trees, cts)
         value = _lower(out, level)
         g = grads[0] if single else tuple(grads)
@@ -372,12 +388,15 @@ def value_and_grad(
         return value, g
 
     return arguments.TransformedFunction(
-        value_and_grad_f, value_and_grad, f, (argnums, has_aux, holomorphic)
+        value_and_grad_f, value_and_grad, fun, (argnums, has_aux, holomorphic)
     )
 
 
 def grad(
-    f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
 ) -> Callable:
     """The gradient of a scalar function with respect to argument(s) `argnums`.
 
@@ -386,16 +405,16 @@ def grad(
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code returning a real scalar (a Python float, a 0-d array, or a size-1
         array), or `(scalar, aux)` with `has_aux=True`.
     argnums : int or sequence of int, default 0
         Which positional argument(s) to differentiate. Arguments may be arrays, floats, or nested
         tuples, lists and dicts of them.
     has_aux : bool, default False
-        `f` returns `(value, aux)`; the returned function then gives `(gradient, aux)`.
+        `fun` returns `(value, aux)`; the returned function then gives `(gradient, aux)`.
     holomorphic : bool, default False
-        `f` is holomorphic in complex arguments with a complex scalar output.
+        `fun` is holomorphic in complex arguments with a complex scalar output.
 
     Returns
     -------
@@ -406,7 +425,7 @@ def grad(
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated (`float(x)` of a traced value, a
+        When `fun` does something that cannot be differentiated (`float(x)` of a traced value, a
         function with no rule, a non-scalar output); the message names the operation, the line
         and what to write instead.
 
@@ -419,9 +438,9 @@ def grad(
     >>> print(gt.grad(f)(np.array([1.0, 2.0])))
     [2. 4.]
     """
-    arguments.check_function(f, "grad")
+    arguments.check_function(fun, "grad")
     arguments.check_argnums(argnums, "grad")
-    vg = value_and_grad(f, argnums, has_aux, holomorphic)
+    vg = value_and_grad(fun, argnums, has_aux, holomorphic)
 
     def grad_f(*args, **kwargs):
         (value, g) = vg(*args, **kwargs)
@@ -429,20 +448,20 @@ def grad(
             return g, value[1]
         return g
 
-    return arguments.TransformedFunction(grad_f, grad, f, (argnums, has_aux, holomorphic))
+    return arguments.TransformedFunction(grad_f, grad, fun, (argnums, has_aux, holomorphic))
 
 
-def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
-    """Reverse mode for any output: `(f(*primals), vjp_fn)`.
+def vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
+    """Reverse mode for any output: `(fun(*primals), vjp_fn)`.
 
     Parameters
     ----------
-    f : callable
+    fun : callable
         Plain NumPy/SciPy code; its output may be any structure of arrays.
     *primals
-        The point at which to differentiate, one value per positional argument of `f`.
+        The point at which to differentiate, one value per positional argument of `fun`.
     has_aux : bool, default False
-        `f` returns `(output, aux)`; `vjp` then returns `(output, vjp_fn, aux)`.
+        `fun` returns `(output, aux)`; `vjp` then returns `(output, vjp_fn, aux)`.
 
     Returns
     -------
@@ -453,7 +472,7 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     Raises
     ------
     GradtapeError
-        When `f` does something that cannot be differentiated (named with its source line).
+        When `fun` does something that cannot be differentiated (named with its source line).
 
     Examples
     --------
@@ -463,10 +482,11 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     >>> print(out, vjp_fn(np.array([1.0, 1.0])))
     [1. 4.] (array([2., 4.]),)
     """
-    arguments.check_function(f, "vjp")
+    arguments.check_function(fun, "vjp")
     nums = tuple(range(len(primals)))
     with new_level(LevelKind.DIFFERENTIATE) as level:
-        out, in_trees = _trace_call(f, primals, {}, nums, level)
+        level.releases = True  # only the backward pass reads this tape
+        out, in_trees = _trace_call(fun, primals, {}, nums, level)
         aux = None
         if has_aux:
             out, aux = out

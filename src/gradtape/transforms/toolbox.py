@@ -19,6 +19,8 @@ from ..core.primitive import Primitive
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
 from ..core.tracing import LevelKind, bind, new_level
 from ..rules._util import dtype_of, shape_of
+from ..rules.batching import elementwise_batch
+from ..rules.elementwise import elementwise
 from .forward import (
     _lower,
     _output_vars,
@@ -112,11 +114,12 @@ def linearize(fun: Callable, *primals, has_aux: bool = False):
 class _Block:
     """The checkpointed function on flat leaves (a param of checkpoint_p)."""
 
-    __slots__ = ("fn", "name")
+    __slots__ = ("fn", "name", "prevent_cse")
 
-    def __init__(self, fn: Callable, name: str):
+    def __init__(self, fn: Callable, name: str, prevent_cse: bool = True):
         self.fn = fn
         self.name = name
+        self.prevent_cse = prevent_cse
 
     def __repr__(self) -> str:
         return f"checkpoint({self.name})"
@@ -134,9 +137,29 @@ def _floating(x) -> bool:
     return dtype_of(x).kind in "fc"
 
 
+# The recomputation's inputs pass through a copy that program simplification does not see
+# through: the recomputed instructions then read other variables than the forward pass's, so
+# merging common subexpressions under `compile` cannot fold the recomputation into the forward
+# pass (which would keep every intermediate alive until the backward pass, as without
+# checkpoint). JAX's `prevent_cse`.
+optimization_barrier_p = elementwise(
+    "optimization_barrier", np.positive, (1,), native=("signed:(+{0})", "np.positive")
+)
+optimization_barrier_p.batch = elementwise_batch
+
+
+def _behind_barrier(x):
+    """`x` as the recomputation reads it: a recorded copy where it is recorded."""
+    if type(x) is Tracer and _floating(x):
+        return optimization_barrier_p(x)
+    return x
+
+
 def _checkpoint_vjp_all(g, ans, args, params, invars):
     """Run the block again from its inputs (recording it), then its backward pass."""
     block = params["block"]
+    if block.prevent_cse:
+        args = [_behind_barrier(a) for a in args]
     diff = [i for i, v in enumerate(invars) if v is not None and _floating(args[i])]
     outs_float = [i for i, a in enumerate(ans) if _floating(a)]
 
@@ -176,7 +199,9 @@ def _checkpoint_jvp(ts, ans, *args, block):
 def _checkpoint_batch(prim, args, batched, block):
     """vmap of a checkpointed block: the block mapped over the batch, still checkpointed."""
     mapped = vmap(block.fn, in_axes=tuple(0 if b else None for b in batched))
-    return _checkpointed_call(_Block(lambda *a: tuple(mapped(*a)), block.name), list(args))
+    return _checkpointed_call(
+        _Block(lambda *a: tuple(mapped(*a)), block.name, block.prevent_cse), list(args)
+    )
 
 
 checkpoint_p = Primitive(
@@ -201,21 +226,27 @@ def _checkpointed_call(block: _Block, leaves: list) -> tuple:
     return tuple(bind(checkpoint_p, tuple(leaves), {"block": block}))
 
 
-def checkpoint(fun: Callable, *, static_argnums: int | Sequence[int] = ()) -> Callable:
+def checkpoint(
+    fun: Callable, *, prevent_cse: bool = True, static_argnums: int | Sequence[int] = ()
+) -> Callable:
     """`fun` with its intermediates recomputed in the backward pass instead of stored (JAX's
     checkpoint, also called remat).
 
     Differentiating the result keeps only the inputs and outputs of each call of `fun`; its
     backward pass runs `fun` again to get the intermediates. Values and gradients are the same
     as without it; memory is lower for long chains of checkpointed blocks, at the price of one
-    more forward pass per block. Under `compile`, the recorded program is simplified as a
-    whole (common subexpressions are merged), so the recomputation may be merged with the
-    forward pass there: the saving applies to eager gradients and loops.
+    more forward pass per block. Under `compile` too: the recomputation reads its inputs
+    through a barrier that program simplification does not merge across, so it stays in the
+    backward pass.
 
     Parameters
     ----------
     fun : callable
         Any function of arrays or pytrees of arrays.
+    prevent_cse : bool
+        Keep the recomputation apart from the forward pass under `compile` (default, as JAX).
+        False lets program simplification merge them: no memory saving there, and no extra
+        forward pass either.
     static_argnums : int or tuple of int
         Positions of arguments that are not arrays (passed through as they are).
 
@@ -259,7 +290,7 @@ def checkpoint(fun: Callable, *, static_argnums: int | Sequence[int] = ()) -> Ca
             out_td[:1] = [td]
             return tuple(out_leaves)
 
-        outs = _checkpointed_call(_Block(flat, name), leaves)
+        outs = _checkpointed_call(_Block(flat, name, prevent_cse), leaves)
         return tree_unflatten(out_td[0], list(outs))
 
     return checkpointed

@@ -46,7 +46,7 @@ import numpy as np
 
 from ... import config
 from .. import rolling
-from ..numpy_backend import NumpyLowered
+from ..numpy_backend import NumpyLowered, compiled_source
 from ..program import Program
 from . import cache, codegen, notices
 from .generator import Generated, KernelArg
@@ -236,12 +236,23 @@ def kernels_for(generated: Generated) -> NativeKernels:
         if nk is None:
             nk = _REGISTRY[generated.key] = NativeKernels(generated)
             _ALL_KERNELS.add(nk)
+            # once dropped and no longer used, its module leaves sys.modules too (so the
+            # module, its functions and Numba's dispatchers of them can be freed)
+            weakref.finalize(nk, _forget_module, generated.key)
             limit = config.max_kernels()
             while len(_REGISTRY) > limit:
                 _REGISTRY.popitem(last=False)
         else:
             _REGISTRY.move_to_end(generated.key)
         return nk
+
+
+def _forget_module(key: str) -> None:
+    """Remove the imported module of kernels `key` unless the registry holds kernels of that
+    text again (they share the module name). (No lock: a finalizer may run inside
+    kernels_for, which holds the registry's; a membership test and a pop are atomic.)"""
+    if key not in _REGISTRY:
+        sys.modules.pop(cache.module_name(key), None)
 
 
 class _Compiler:
@@ -450,9 +461,9 @@ def _after_fork_in_child() -> None:
     _startup_lock = threading.Lock()
     _registry_lock = threading.Lock()
     _compiler_lock = threading.Lock()
+    notices.reset_after_fork()
     _threads_lock = threading.Lock()
     _switch_lock = threading.Lock()
-    notices._warn_lock = threading.Lock()
     cache.reset_after_fork()
     export = sys.modules.get(__package__ + ".export")
     if export is not None:
@@ -677,6 +688,12 @@ class NumbaLowered:
             return
         for loop in generated.loops.values():
             loop.wait = wait
+        for ins in program.instructions:  # rolled Python loops: their drivers start now, on
+            # the recorded values (the numpy tier, which answers the first calls under
+            # backend="auto", runs them in Python and would not start them)
+            loop = generated.loops.get(id(ins))
+            if loop is not None and ins.prim is rolling.rolled_loop_p:
+                loop.prepare(ins.args, ins.params)
         self.generated = generated
         self.source = generated.module + "\n# --- wrapper ---\n" + generated.wrapper
         nk = self.native = kernels_for(generated)
@@ -718,7 +735,7 @@ class NumbaLowered:
         consts = dict(extra)
         consts.update(runtime_functions(), state=self._state)
         namespace: dict = {}
-        exec(compile(source, f"<gradtape numba wrapper {self.generated.key}>", "exec"), namespace)
+        exec(compiled_source(source, f"<gradtape numba wrapper {self.generated.key}>"), namespace)
         return namespace["_build"](consts)
 
     def use_threads(self, n: int) -> None:
@@ -833,6 +850,10 @@ def lower_waiting(program: Program) -> NumbaLowered:
 def lower_tiered(program: Program) -> NumbaLowered:
     """backend="auto": numpy tier first, kernels compiled in the background."""
     return NumbaLowered(program, wait=False)
+
+
+# rolled Python loops run on native drivers (loops.py): compile rolls shorter programs
+lower_waiting.native_loops = lower_tiered.native_loops = True
 
 
 # Numba's import is not started early (when a compiled function is created): an import of Numba

@@ -165,6 +165,11 @@ def _touch(path: Path) -> None:
         pass
 
 
+def module_name(key: str) -> str:
+    """The name the module of kernels `key` is imported under (in sys.modules)."""
+    return f"gradtape_kernel_{key}"
+
+
 def import_file(path: Path, name: str) -> ModuleType:
     """Import the module at `path` under `name` (Numba finds its source file for caching)."""
     spec = importlib.util.spec_from_file_location(name, path)
@@ -210,7 +215,7 @@ def build_kernels(key: str, module_text: str, jit_all) -> tuple[tuple, bool]:
     import numba
 
     directory = kernel_dir()
-    name = f"gradtape_kernel_{key}"
+    name = module_name(key)
     if directory is not None:
         try:
             path = module_file(directory, key, module_text)

@@ -43,7 +43,8 @@ class Consts:
     def __init__(self):
         self.arrays: list[np.ndarray] = []
         self._by_id: dict[int, str] = {}
-        self._by_value: dict[tuple, str] = {}
+        self._by_value: dict[tuple, tuple[str, int]] = {}
+        self._tables: dict[str, tuple[str, int, list]] = {}  # dtype -> scalars of that dtype
 
     def name(self, a: np.ndarray) -> str:
         """The argument name of constant `a` (C-contiguous copies are kept in `arrays`)."""
@@ -54,16 +55,24 @@ class Consts:
             self.arrays.append(np.ascontiguousarray(a))
         return n
 
-    def scalar(self, value, dtype: np.dtype) -> str:
-        """The argument name of a one-element array holding the scalar constant `value` as
-        `dtype` (one argument per distinct value and dtype)."""
+    def scalar(self, value, dtype: np.dtype) -> tuple[str, int]:
+        """(argument name, position) of the scalar constant `value` as `dtype`: the scalars
+        of one dtype are one array argument (a program of a thousand distinct constants,
+        s + i * x[i] unrolled, passes one array, not a thousand arguments)."""
         held = np.array([value], dtype=dtype)
         key = (dtype.str, held.tobytes())
-        n = self._by_value.get(key)
-        if n is None:
-            n = self._by_value[key] = f"c{len(self.arrays)}"
+        found = self._by_value.get(key)
+        if found is not None:
+            return found
+        table = self._tables.get(dtype.str)
+        if table is None:
+            table = self._tables[dtype.str] = (f"c{len(self.arrays)}", len(self.arrays), [])
             self.arrays.append(held)
-        return n
+        name, slot, values = table
+        values.append(held[0])
+        self.arrays[slot] = np.array(values, dtype=dtype)
+        found = self._by_value[key] = (name, len(values) - 1)
+        return found
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.ir import Instruction, Var
-from .scalar import SUPPORTED_DTYPES, cast, literal
+from .scalar import SUPPORTED_DTYPES, cast, literal, numpy_type
 
 
 class _Slot:
@@ -67,6 +67,25 @@ def one_int_array(parts: list) -> int | None:
     return found
 
 
+def paired_int_arrays(parts: list) -> tuple[int, int, int] | None:
+    """(first position, count, length) of two or more adjacent 1-d integer arrays of one
+    length among full slices (a diagonal: `x[i, i]`, `x[..., i, i + 1]`), or None. NumPy puts
+    the arrays' common axis where they stand, so each element of it reads one element."""
+    positions = [k for k, i in enumerate(parts) if isinstance(i, np.ndarray)]
+    if len(positions) < 2 or positions[-1] - positions[0] + 1 != len(positions):
+        return None
+    arrays = [parts[k] for k in positions]
+    if any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays):
+        return None
+    if len({a.shape[0] for a in arrays}) != 1:
+        return None
+    if not all(
+        isinstance(i, slice) and i == slice(None) for k, i in enumerate(parts) if k not in positions
+    ):
+        return None
+    return positions[0], len(positions), arrays[0].shape[0]
+
+
 def written_base(ins: Instruction) -> Var | None:
     """The array a write copies: its Var, a stand-in for a constant array, or None."""
     base = ins.invars[0]
@@ -84,7 +103,11 @@ def accepts_read(ins: Instruction) -> bool:
     parts = index_parts(ins.params["idx"], len(x.shape))
     if parts is None:
         return False
-    return basic_index(parts) or one_int_array(parts) is not None
+    return (
+        basic_index(parts)
+        or one_int_array(parts) is not None
+        or paired_int_arrays(parts) is not None
+    )
 
 
 def accepts_write(accumulate: bool):
@@ -98,7 +121,7 @@ def accepts_write(accumulate: bool):
         parts = index_parts(ins.params["idx"], len(base.shape))
         if parts is None:
             return False
-        if basic_index(parts):
+        if basic_index(parts) or paired_int_arrays(parts) is not None:
             return True
         return accumulate and len(base.shape) == 1 and len(parts) == 1 and one_int_array(parts) == 0
 
@@ -181,7 +204,36 @@ def dynamic_parts(w, ins: Instruction, base: str, n: int) -> tuple[list[str], li
 def emit_read(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
     """x[idx] with a constant index."""
     parts = index_parts(ins.params["idx"], len(ins.invars[0].shape))
+    if paired_int_arrays(parts) is not None:
+        return paired_read_lines(w, ins, target, args[0], parts)
     return w.assign(ins, target, f"{args[0]}[{index_text(w, parts)}]")
+
+
+def _paired_source_index(w, parts: list, out_index: tuple[str, ...]) -> str:
+    """The source element of result element `out_index` for an index of paired integer
+    arrays (paired_int_arrays): each array reads its entry at the shared axis's position."""
+    start, count, _ = paired_int_arrays(parts)
+    shared = out_index[start]
+    source = list(out_index[:start])
+    source += [f"{w.const_array(parts[start + k])}[{shared}]" for k in range(count)]
+    source += list(out_index[start + 1 :])
+    return ", ".join(source)
+
+
+def paired_read_lines(w, ins: Instruction, target: str, x: str, parts: list) -> list[str]:
+    """x[..., i, j, ...] with paired integer arrays: explicit loops over the result."""
+    out = ins.outvars[0]
+    idx = tuple(f"j{k}" for k in range(len(out.shape)))
+    lines = [f"{target} = np.empty({w.shape_expr(out.shape)}, {numpy_type(out.dtype)})"]
+    indent = ""
+    for k, d in enumerate(out.shape):
+        lines.append(f"{indent}for {idx[k]} in range({w.dim(d)}):")
+        indent += "    "
+    value = f"{x}[{_paired_source_index(w, parts, idx)}]"
+    if ins.invars[0].dtype != out.dtype:
+        value = cast(value, out.dtype)
+    lines.append(f"{indent}{target}[{', '.join(idx)}] = {value}")
+    return lines
 
 
 def emit_dynamic_read(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
@@ -216,7 +268,25 @@ def write_lines(
         value = literal(ins.args[1], out.dtype)
     lines = [f"{target} = {args[0]}.copy()"]
     shape_parts = tuple(0 if isinstance(p, str) else p for p in parts)
-    if not accumulate or basic_index(shape_parts):
+    if paired_int_arrays(parts) is not None:
+        view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[tuple(parts)].shape
+        value_shape = (
+            None
+            if (v is None and not np.ndim(ins.args[1])) or (v is not None and v.shape == ())
+            else (v.shape if v is not None else np.shape(ins.args[1]))
+        )
+        value_dtype = v.dtype if v is not None else np.asarray(ins.args[1]).dtype
+        idx = tuple(f"j{k}" for k in range(len(view_shape)))
+        indent = ""
+        for k, d in enumerate(view_shape):
+            lines.append(f"{indent}for {idx[k]} in range({w.dim(d)}):")
+            indent += "    "
+        lines.append(
+            f"{indent}{target}[{_paired_source_index(w, parts, idx)}] "
+            f"{'+=' if accumulate else '='} "
+            f"{element(value, value_shape, idx, value_dtype, out.dtype)}"
+        )
+    elif not accumulate or basic_index(shape_parts):
         view_shape = np.broadcast_to(np.zeros((), bool), out.shape)[shape_parts].shape
         value_shape = (
             None

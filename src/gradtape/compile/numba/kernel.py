@@ -31,7 +31,8 @@ from .status import STATUS_CHECK, STATUS_LAYOUT, STATUS_OK
 
 # Scalar constants are kernel arguments, so that functions differing only in a constant (200
 # closures over another value of a parameter) share one kernel: its text, and so its key and
-# machine code, do not depend on the value. Small whole numbers, halves and non-finite values
+# machine code, do not depend on the value. The constants of one dtype are one array argument
+# (a long unrolled loop has one per iteration). Small whole numbers, halves and non-finite values
 # stay literals (x * 2.0, x ** 3, x - 1: written in code, not parameters, and LLVM folds them).
 def baked_constant(value, dtype: np.dtype) -> bool:
     """Whether the scalar constant `value` is written into the kernel's text."""
@@ -57,6 +58,7 @@ class KernelWriter:
         self.lines: list[str] = []
         self.args: list[KernelArg] = []
         self.arg_names: set[str] = set()
+        self._scalar_locals: set[str] = set()  # scalar constants read at the kernel's start
         self.dims: dict[int, str] = {}
         self.dim_lines: list[str] = []
         self.tmp = 0
@@ -334,11 +336,12 @@ class KernelWriter:
         at the kernel's start from its one-element argument."""
         if baked_constant(value, dtype):
             return literal(value, dtype)
-        name = self.gen.consts.scalar(value, dtype)
-        local = f"{name}s"
-        if name not in self.arg_names:
-            self.add_arg(name, dtype, 1, (1,))
-            self.dim_lines.append(f"{local} = {name}[0]")
+        name, position = self.gen.consts.scalar(value, dtype)
+        local = f"{name}s{position}"
+        if local not in self._scalar_locals:
+            self._scalar_locals.add(local)
+            self.add_arg(name, dtype, 1)
+            self.dim_lines.append(f"{local} = {name}[{position}]")
         return local
 
     def const_array(self, a) -> str:

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.errors import GuardFailure
+from ...core.ir import Var
 from ...core.primitive import Primitive
 from ...transforms.linearize import record_step_vjp
+from .. import rolling
 from ..step import body_inputs, step_program
 from . import backend, codegen, drivers
 from .generator import Generated, Kernel, KernelArg
@@ -73,9 +75,12 @@ class LoopSpec:
             if a.dtype != dtype:
                 return None
             converted.append(a[()] if scalar else np.ascontiguousarray(a))
-        steps = (
-            params.get("length", 0) if self.length_from is None else args[self.length_from].shape[0]
-        )
+        if self.length_from is not None:
+            steps = args[self.length_from].shape[0]
+        elif "loop" in params:  # a rolled Python loop
+            steps = params["loop"].trips
+        else:
+            steps = params.get("length", 0)
         outs, driver_outs = [], []
         for o in self.outputs:
             shape = (-(-steps // o.every), *o.shape) if o.per_step else o.shape
@@ -136,6 +141,12 @@ class NativeLoop:
                 self.driver, self.state = None, _OFF
                 self.reason = "its steps kept leaving the body's recorded path"
         return result
+
+    def prepare(self, args: tuple, params: dict) -> None:
+        """Build (and start compiling) the driver now, from the values of a recording; a
+        call would otherwise do it on the first native call."""
+        if self.state == _NOT_YET:
+            self._prepare(args, params)
 
     def _prepare(self, args, params) -> None:
         with self._lock:
@@ -225,7 +236,7 @@ def forward_spec(params: dict, args: tuple) -> LoopSpec:
     nc, nx = params["n_carry"], params["n_x"]
     ny = len(body.out_avals) - nc
     tape, _, positions = body.variants[0]
-    gen = _step_kernel(step_program(tape, body_inputs(tape)))
+    gen = _step_kernel(step_program(tape, body_inputs(tape), roll=False))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
     carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
@@ -281,7 +292,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
     caps = rest[: len(rest) - nc] if params["stored_cotangents"] else rest
     every = params["checkpoint"] or 1
     vjp, tape, positions = _recorded_step_vjp(params, g_carry, g_ys, stored, xs, caps)
-    gen = _step_kernel(step_program(vjp, vjp.inputs))
+    gen = _step_kernel(step_program(vjp, vjp.inputs, roll=False))
     w = _DriverWriter(gen)
     slots = [_slot(a) for a in args]
     gc = [w.value_arg(f"gc{j}", a) for j, a in enumerate(g_carry)]
@@ -316,7 +327,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         w.lines.append("for k in range(T - 1, -1, -1):")
         carry_at = [f"{st[j]}[k]" for j in range(nc)]
     else:  # recompute each segment's carries from its stored one, then walk it back
-        forward = _step_kernel(step_program(tape, body_inputs(tape)))
+        forward = _step_kernel(step_program(tape, body_inputs(tape), roll=False))
         _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry)
         carry_at = [f"sg{j}[k - start]" for j in range(nc)]
     w.body("t = T - 1 - k" if params["reverse"] else "t = k")
@@ -419,8 +430,8 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
     nc, nb = params["n_carry"], params["n_body_caps"]
     tape, _, positions = body.variants[0]
     c_tape, _, c_positions = cond.variants[0]
-    w = _DriverWriter(_step_kernel(step_program(tape, body_inputs(tape))))
-    cond_gen = _step_kernel(step_program(c_tape, body_inputs(c_tape)))
+    w = _DriverWriter(_step_kernel(step_program(tape, body_inputs(tape), roll=False)))
+    cond_gen = _step_kernel(step_program(c_tape, body_inputs(c_tape), roll=False))
     slots = [_slot(a) for a in args]
     carries = [w.value_arg(f"i{j}", args[j]) for j in range(nc)]
     bcaps = [w.value_arg(f"cp{i}", a) for i, a in enumerate(args[nc : nc + nb])]
@@ -459,6 +470,89 @@ def while_spec(params: dict, args: tuple) -> LoopSpec:
     return spec
 
 
+def rolled_spec(params: dict, args: tuple) -> LoopSpec:
+    """The driver of a rolled Python loop (compile/rolling.py): its body, recorded as one step
+    on the first iteration of these arguments, walked natively for the loop's trip count.
+    Progressing indices (`x[i]`) are read from constant arguments (start, step), so another
+    trip count of the same body writes the same module and reuses the compiled driver."""
+    loop = params["loop"]
+    try:
+        stepped = rolling.step_tape(loop, args)
+    except rolling.NotSteppable as exc:
+        raise Unsupported(str(exc)) from None
+    gen = _step_kernel(step_program(stepped.tape, stepped.tape.inputs, roll=False))
+    w = _DriverWriter(gen)
+    slots = [_slot(a) for a in args]
+    names = [w.value_arg(f"x{m}", a) for m, a in enumerate(args)]
+    w.add_arg("T", _I64, None)
+    values = loop.first_iteration(args)
+    outputs = []
+    for kind, k, j in loop.outputs:
+        a = np.asarray(rolling._pick(loop.steps, values, (k, j)))
+        outputs.append(_Output(a.shape, a.dtype, kind == "stack", False))
+    targets_out = [w.out_arg(f"o{i}", o) for i, o in enumerate(outputs)]
+    n_carry = len(loop.carries)
+    accumulators = stepped.accumulators
+    scalar_carry = [np.ndim(args[m]) == 0 for m, _ in loop.carries]
+    swapped = [c for c in range(n_carry) if c not in accumulators]
+    w.open_carries([names[loop.carries[c][0]] for c in swapped], [scalar_carry[c] for c in swapped])
+    carry_name = {c: f"a{i}" for i, c in enumerate(swapped)}
+    next_name = {c: (f"n{i}" if scalar_carry[c] else f"b{i}") for i, c in enumerate(swapped)}
+    added = {}  # position among the step's outputs -> where the step puts the value added
+    for c, entries in accumulators.items():
+        carry_name[c] = f"acc{c}"
+        w.lines.append(f"acc{c} = {names[loop.carries[c][0]]}.copy()")
+        for _, position in entries:
+            leaf = stepped.tape.outputs[position]  # a Var, or a constant added every time
+            if isinstance(leaf, Var):
+                shape, dtype = leaf.shape, leaf.dtype
+            else:
+                shape, dtype = np.shape(leaf), np.asarray(leaf).dtype
+            name = added[position] = f"add{position}"
+            if shape:
+                w.lines.append(
+                    f"{name} = np.empty({tuple(shape)!r}, {numpy_type(np.dtype(dtype))})"
+                )
+    w.lines.append("for t in range(T):")
+    step_inputs = []
+    for source in stepped.sources:
+        kind = source[0]
+        if kind == "carry":
+            step_inputs.append(carry_name[source[1]])
+        elif kind == "in":
+            step_inputs.append(names[source[1]])
+        elif kind == "row":
+            step_inputs.append(f"{names[source[1]]}[t]")
+        elif kind == "view":
+            step_inputs.append(f"{names[source[1]]}[{w.index_text(source[2])}]")
+        else:  # ("index", start, step): constants, so the text is the same for every start
+            step_inputs.append(w.progression(source[1], source[2]))
+    targets = [added[c] if c in accumulators else next_name[c] for c in range(n_carry)]
+    producers = {kj: c for c, (_, kj) in enumerate(loop.carries)}
+    finals = []
+    for (kind, k, j), name, o in zip(loop.outputs, targets_out, outputs):
+        if kind == "last" and (k, j) in producers:  # written once, after the loop
+            targets.append(None)
+            finals.append((name, carry_name[producers[(k, j)]], not o.shape))
+        elif o.per_step:
+            targets.append(f"{name}[t]")
+        else:
+            targets.append(f"{name}[0]" if not o.shape else name)
+    targets += [added[p] for p in range(len(targets), len(stepped.tape.outputs))]
+    w.step(step_inputs, targets)
+    for c, entries in accumulators.items():
+        for parts, position in entries:
+            w.body(f"acc{c}[{w.index_text(parts)}] += {added[position]}")
+    w.swap_carries([scalar_carry[c] for c in swapped])
+    for name, carry, scalar in finals:
+        w.lines.append(f"{name}[0] = {carry}" if scalar else f"copy_into({name}, {carry})")
+    w.close_carries([], [])
+    return w.spec(slots, outputs, length_from=None)
+
+
+register_driver(rolling.rolled_loop_p, rolled_spec)
+
+
 # --- the driver's text ------------------------------------------------------------------------
 class _DriverWriter:
     """Writes `loop(<arguments>, T, <results>, <constants>)` around the step kernel."""
@@ -485,10 +579,36 @@ class _DriverWriter:
 
     def const(self, value) -> str:
         name = f"kc{len(self.consts)}"
-        value = np.ascontiguousarray(value)
-        self.consts.append(value if value.ndim else value[()])
+        value = np.asarray(value)  # (ascontiguousarray would make a 0-d value 1-d)
+        self.consts.append(np.ascontiguousarray(value) if value.ndim else value[()])
         self.const_names.append(name)
         return name
+
+    def progression(self, start: int, step: int) -> str:
+        """The integer `start + t * step` in iteration t; start and step are constant
+        arguments, so the text is the same for every start and step."""
+        return f"({self.const(np.int64(start))} + t * {self.const(np.int64(step))})"
+
+    def index_text(self, parts: list) -> str:
+        """An index as source: ints, None, ("index", start, step) progressions and
+        ("slice", start, stop, step) with ints, progressions or None in it."""
+
+        def bound(x) -> str:
+            if x is None:
+                return ""
+            if isinstance(x, tuple):
+                return self.progression(x[1], x[2])
+            return str(int(x))
+
+        text = []
+        for part in parts:
+            if part is None:
+                text.append("None")
+            elif isinstance(part, tuple) and part[0] == "slice":
+                text.append(":".join(bound(x) for x in part[1:]))
+            else:
+                text.append(bound(part))
+        return ", ".join(text)
 
     def body(self, line: str) -> None:
         self.lines.append(self.indent + line)

@@ -160,6 +160,40 @@ def _emit_partial_reduction(w, ins: Instruction, target: str, args: list[str]) -
     return lines
 
 
+def _accepts_scalar_reduction(ins: Instruction) -> bool:
+    """A sum, product, max or min of a 0-d value (np.sum(np.sum(x))): the value itself."""
+    x, out = ins.invars[0], ins.outvars[0]
+    return (
+        x is not None
+        and x.shape == ()
+        and out.shape == ()
+        and x.dtype in SUPPORTED_DTYPES
+        and x.dtype.kind in "biuf"
+        and out.dtype.kind in "iuf"
+    )
+
+
+def _emit_scalar_reduction(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
+    x, out = ins.invars[0], ins.outvars[0]
+    value = args[0] if x.dtype == out.dtype else cast(args[0], out.dtype)
+    return w.assign(ins, target, value)
+
+
+def _reduction_lowering() -> Lowering:
+    """A reduction over some axes (explicit loops), or of a 0-d value (the value)."""
+    partial = _checked(_accepts_partial_reduction)
+
+    def accepts(ins: Instruction) -> bool:
+        return _accepts_scalar_reduction(ins) or partial(ins)
+
+    def emit(w, ins: Instruction, target: str, args: list[str]) -> list[str]:
+        if _accepts_scalar_reduction(ins):
+            return _emit_scalar_reduction(w, ins, target, args)
+        return _emit_partial_reduction(w, ins, target, args)
+
+    return Lowering(accepts, emit)
+
+
 # --- shapes, concatenation, cumulative ops -----------------------------------------------------
 def _traced_first(ins: Instruction) -> bool:
     return ins.invars[0] is not None
@@ -246,7 +280,7 @@ def _table() -> dict[Primitive, Lowering]:
     }
     for prim, reduction in REDUCTIONS.items():
         if reduction.partial is not None:
-            table[prim] = Lowering(_checked(_accepts_partial_reduction), _emit_partial_reduction)
+            table[prim] = _reduction_lowering()
     return table
 
 

@@ -33,3 +33,9 @@ def warn_once(message: str) -> None:
             return
         _warned.add(message)
     warnings.warn(message, NativeFallbackWarning, stacklevel=4)
+
+
+def reset_after_fork() -> None:
+    """A fresh lock in a forked child (another thread may have held it at the fork)."""
+    global _warn_lock
+    _warn_lock = threading.Lock()

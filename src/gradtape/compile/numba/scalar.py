@@ -19,8 +19,9 @@ edit. The forms:
   a float64 (cast to the output's dtype when that differs: the functions of `math`).
   Unguarded alternatives apply to every loop.
 * `"@name"`: a rule of `RULES` below, for what a template cannot say. `@select` (where),
-  `@convert` (astype) and `@broadcast` (broadcast_to) are whole forms: they also choose the
-  loop's dtypes. `@small_power` (x ** c for a constant small integer c, as multiplications)
+  `@convert` (astype), `@broadcast` (broadcast_to) and `@nan_safe_product` (a derivative
+  rule's NaN-safe product) are whole forms: they also choose the loop's dtypes.
+  `@small_power` (x ** c for a constant small integer c, as multiplications)
   and `@invariant_divisor` (x / d in a loop, d the same for every element, as x * (1 / d))
   refine the alternatives after them, which must cover every loop.
 
@@ -180,6 +181,16 @@ RULES: dict[str, Rule] = {
         _converted,
         dtypes=_own_dtype,
         admits=lambda ins: ins.invars[0] is not None or np.size(ins.args[0]) == 1,
+    ),
+    # g * p with 0 where g == 0 and p is infinite or NaN (rules/elementwise.py, the NaN-safe
+    # products of derivative rules), in the loop of NumPy's multiply for floating dtypes
+    "nan_safe_product": Rule(
+        lambda ins, args, in_dts, out_dt, in_loop: (
+            f"({literal(0.0, out_dt)} if ({args[0]} == {literal(0.0, out_dt)} and not "
+            f"np.isfinite({args[1]})) else {args[0]} * {args[1]})"
+        ),
+        dtypes=lambda ins: ((ins.outvars[0].dtype,) * 2, ins.outvars[0].dtype),
+        admits=lambda ins: ins.outvars[0].dtype.kind == "f",
     ),
     "small_power": Rule(_small_power),
     "invariant_divisor": Rule(_invariant_divisor),
