@@ -58,7 +58,8 @@ def test_pad(name, data, dtype):
 
 def test_pad_forms_and_refusals():
     x = np.arange(6.0).reshape(2, 3) / 3
-    check_rule(lambda x: np.pad(x, {1: (2, 1)}, mode="edge"), x)
+    if np.lib.NumpyVersion(np.__version__) >= "2.3.0":  # (pad widths by axis: NumPy 2.3)
+        check_rule(lambda x: np.pad(x, {1: (2, 1)}, mode="edge"), x)
     check_rule(lambda x: np.pad(x, 2, mode="empty") * 0 + np.pad(x, 2), x)
     check_rule(lambda x, c: np.pad(x, 1, constant_values=c), x, 0.75)  # a traced fill value
     check_rule(

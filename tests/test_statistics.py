@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gradtape as gt
+from gradtape._compat import QUANTILE_WEAK_Q_IN_INPUT_DTYPE
 
 DTYPES = st.sampled_from([np.float64, np.float32])
 SHAPES = [(1,), (5,), (4, 3), (2, 3, 2)]
@@ -64,9 +65,12 @@ def test_quantile(method, data, dtype, keepdims):
     shape = data.draw(st.sampled_from(SHAPES), label="shape")
     x = data.draw(distinct(shape, dtype), label="x")
     axis = data.draw(axes(len(shape)), label="axis")
+    # (NumPy before 2.4 computes a float32 input's index in float32, central differences
+    # in float64: a Python-float q is drawn representable in float32 there, so both agree)
+    width = 32 if dtype == np.float32 and QUANTILE_WEAK_Q_IN_INPUT_DTYPE else 64
     q = data.draw(
         st.one_of(
-            st.floats(0.0, 1.0),
+            st.floats(0.0, 1.0, width=width),
             hnp.arrays(np.float64, st.integers(1, 3), elements=st.floats(0.0, 1.0)),
         ),
         label="q",

@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from .._compat import QUANTILE_WEAK_Q_IN_INPUT_DTYPE
 from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import implements
@@ -143,6 +144,8 @@ def _quantile(a, q, axis, method, keepdims, weights, ignore_nan, percent, weak_q
         return np.nanmean(a, axis=axis, keepdims=keepdims)
     qv = np.reshape(q, (1,) * len(kept) + (-1,))
     inexact = dtype_of(a).kind == "f"
+    if weak_q and inexact and QUANTILE_WEAK_Q_IN_INPUT_DTYPE:
+        qv = _astype(qv, dtype_of(a))  # (the index computed as this NumPy does: _compat)
     if weights is not None:
         return _weighted_quantile(
             a, flat, q, qv, axes, shape, kept, count, weights, keepdims, axis, ignore_nan
