@@ -1,5 +1,5 @@
 """Print the oldest supported versions as exact pins, one requirement a line: the required
-dependencies and the runtime extras (numba, scipy) of pyproject.toml, each `>=X` turned into
+dependencies and the runtime extras (numba, scipy, dask) of pyproject.toml, each `>=X` turned into
 `==X`, with the markers evaluated for the Python version given (default: this one).
 
     python .ci/floors.py 3.10  >  floors.txt     (run with Python 3.11 or newer: tomllib)
@@ -15,7 +15,7 @@ import tomllib
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-RUNTIME_EXTRAS = ("numba", "scipy")
+RUNTIME_EXTRAS = ("numba", "scipy", "dask")
 
 
 def floors(python_version: str) -> list[str]:
