@@ -335,58 +335,32 @@ def _numpy_dispatcher_functions() -> list:
     return found
 
 
+def _dispatcher_template(
+    *args,
+    _gradtape_original_dispatcher=None,
+    _gradtape_array_likes=None,
+    _gradtape_thread=None,
+    **kwargs,
+):
+    # the code every wrapped dispatcher runs: its own original (a copy, in the keyword
+    # defaults) answers; while this thread traces, lists holding Tracers are added
+    if _gradtape_thread.__dict__.get("stack"):
+        return _gradtape_array_likes(_gradtape_original_dispatcher(*args, **kwargs))
+    return _gradtape_original_dispatcher(*args, **kwargs)
+
+
 def _wrap_dispatcher(fn) -> bool:
-    """Replace `fn`'s code by a call of a copy of it whose result passes through
-    `_array_likes_with_tracers` (the function object stays: NumPy's C dispatcher holds it)."""
-    import inspect
+    """Replace `fn`'s code by `_dispatcher_template`'s, which calls a copy of the original
+    and passes its result through `_array_likes_with_tracers` (the function object stays:
+    NumPy's C dispatcher holds it). The original copy checks the arguments as before."""
     import types
 
-    if "_gradtape_original_dispatcher" in fn.__code__.co_varnames:
+    code = fn.__code__
+    if "_gradtape_original_dispatcher" in code.co_varnames:
         return True  # wrapped by an earlier attempt (one a KeyboardInterrupt cut short)
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    params = []
-    call = []
-    star = False
-    extra = "_gradtape_original_dispatcher, _gradtape_array_likes, _gradtape_thread"
-    kinds = [p.kind for p in sig.parameters.values()]
-    for i, p in enumerate(sig.parameters.values()):
-        if p.kind is p.POSITIONAL_ONLY:
-            params.append(p.name)
-            call.append(p.name)
-            if i + 1 == len(kinds) or kinds[i + 1] is not p.POSITIONAL_ONLY:
-                params.append("/")
-        elif p.kind is p.POSITIONAL_OR_KEYWORD:
-            params.append(p.name)
-            call.append(p.name)
-        elif p.kind is p.VAR_POSITIONAL:
-            params.append("*" + p.name)
-            call.append("*" + p.name)
-            star = True
-        elif p.kind is p.KEYWORD_ONLY:
-            if not star:
-                params.append("*")
-                star = True
-            params.append(p.name)
-            call.append(f"{p.name}={p.name}")
-        else:  # **kwargs
-            params.append(("" if star else "*, ") + extra + ", **" + p.name)
-            call.append("**" + p.name)
-            extra = None
-    if extra is not None:
-        params.append(extra if star else "*, " + extra)
-    source = (
-        f"def {fn.__name__}({', '.join(params)}):\n"
-        f"    if _gradtape_thread.__dict__.get('stack'):\n"
-        f"        return _gradtape_array_likes(_gradtape_original_dispatcher({', '.join(call)}))\n"
-        f"    return _gradtape_original_dispatcher({', '.join(call)})\n"
-    )
-    namespace: dict = {}
-    exec(compile(source, fn.__code__.co_filename, "exec"), {}, namespace)
-    code = namespace[fn.__name__].__code__
-    original = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+    if code.co_freevars:
+        return False  # (a closure: its code cannot be swapped)
+    original = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__)
     original.__kwdefaults__ = fn.__kwdefaults__
     kwdefaults = dict(fn.__kwdefaults__ or {})
     kwdefaults["_gradtape_original_dispatcher"] = original
@@ -395,7 +369,9 @@ def _wrap_dispatcher(fn) -> bool:
     # the defaults first: the old code ignores keyword defaults it does not name, so an
     # interrupt between the two assignments leaves a working function either way
     fn.__kwdefaults__ = kwdefaults
-    fn.__code__ = code.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
+    fn.__code__ = _dispatcher_template.__code__.replace(
+        co_name=code.co_name, co_qualname=code.co_qualname, co_filename=code.co_filename
+    )
     return True
 
 
