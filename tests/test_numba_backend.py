@@ -699,3 +699,24 @@ def test_the_wrapper_calls_numpys_own_constructors_not_the_dispatchers():
         assert not hasattr(bound, "__gradtape_original__")
         assert bound is getattr(numpy_function, "__gradtape_original__", numpy_function)
     assert hasattr(np.array, "__gradtape_original__")  # gradtape patched it: the test means it
+
+
+@pytest.mark.native
+def test_a_concatenation_of_many_pieces_runs_through_numpy_between_kernels():
+    # Numba types np.concatenate of a tuple piece by piece, and LLVM's loop strength reduction
+    # then grows far faster than the tuple (500 pieces did not compile in 15 minutes)
+    from gradtape.compile.numba.lowering import MAX_NATIVE_CONCATENATE
+
+    n = 4 * MAX_NATIVE_CONCATENATE
+
+    def f(x):
+        return np.sum(np.concatenate([x[i : i + 1] * (i + 1.0) for i in range(n)]) ** 2)
+
+    x = np.linspace(0.1, 1.0, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NativeFallbackWarning)
+        cf = gt.compile(gt.value_and_grad(f), backend="numba")
+        value, grad = cf(x)
+    expected = gt.value_and_grad(f)(x)
+    np.testing.assert_allclose(value, expected[0], rtol=1e-12)
+    np.testing.assert_allclose(grad, expected[1], rtol=1e-12)

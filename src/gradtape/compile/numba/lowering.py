@@ -219,7 +219,16 @@ def _emit_broadcast(w, ins: Instruction, target: str, args: list[str]) -> list[s
     return w.assign(ins, target, f"np.broadcast_to({args[0]}, {w.shape_expr(out.shape)})")
 
 
+# Numba types np.concatenate of a tuple element by element, and LLVM's loop strength
+# reduction on the result grows far faster than the tuple: 500 pieces (a vmap over 500
+# members stacked) did not finish compiling in 15 minutes. Longer concatenations run
+# through NumPy between kernels.
+MAX_NATIVE_CONCATENATE = 32
+
+
 def _accepts_concatenate(ins: Instruction) -> bool:
+    if len(ins.args) > MAX_NATIVE_CONCATENATE:
+        return False
     if ins.invars[0] is None:
         return True
     out = ins.outvars[0]
