@@ -41,6 +41,11 @@ __all__ = [
 
 GENERATOR_VERSION = "1"
 
+# Numba compiles a function taking or returning a tuple of hundreds of arrays in minutes to
+# hours (500 rows of a vmapped Hessian, each a separate value, did not compile in 15 minutes):
+# a program that would need such a kernel runs on the numpy backend instead, with a warning.
+MAX_KERNEL_VALUES = 256
+
 
 def generate(program: Program, threads: int = 1) -> Generated:
     """Plan `program` and write its kernels' module and its wrapper (see the module docstring).
@@ -64,6 +69,12 @@ def generate(program: Program, threads: int = 1) -> Generated:
             segment == 0 and not plan.stages
         ):
             kernels.append(KernelWriter(gen, segment).write())
+    for k in kernels:
+        if len(k.args) + len(k.returns) > MAX_KERNEL_VALUES:
+            raise NotImplementedError(
+                f"a kernel would pass {len(k.args) + len(k.returns)} values in and out (more "
+                f"than {MAX_KERNEL_VALUES}: Numba's compile time explodes on such tuples)"
+            )
     module = _module_text(
         kernels, threads > 1 and any("prange(" in line for k in kernels for line in k.lines)
     )
