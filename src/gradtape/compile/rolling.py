@@ -564,6 +564,11 @@ def _scatter_parts(step: BodyStep, ndim: int) -> list | None:
             parts.append(i)
         else:
             return None
+    return _expand_ellipsis(parts, ndim)
+
+
+def _expand_ellipsis(parts: list, ndim: int) -> list:
+    """Index parts with an Ellipsis replaced by the full slices it stands for."""
     used = sum(1 for p in parts if p is not None and p is not Ellipsis)
     expanded: list = []
     for p in parts:
@@ -625,14 +630,7 @@ def _view_parts(step: BodyStep, ndim: int) -> list:
             parts.append(part[1])
         else:
             raise NotSteppable("an index part a driver cannot write changes per iteration")
-    used = sum(1 for p in parts if p is not None and p is not Ellipsis)
-    expanded: list = []
-    for p in parts:
-        if p is Ellipsis:
-            expanded.extend([("slice", None, None, None)] * (ndim - used))
-        else:
-            expanded.append(p)
-    return expanded
+    return _expand_ellipsis(parts, ndim)
 
 
 def _dynamic_index(step: BodyStep, add_input) -> tuple:

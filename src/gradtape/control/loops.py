@@ -684,6 +684,20 @@ def _scan_bwd_batch(prim, args, batched, **params):
     return vmap(lambda *a: _scan_bwd_python(*a, **params), in_axes=in_axes)(*args)
 
 
+def _split_batched(args, batched, n_carry, n_x, n_y, stored_cotangents) -> tuple:
+    """A backward loop's arguments and their batched flags split into their groups
+    (BackwardLoopArgs.split), and the batch size."""
+    split = functools.partial(
+        BackwardLoopArgs.split,
+        n_carry=n_carry,
+        n_x=n_x,
+        n_y=n_y,
+        stored_cotangents=stored_cotangents,
+    )
+    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    return split(args), split(batched), size
+
+
 def _backward_as_scan(
     args, batched, program, n_carry, n_x, n_y, length, reverse, checkpoint, stored_cotangents
 ):
@@ -692,15 +706,7 @@ def _backward_as_scan(
     scan). The VJP of each member gives each member its own cotangents of values the batch
     shares, with the rules' own forms (an outer product, a matrix-vector product), which the
     backends fuse; the cotangents of the captured values are carried and summed."""
-    split = functools.partial(
-        BackwardLoopArgs.split,
-        n_carry=n_carry,
-        n_x=n_x,
-        n_y=n_y,
-        stored_cotangents=stored_cotangents,
-    )
-    parts, flags = split(args), split(batched)
-    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    parts, flags, size = _split_batched(args, batched, n_carry, n_x, n_y, stored_cotangents)
     nc = n_carry
 
     def full(v, b):
@@ -763,15 +769,7 @@ def _batched_backward_loop(
     """One scan_bwd over the batch: every argument gets the batch axis (values shared by the
     members are broadcast, so that each member gets its own cotangent of them), the stacked
     ones with the loop's axis first and the batch second."""
-    split = functools.partial(
-        BackwardLoopArgs.split,
-        n_carry=n_carry,
-        n_x=n_x,
-        n_y=n_y,
-        stored_cotangents=stored_cotangents,
-    )
-    parts, flags = split(args), split(batched)
-    size = next(shape_of(a)[0] for a, b in zip(args, batched) if b)
+    parts, flags, size = _split_batched(args, batched, n_carry, n_x, n_y, stored_cotangents)
 
     def full(values, are_batched, stacked=False):
         out = [
