@@ -59,8 +59,8 @@ def test_python_scalars_and_float32():
     assert got.dtype == np.float32
 
 
-G = np.array([0.0, 1.5, 0.0, -2.0, 3.0])
-P = np.array([np.inf, 2.0, 1.0, -0.5, np.nan])
+G = np.array([0.0, 1.5, 0.0, -2.0, 3.0, np.inf, np.nan, 0.0, -0.0, 2.0])
+P = np.array([np.inf, 2.0, 1.0, -0.5, np.nan, 0.0, 1.0, np.nan, -np.inf, np.inf])
 
 
 @pytest.mark.parametrize("backend", compile_backends())
@@ -73,7 +73,8 @@ def test_a_recorded_product_is_masked_on_every_replay(backend):
     compiled = gt.compile(f, backend=backend)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", gt.NativeFallbackWarning)
-        for g, p in ((G + 1.0, np.abs(P[:4]).tolist() + [1.0]), (G, P), (G + 1.0, P)):
+        finite = np.where(np.isfinite(P), np.abs(P), 1.0)
+        for g, p in ((G + 1.0, finite), (G, P), (G + 1.0, P), (G, P[::-1].copy())):
             g, p = np.asarray(g, float), np.asarray(p, float)
             np.testing.assert_array_equal(compiled(g, p), masked_product(g, p))
 

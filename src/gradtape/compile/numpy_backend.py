@@ -302,22 +302,28 @@ def _emit_astype(gen, ins, out, args):
 
 
 def _zero_nan_products(d, g, p) -> None:
-    """In place on d = g * p: 0 where g is 0 and p is not finite (nan_safe_multiply's rule,
-    with its test first: a finite p broadcast against a larger g, or a product whose sum is
-    not NaN, needs no mask)."""
-    if 2 * np.size(p) <= d.size:
-        if np.isfinite(p).all():
-            return
-    elif not np.isnan(np.add.reduce(d, axis=None)):
-        return
+    """In place on d = g * p: 0 where g is 0 and p is not finite (nan_safe_multiply's rule)."""
     np.copyto(d, 0, where=np.equal(g, 0) & ~np.isfinite(p))
 
 
+_smallest = np.minimum.reduce  # NaN when any entry is NaN (NumPy's minimum propagates NaN)
+
+
 def _emit_nan_safe_multiply(gen, ins, out, args):
+    """d = g * p, then the mask only when it changes something, tested inline: a finite p
+    broadcast against a larger g (a scalar, say) is tested itself; otherwise a zero times an
+    infinite or NaN p is a NaN of the product, so a product whose minimum is not NaN needs none."""
     multiply = gen.const(np.multiply, "multiply")
+    zero = gen.const(_zero_nan_products, "zero_nan_products")
+    p_var = ins.invars[1]
+    p_size = math.prod(p_var.shape) if p_var is not None else np.size(ins.args[1])
+    if 2 * p_size <= math.prod(ins.outvars[0].shape):
+        test = f"not {gen.const(np.isfinite, 'isfinite')}({args[1]}).all()"
+    else:
+        test = f"{gen.const(np.isnan, 'isnan')}({gen.const(_smallest, 'smallest')}({out}, None))"
     return [
         f"{multiply}({args[0]}, {args[1]}, {out})",
-        f"{gen.const(_zero_nan_products, 'zero_nan_products')}({out}, {args[0]}, {args[1]})",
+        f"if {test}: {zero}({out}, {args[0]}, {args[1]})",
     ]
 
 

@@ -102,8 +102,9 @@ import math
 import numpy as np
 
 from gradtape.compile.numba.runtime import (
-    int_max_step, int_min_step, is_c, max_step, min_step, ndtr, prefer_wide_vectors, reduce_add,
-    reduce_mul, same_value, scatter_add_1d, scatter_add_1d_scalar, xlogy)
+    int_max_step, int_min_step, is_c, max_step, min_step, nan_safe_product, ndtr,
+    prefer_wide_vectors, reduce_add, reduce_mul, same_value, scatter_add_1d, scatter_add_1d_scalar,
+    xlogy)
 from gradtape.compile.numba.special import (
     digamma, entr, huber, kl_div, log_ndtr, logit, pseudo_huber, rel_entr, xlog1py)
 from gradtape.compile.numba.fastmath import (

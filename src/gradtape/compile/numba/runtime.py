@@ -84,6 +84,15 @@ def min_step(acc, x):
 
 
 @_inline
+def nan_safe_product(g, p):
+    """g * p, 0 where g is 0 and p infinite or NaN. The product is NaN exactly when g or p is
+    NaN or one is 0 and the other infinite, so a NaN product with g == 0 is the masked case; a
+    select, with no branch, so loops with it vectorize."""
+    d = g * p
+    return d if (d == d) | (g != 0) else abs(g)
+
+
+@_inline
 def int_max_step(acc, x):
     return x if x > acc else acc
 

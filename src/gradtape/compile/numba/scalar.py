@@ -185,10 +185,7 @@ RULES: dict[str, Rule] = {
     # g * p with 0 where g == 0 and p is infinite or NaN (rules/elementwise.py, the NaN-safe
     # products of derivative rules), in the loop of NumPy's multiply for floating dtypes
     "nan_safe_product": Rule(
-        lambda ins, args, in_dts, out_dt, in_loop: (
-            f"({literal(0.0, out_dt)} if ({args[0]} == {literal(0.0, out_dt)} and not "
-            f"np.isfinite({args[1]})) else {args[0]} * {args[1]})"
-        ),
+        lambda ins, args, in_dts, out_dt, in_loop: f"nan_safe_product({args[0]}, {args[1]})",
         dtypes=lambda ins: ((ins.outvars[0].dtype,) * 2, ins.outvars[0].dtype),
         admits=lambda ins: ins.outvars[0].dtype.kind == "f",
     ),
