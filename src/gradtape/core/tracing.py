@@ -128,7 +128,7 @@ class Level:
         return copy
 
     def add_guard(self, var: Var, kind: str, answer) -> None:
-        self.tape.guards.append(Guard(var, kind, answer, _user_source_line()))
+        self.tape.guards.append(Guard(var, kind, answer, user_source_line()))
 
     def __repr__(self) -> str:
         return f"<Level {self.id} {self.kind.value}{'' if self.active else ' (closed)'}>"
@@ -226,7 +226,7 @@ def bind(prim, args: tuple, params: dict):
         if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
             # np.sign(z): zero derivative on the reals, not on the complex plane
             raise GradtapeError(
-                f"{_user_source_line()}: "
+                f"{user_source_line()}: "
                 + complex_refusal(prim.name, "taken as a constant, with zero derivative")
             )
         return out
@@ -367,7 +367,7 @@ def stack_members(prim, results: list):
     shapes = member_shapes(prim, results)
     if len(shapes) > 1:
         raise GradtapeError(
-            f"{_user_source_line()}: vmap: {prim.name} gives results of different shapes for "
+            f"{user_source_line()}: vmap: {prim.name} gives results of different shapes for "
             f"different members of the batch ({', '.join(map(str, sorted(shapes)))}); a batch "
             "needs one shape for all its members. Compute a fixed-size result instead (a "
             "mask with np.where rather than the selected elements, for instance)."
@@ -395,7 +395,7 @@ def _batch_answer(tracer, ask, kind: str):
     first = values[0]
     if not bool(np.all(values == first)):
         raise GradtapeError(
-            f"{_user_source_line()}: {kind}() of a value that differs across the batch of "
+            f"{user_source_line()}: {kind}() of a value that differs across the batch of "
             "vmap: the function takes a different path for different members. Write the "
             "branch with np.where (both sides computed), or use gradtape.while_loop / "
             "gradtape.fori_loop / gradtape.scan, which vmap runs for each member."
@@ -467,7 +467,7 @@ def user_frame(depth: int = 2) -> tuple | None:
     return None
 
 
-def _user_source_line() -> str:
+def user_source_line() -> str:
     """The first frame outside gradtape (and NumPy's dispatch): where the user asked for a
     value. When that frame is SciPy's, the user's line that called SciPy comes first and
     SciPy's line after it ("model.py:3: ...; inside SciPy at _cubic.py:865: ...")."""
@@ -521,7 +521,7 @@ def _traced_lists(t):
 
 
 def _no_float_message(what: str, tracer: Tracer | None = None) -> str:
-    where = _user_source_line()
+    where = user_source_line()
     if tracer is not None and tracer._level.kind is LevelKind.STAGE:
         # a value compile (or trace) records without differentiating it: a
         # Python number computed from it could not be checked when the code is replayed
@@ -573,7 +573,7 @@ def _guarded_value(x):
 
 def _as_array_message(dtype: np.dtype | None = None) -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
-    where = _user_source_line()
+    where = user_source_line()
     if dtype is not None:
         return (
             f"NumPy was asked to convert a traced value into a plain array of {dtype} "
@@ -991,7 +991,7 @@ class Tracer:
             base, index, recompute = view_of
             if index is None:
                 raise GradtapeError(
-                    f"{_user_source_line()}: a write into the result of {recompute.__name__} "
+                    f"{user_source_line()}: a write into the result of {recompute.__name__} "
                     "(x.T, x.reshape, np.broadcast_to, ...): NumPy may or may not write through "
                     "to x there. Write into x itself (x[...] = ...), or take a copy first "
                     "(y = x.T.copy())."

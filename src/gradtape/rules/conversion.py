@@ -26,7 +26,7 @@ import numpy as np
 from ..core import routes
 from ..core.errors import GradtapeError
 from ..core.routes import implements, implements_module_function
-from ..core.tracing import Tracer, _user_source_line
+from ..core.tracing import Tracer, user_source_line
 from .shape import astype, concatenate, reshape, stack
 
 # NumPy's own functions, whatever the numpy module holds later (process.py replaces them)
@@ -199,7 +199,7 @@ def axis_concatenator_getitem(self, key):
         trick = "np.c_" if self is getattr(np, "c_", None) else "np.r_"
         directive = items[0] if items and items[0] in ("r", "c") else "r"
         raise GradtapeError(
-            f"{trick}[{directive!r}, ...] builds an np.matrix ({_user_source_line()}), which "
+            f"{trick}[{directive!r}, ...] builds an np.matrix ({user_source_line()}), which "
             "gradtape does not trace: write np.concatenate (or np.column_stack) of the traced "
             "arrays, as a plain 2-d array, instead."
         )
