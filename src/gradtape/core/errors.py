@@ -1,4 +1,4 @@
-"""The two exceptions every layer shares."""
+"""The exceptions every layer shares."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ class GradtapeError(TypeError):
     ...     print("refused")
     refused
     """
+
+
+class TracedAttributeError(GradtapeError, AttributeError):
+    """Code asked a traced value for an attribute only a plain ndarray has (`.flags`,
+    `.strides`, ...): a GradtapeError, and an AttributeError too, so `hasattr(x, "flags")` and
+    `getattr(x, "strides", None)` still answer as for any object without the attribute."""
 
 
 class GuardFailure(Exception):

@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import routes
-from .errors import GradtapeError
+from .errors import GradtapeError, TracedAttributeError
 from .ir import Guard, Instruction, Released, Tape, Var
 
 _state = threading.local()
@@ -1128,6 +1128,54 @@ class Tracer:
 
     def diagonal(self, offset=0, axis1=0, axis2=1):
         return np.diagonal(self, offset, axis1, axis2)
+
+    def ptp(self, axis=None, out=None, keepdims=False):
+        return np.ptp(self, axis=axis, out=out, keepdims=keepdims)
+
+    def compress(self, condition, axis=None, out=None):
+        return np.compress(condition, self, axis=axis, out=out)
+
+    def choose(self, choices, out=None, mode="raise"):
+        return np.choose(self, choices, out=out, mode=mode)
+
+    def searchsorted(self, v, side="left", sorter=None):
+        return np.searchsorted(self, v, side=side, sorter=sorter)
+
+    def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
+        """In place, as ndarray.sort: the sorted values are written into this array."""
+        self[...] = np.sort(self, axis=axis, kind=kind, order=order, stable=stable)
+
+    def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
+        """In place, as ndarray.partition."""
+        self[...] = np.partition(self, kth, axis=axis, kind=kind, order=order)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __getattr__(self, name: str):
+        # reached only for names a Tracer does not have: the memory of a plain ndarray
+        if name in _MEMORY_ATTRIBUTES:
+            raise TracedAttributeError(
+                f"{user_source_line()}: the code asked for .{name} of a traced value, the "
+                "memory of a plain ndarray, which a traced value does not have (gradtape records "
+                "operations, not memory). Functions gradtape has no rule for do this, typically "
+                "SciPy functions that hand arrays to compiled code. Give that computation a rule "
+                "with gradtape.custom_vjp, or, if it needs no gradient, pass its traced inputs "
+                "through gradtape.stop_gradient."
+            )
+        raise AttributeError(f"'Tracer' object has no attribute {name!r}")
+
+
+# ndarray attributes about memory that a Tracer cannot have (`Tracer.__getattr__`)
+_MEMORY_ATTRIBUTES = frozenset(
+    "flags strides ctypes data base view tobytes tostring resize byteswap setflags itemset "
+    "tofile dump dumps getfield setfield flat put device to_device".split()
+)
 
 
 def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
