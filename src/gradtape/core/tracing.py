@@ -1129,9 +1129,6 @@ class Tracer:
     def diagonal(self, offset=0, axis1=0, axis2=1):
         return np.diagonal(self, offset, axis1, axis2)
 
-    def ptp(self, axis=None, out=None, keepdims=False):
-        return np.ptp(self, axis=axis, out=out, keepdims=keepdims)
-
     def compress(self, condition, axis=None, out=None):
         return np.compress(condition, self, axis=axis, out=out)
 
