@@ -9,7 +9,7 @@ import pytest
 from conftest import central_difference_grad
 
 import gradtape as gt
-from gradtape.core.errors import TracedAttributeError
+from gradtape import TracedAttributeError
 
 X = np.array([0.3, -1.2, 2.5, 0.7, -0.1])
 
