@@ -162,9 +162,12 @@ class NativeKernels:
             self.state = QUEUED
         _compiler().put(self)
 
-    def compile_now(self) -> None:
+    def compile_now(self, timeout: float | None = None) -> bool:
         """Compile in this thread (or wait for the thread doing it; if that compile is
-        interrupted, this thread takes over)."""
+        interrupted, this thread takes over). Returns True once compiled (or failed); False
+        when Numba stayed busy with other work (or another thread with this compile) for
+        `timeout` seconds: nothing was built, and the kernels are NEW again."""
+        deadline = None if timeout is None or timeout == math.inf else time.monotonic() + timeout
         while True:
             with self.lock:
                 mine = self.state in (NEW, QUEUED)
@@ -172,19 +175,22 @@ class NativeKernels:
                     self.state = COMPILING
                 ready = self.ready
             if mine:
-                self._compile()
-                return
-            ready.wait()
+                return self._compile(deadline)
+            if not ready.wait(_remaining(deadline)):
+                return False
             with self.lock:
                 if self.state in (READY, FAILED):
-                    return
+                    return True
 
-    def _compile(self) -> None:
+    def _compile(self, deadline: float | None = None) -> bool:
         start = time.perf_counter()
         try:
             startup = _numba_startup()
             start += startup
-            with _numba_work():
+            with _numba_work(), _numba_compiler_free(deadline) as free:
+                if not free:  # another thread's compile holds Numba's lock past the deadline
+                    self._interrupted()
+                    return False
                 functions, from_cache = _build_kernels(self)
             error = None
         except Exception as exc:  # Numba rejected the generated code: stay on numpy
@@ -206,6 +212,7 @@ class NativeKernels:
         self.ready.set()
         for callback in listeners:
             callback(self)
+        return True
 
     def _interrupted(self) -> None:
         with self.lock:
@@ -220,6 +227,37 @@ class NativeKernels:
         if self.state in (QUEUED, COMPILING):
             self.state = NEW
             self.ready = threading.Event()
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class _numba_compiler_free:
+    """Holds Numba's global compiler lock, taken within the deadline (None: no deadline,
+    nothing taken here: Numba takes its lock itself). `as free`: whether it was taken.
+    Numba compiles one function at a time in a process; a compile that takes minutes in
+    another thread would otherwise hold up this one, without bound, inside Numba."""
+
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+        self.held = None
+
+    def __enter__(self) -> bool:
+        numba_lock = _numba_compiler_lock() if self.deadline is not None else None
+        lock = getattr(numba_lock, "_lock", None)
+        if lock is None:
+            return True
+        timeout = _remaining(self.deadline)
+        if not lock.acquire(timeout=timeout):
+            return False
+        self.held = lock
+        return True
+
+    def __exit__(self, *exc):
+        if self.held is not None:
+            self.held.release()
+        return False
 
 
 # kernels by module key, shared by the variants whose generated text is equal; at most
@@ -771,8 +809,21 @@ class NumbaLowered:
         if not generated.kernels:
             state.kernels = ()
         elif wait:
-            nk.compile_now()
-            self._ready(nk)
+            if nk.compile_now(config.native_wait()):
+                self._ready(nk)
+            else:
+                # Numba stayed busy with another compile for GRADTAPE_NATIVE_WAIT seconds:
+                # this variant runs on the numpy backend until its kernels, queued now, are
+                # compiled in the background
+                warn_once(
+                    f"numba backend: Numba has been compiling other code for more than "
+                    f"{config.native_wait():g} s (GRADTAPE_NATIVE_WAIT); a variant compiled "
+                    'with backend="numba" runs on the numpy backend until its native kernels '
+                    "are compiled in the background (gradtape.wait_for_native() waits for them)"
+                )
+                state.requested = True
+                nk.request()
+                nk.when_ready(self._ready)
         else:
             nk.when_ready(self._ready)
         self._bound = wait and state.kernels is not None
