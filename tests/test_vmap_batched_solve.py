@@ -156,3 +156,41 @@ def test_hypothesis_vmap_of_solve_over_sizes_and_dtypes(n, batch, columns, dtype
     assert got.dtype == want.dtype
     tol = 1e-4 if dtype == np.float32 else 1e-11
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def _cholesky_objective(a, b):
+    """A Gaussian's negative log density: Cholesky factor, triangular solve, log-determinant."""
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    low = np.linalg.cholesky(a)
+    z = scipy_linalg.solve_triangular(low, b, lower=True)
+    return 0.5 * np.sum(z**2) + np.sum(np.log(np.diag(low)))
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (0, None), (None, 0)])
+def test_vmap_of_gradients_through_cholesky_and_triangular_solves_is_batched(in_axes):
+    def batch_of(size):
+        a = _spd_batch(size, (), 4)
+        b = RNG.normal(size=(size, 4))
+        return (a if in_axes[0] == 0 else a[0]), (b if in_axes[1] == 0 else b[0])
+
+    per_member = gt.vmap(gt.grad(_cholesky_objective, argnums=(0, 1)), in_axes=in_axes)
+    counts = {}
+    for size in (3, 30):
+        a, b = batch_of(size)
+        got = per_member(a, b)
+        for i in range(size):
+            member = (a[i] if in_axes[0] == 0 else a), (b[i] if in_axes[1] == 0 else b)
+            want = gt.grad(_cholesky_objective, argnums=(0, 1))(*member)
+            for k in (0, 1):
+                np.testing.assert_allclose(got[k][i], want[k], rtol=1e-10, atol=1e-12)
+        names = [ins.prim.name for ins in gt.trace(per_member, a, b).instructions]
+        assert names.count("triangular_solve") <= 2 and names.count("cholesky_backward") <= 1
+        counts[size] = len(names)
+    assert counts[3] == counts[30], counts
+    a, b = batch_of(3)
+    for argnum in (0, 1):
+
+        def total(a, b):
+            return np.sum(gt.vmap(_cholesky_objective, in_axes=in_axes)(a, b))
+
+        assert gt.check_grad(total, a, b, argnums=argnum)

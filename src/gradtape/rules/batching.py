@@ -193,6 +193,13 @@ def _solve_batch(prim, args, batched):
     return np.squeeze(out, axis=-1) if vector else out
 
 
+def _aligned_stacks_batch(prim, args, batched, **params):
+    """Arguments that are all stacks of matrices broadcasting against each other (a
+    triangular solve's, the Cholesky factor's backward pass): batched ones lifted to the
+    members' common rank, one call."""
+    return prim(*_aligned(args, batched), **params)
+
+
 def _lu_solve_batch(prim, args, batched, trans):
     """x = op(a)^-1 b from the LU factors of `a` (np.linalg.solve of one matrix): `a`, its
     factors and `b` broadcast as stacks of matrices, so each batched one gets its member's
@@ -237,6 +244,8 @@ def declare() -> None:
     linalg.einsum_p.batch = _einsum_batch
     linalg.solve_p.batch = _solve_batch
     linalg.lu_solve_p.batch = _lu_solve_batch
+    linalg.triangular_solve_p.batch = _aligned_stacks_batch
+    linalg.cholesky_backward_p.batch = _aligned_stacks_batch
     for prim in (
         linalg.inv_p,
         linalg.lu_factors_p,
