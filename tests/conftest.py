@@ -67,6 +67,9 @@ def pytest_configure(config):
         os.environ["GRADTAPE_CACHE_DIR"] = path
     if not _native_selected(config):
         os.environ["GRADTAPE_NUMBA"] = "0"  # read when gradtape is imported: no Numba at all
+    # tests compiled with backend="numba" expect native code: on a loaded machine, another
+    # test's background compile in the same process may hold Numba past the default 60 s
+    os.environ.setdefault("GRADTAPE_NATIVE_WAIT", "900")
 
 
 #: markers of the tests plain `pytest` deselects: Numba compiles, and real Dask clusters

@@ -18,6 +18,10 @@
   `compile(value_and_grad(f))` written again returns the one already built.
 * `GRADTAPE_BUFFER_SETS` (default 4): sets of preallocated buffers a numpy-backend variant
   keeps between calls (one per thread calling it at once; more are allocated and freed).
+* `GRADTAPE_NATIVE_WAIT` (default 60): the longest a `backend="numba"` call waits, in
+  seconds, for Numba while it compiles something else (`inf`: as long as it takes); after
+  that the call runs on the numpy backend, with a warning, until its kernels are compiled
+  in the background.
 * `GRADTAPE_ROLL` (default on): `0` keeps Python loops unrolled in compiled programs (loop
   rolling finds runs of instructions that repeat one body and runs them as one loop).
 * `GRADTAPE_NAN_SAFE` (default on): `0` makes derivative rules multiply plainly: a zero
@@ -50,6 +54,7 @@ MAX_COMPILED = "GRADTAPE_MAX_COMPILED"
 BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
 ROLL = "GRADTAPE_ROLL"
 NAN_SAFE = "GRADTAPE_NAN_SAFE"
+NATIVE_WAIT = "GRADTAPE_NATIVE_WAIT"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -57,6 +62,7 @@ DEFAULT_MAX_SIGNATURES = 64
 DEFAULT_MAX_KERNELS = 256
 DEFAULT_MAX_COMPILED = 256
 DEFAULT_BUFFER_SETS = 4
+DEFAULT_NATIVE_WAIT = 60.0
 
 # name -> (default, meaning), in the order of the list above
 SETTINGS: dict[str, tuple[str, str]] = {
@@ -87,6 +93,10 @@ SETTINGS: dict[str, tuple[str, str]] = {
     BUFFER_SETS: (
         str(DEFAULT_BUFFER_SETS),
         "sets of preallocated buffers a numpy-backend variant keeps between calls",
+    ),
+    NATIVE_WAIT: (
+        str(int(DEFAULT_NATIVE_WAIT)),
+        "seconds a backend='numba' call waits for Numba busy elsewhere (then: numpy backend)",
     ),
     ROLL: ("1", "0: keep Python loops unrolled in compiled programs (no loop rolling)"),
     NAN_SAFE: ("1", "0: plain products in derivative rules (0 * inf is NaN, as in JAX)"),
@@ -199,6 +209,20 @@ def max_compiled() -> int:
     """GRADTAPE_MAX_COMPILED: how many compiled functions `compile` remembers by (function,
     transform, options) (default 256, least recently used dropped first)."""
     return _count(MAX_COMPILED, DEFAULT_MAX_COMPILED)
+
+
+def native_wait() -> float:
+    """GRADTAPE_NATIVE_WAIT: the longest a backend="numba" call waits for Numba while it
+    compiles something else, in seconds (default 60; `inf`: no bound; a negative value
+    warns once and the default is used)."""
+    value = _number(NATIVE_WAIT, DEFAULT_NATIVE_WAIT)
+    if not value >= 0:
+        message = f"gradtape: {NATIVE_WAIT}={value!r} is negative; using {DEFAULT_NATIVE_WAIT}"
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return DEFAULT_NATIVE_WAIT
+    return value
 
 
 def buffer_sets() -> int:

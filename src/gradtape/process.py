@@ -46,6 +46,15 @@
      Tracer (`X.dot(w)`) have no hook at all: `__array__` raises an error naming `X @ w`.
    * Each original stays reachable as `__gradtape_original__`; `GRADTAPE_PATCH_NUMPY=0`
      (read at import) leaves NumPy alone, and `np.asarray` on a Tracer raises instead.
+4. **fork**: a child created by `os.fork` (or multiprocessing's fork start method) has only
+   the forking thread, and every lock as it was at the fork. A lock another thread held then
+   (recording a variant of a compiled function, a path of a loop body, updating a cache) would
+   never be released in the child, whose next use of it would wait forever. The fork handler
+   installed here gives the child a new lock for every lock of gradtape's: the module-level
+   ones of every gradtape module, and those of the objects a module keeps in a registry (its
+   `renew_locks_after_fork`: compiled functions, recorded loop bodies). The numba backend's
+   own handler (compile/numba/backend.py) also renews its locks and its compiler thread, and
+   decides whether the child may use Numba.
 
 The native backend's compiler thread and its kernel cache are documented with the backend.
 """
@@ -432,6 +441,32 @@ def _on_new_level() -> None:
             _modules_seen = 0
 
 
+# --- fork ---------------------------------------------------------------------------------------
+_LOCK_TYPE = type(threading.Lock())
+_RLOCK_TYPE = type(threading.RLock())
+
+
+def renew_locks_in_forked_child() -> None:
+    """In a forked child: a new lock in place of every lock of gradtape's (see the module
+    docstring). The old ones are dropped, not released: a `with` block the forking thread is in
+    releases the lock it took."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "gradtape" or name.startswith("gradtape.")):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is not dict:
+            continue
+        for attr, value in list(namespace.items()):
+            kind = type(value)
+            if kind is _LOCK_TYPE:
+                namespace[attr] = threading.Lock()
+            elif kind is _RLOCK_TYPE:
+                namespace[attr] = threading.RLock()
+        renew = namespace.get("renew_locks_after_fork")
+        if callable(renew):
+            renew()
+
+
 _installed = False
 
 
@@ -445,6 +480,8 @@ def install() -> None:
     wrap_loaded_modules()
     if not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _WrapOnImport())
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=renew_locks_in_forked_child)
 
 
 def constructor_overhead(repeat: int = 7, number: int = 200_000) -> dict:

@@ -19,6 +19,7 @@ import itertools
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -292,6 +293,18 @@ class _CallInfo:
 
 
 # --- the compiled function ---------------------------------------------------------------------
+_LIVE_FUNCTIONS: weakref.WeakSet = weakref.WeakSet()  # every CompiledFunction not yet freed
+
+
+def renew_locks_after_fork() -> None:
+    """In a child created by os.fork: a new lock for every live compiled function. Another
+    thread of the parent may have held one at the fork (recording a variant); that thread does
+    not exist in the child, so the lock would never be released and the child's next recording
+    would wait forever. (Called by gradtape/process.py's fork handler.)"""
+    for function in list(_LIVE_FUNCTIONS):
+        function._lock = threading.Lock()
+
+
 class CompiledFunction:
     """What `compile(f)` returns: records `f` once per signature and replays the lowered code.
 
@@ -358,6 +371,7 @@ class CompiledFunction:
         self._roll = config.roll_enabled()  # (settings read now are part of compile's memo key)
         self._dropped = SignatureStats()  # the counters of dropped signatures
         self._lock = threading.Lock()
+        _LIVE_FUNCTIONS.add(self)  # (a forked child renews the lock: renew_locks_after_fork)
         self._warned = False
         self._last: tuple = (None,) * 5  # the hot path's signature; see _make_hot
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import types
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -52,6 +53,16 @@ def _aval(x) -> tuple:
     return (tuple(shape_of(x)), np.dtype(dtype_of(x)))
 
 
+_LIVE_BODIES: weakref.WeakSet = weakref.WeakSet()  # every BodyProgram not yet freed
+
+
+def renew_locks_after_fork() -> None:
+    """In a child created by os.fork: a new lock for every recorded loop body (another thread
+    of the parent may have been recording a path of it at the fork, holding the lock)."""
+    for body in list(_LIVE_BODIES):
+        body._lock = threading.Lock()
+
+
 class BodyProgram:
     """A loop body as recorded tapes: one variant per path through the body's guards.
 
@@ -67,6 +78,7 @@ class BodyProgram:
         self.out_avals: list = []
         self.out_treedef = None
         self._lock = threading.Lock()
+        _LIVE_BODIES.add(self)  # (a forked child renews the lock: renew_locks_after_fork)
         # per variant: generated NumPy code of the step and of its VJP (built on first use)
         self._fwd: list = []
         self._bwd: list = []

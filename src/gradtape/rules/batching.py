@@ -193,6 +193,29 @@ def _solve_batch(prim, args, batched):
     return np.squeeze(out, axis=-1) if vector else out
 
 
+def _aligned_stacks_batch(prim, args, batched, **params):
+    """Arguments that are all stacks of matrices broadcasting against each other (a
+    triangular solve's, the Cholesky factor's backward pass): batched ones lifted to the
+    members' common rank, one call."""
+    return prim(*_aligned(args, batched), **params)
+
+
+def _lu_solve_batch(prim, args, batched, trans):
+    """x = op(a)^-1 b from the LU factors of `a` (np.linalg.solve of one matrix): `a`, its
+    factors and `b` broadcast as stacks of matrices, so each batched one gets its member's
+    stack axes (lifted) behind the batch axis, and the whole batch is one call."""
+    a, lu, piv, b = args
+    nd = max(
+        _member_ndim(a, batched[0]),
+        _member_ndim(lu, batched[1]),
+        _member_ndim(piv, batched[2]) + 1,
+        _member_ndim(b, batched[3]),
+    )
+    a, lu, b = (_lift(x, nd) if batched[i] else x for i, x in ((0, a), (1, lu), (3, b)))
+    piv = _lift(piv, nd - 1) if batched[2] else piv
+    return prim(a, lu, piv, b, trans=trans)
+
+
 def declare() -> None:
     """Give each category its batching rule (called once, when the rules are declared)."""
     elementwise = set(routes.SCIPY_UFUNCS.values())
@@ -220,8 +243,12 @@ def declare() -> None:
     linalg.matmul_p.batch = _matmul_batch
     linalg.einsum_p.batch = _einsum_batch
     linalg.solve_p.batch = _solve_batch
+    linalg.lu_solve_p.batch = _lu_solve_batch
+    linalg.triangular_solve_p.batch = _aligned_stacks_batch
+    linalg.cholesky_backward_p.batch = _aligned_stacks_batch
     for prim in (
         linalg.inv_p,
+        linalg.lu_factors_p,
         linalg.det_p,
         linalg.slogdet_p,
         linalg.cholesky_p,

@@ -31,6 +31,7 @@ blocks, see gradtape/process.py), the result arrays per call, and the native cod
 from __future__ import annotations
 
 import atexit
+import importlib
 import importlib.util
 import math
 import os
@@ -161,9 +162,12 @@ class NativeKernels:
             self.state = QUEUED
         _compiler().put(self)
 
-    def compile_now(self) -> None:
+    def compile_now(self, timeout: float | None = None) -> bool:
         """Compile in this thread (or wait for the thread doing it; if that compile is
-        interrupted, this thread takes over)."""
+        interrupted, this thread takes over). Returns True once compiled (or failed); False
+        when Numba stayed busy with other work (or another thread with this compile) for
+        `timeout` seconds: nothing was built, and the kernels are NEW again."""
+        deadline = None if timeout is None or timeout == math.inf else time.monotonic() + timeout
         while True:
             with self.lock:
                 mine = self.state in (NEW, QUEUED)
@@ -171,19 +175,22 @@ class NativeKernels:
                     self.state = COMPILING
                 ready = self.ready
             if mine:
-                self._compile()
-                return
-            ready.wait()
+                return self._compile(deadline)
+            if not ready.wait(_remaining(deadline)):
+                return False
             with self.lock:
                 if self.state in (READY, FAILED):
-                    return
+                    return True
 
-    def _compile(self) -> None:
+    def _compile(self, deadline: float | None = None) -> bool:
         start = time.perf_counter()
         try:
             startup = _numba_startup()
             start += startup
-            with _numba_work():
+            with _numba_work(), _numba_compiler_free(deadline) as free:
+                if not free:  # another thread's compile holds Numba's lock past the deadline
+                    self._interrupted()
+                    return False
                 functions, from_cache = _build_kernels(self)
             error = None
         except Exception as exc:  # Numba rejected the generated code: stay on numpy
@@ -205,6 +212,7 @@ class NativeKernels:
         self.ready.set()
         for callback in listeners:
             callback(self)
+        return True
 
     def _interrupted(self) -> None:
         with self.lock:
@@ -219,6 +227,37 @@ class NativeKernels:
         if self.state in (QUEUED, COMPILING):
             self.state = NEW
             self.ready = threading.Event()
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class _numba_compiler_free:
+    """Holds Numba's global compiler lock, taken within the deadline (None: no deadline,
+    nothing taken here: Numba takes its lock itself). `as free`: whether it was taken.
+    Numba compiles one function at a time in a process; a compile that takes minutes in
+    another thread would otherwise hold up this one, without bound, inside Numba."""
+
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+        self.held = None
+
+    def __enter__(self) -> bool:
+        numba_lock = _numba_compiler_lock() if self.deadline is not None else None
+        lock = getattr(numba_lock, "_lock", None)
+        if lock is None:
+            return True
+        timeout = _remaining(self.deadline)
+        if not lock.acquire(timeout=timeout):
+            return False
+        self.held = lock
+        return True
+
+    def __exit__(self, *exc):
+        if self.held is not None:
+            self.held.release()
+        return False
 
 
 # kernels by module key, shared by the variants whose generated text is equal; at most
@@ -390,17 +429,68 @@ def wait_for_native(timeout: float | None = None) -> bool:
 
 # --- fork safety -----------------------------------------------------------------------------
 # A child created by os.fork (or multiprocessing's fork start method) has only the forking
-# thread. The fork never waits for the compiler: a wait inside the fork can deadlock, because
-# the fork handlers of other libraries run first and hold their locks meanwhile (logging's, for
-# one), and Numba's import in the compiler thread needs them. Instead the fork records whether
-# Numba work (Numba's startup, a compile or a load from the cache) was in progress in any
-# thread. In the child every lock of the backend is new and the compiler thread is started
-# again when needed. When no Numba work was in progress, the child compiles as any process
-# does, and kernels the parent had queued are requested again by their next call. When some
-# was, Numba's and LLVM's state (their locks, half-imported modules) was being changed by a
-# thread the child does not have: the child never calls Numba. Kernels compiled before the fork
-# keep running; everything else runs on the numpy backend, and one NativeFallbackWarning says
-# why and what to do.
+# thread, and every lock as it was at the fork.
+#
+# Imports: Numba's import and initialization (a second or so, in the compiler thread) hold
+# Python's per-module import locks of what they import; a child forked then, importing one of
+# those modules (`import numba`, or scipy.linalg, which Numba imports), would wait forever for
+# a thread it does not have. So that import runs under `_import_lock`, and the fork waits for
+# it: at most FORK_IMPORT_WAIT seconds, which only a deadlock would reach (the wait's handler
+# is registered after logging's, which Numba imports, so it runs before logging's takes its
+# lock). Imports a compile would make are made here too, so no other Numba work imports.
+#
+# Compiles: the fork never waits for one (a compile can take minutes). Instead it records
+# whether Numba work (a compile or a load from the cache) was in progress in any thread. In
+# the child every lock of the backend is new and the compiler thread is started again when
+# needed. When no Numba work was in progress, the child compiles as any process does, and
+# kernels the parent had queued are requested again by their next call. When some was,
+# Numba's and LLVM's state (their locks) was being changed by a thread the child does not
+# have: the child never calls Numba. Kernels compiled before the fork keep running; everything
+# else runs on the numpy backend, and one NativeFallbackWarning says why and what to do.
+FORK_IMPORT_WAIT = 30.0
+_import_lock = threading.Lock()  # held by the thread importing and initializing Numba
+_fork_import_held: list[bool] = []  # [True] while a fork holds _import_lock (parent side)
+_fork_import_handler: list[bool] = []  # [True] once its handlers are registered
+last_fork_import_wait = [0.0]  # seconds the last fork of this process waited for an import
+
+
+def _before_fork_wait_for_import() -> None:
+    start = time.perf_counter()
+    got = _import_lock.acquire(timeout=FORK_IMPORT_WAIT)
+    last_fork_import_wait[0] = time.perf_counter() - start
+    _fork_import_held[:] = [got]
+
+
+def _after_fork_import_in_parent() -> None:
+    if _fork_import_held and _fork_import_held[0]:
+        _import_lock.release()
+    _fork_import_held.clear()
+
+
+def _after_fork_import_in_child() -> None:
+    global _import_lock
+    if _fork_import_held and not _fork_import_held[0]:
+        # the wait timed out: an import is still half done here; Numba is never called
+        _forked_during_numba_work[:] = [True]
+    _fork_import_held.clear()
+    _import_lock = threading.Lock()
+
+
+def _register_import_fork_handler() -> None:
+    """Register the fork's wait for `_import_lock`, once per process, after logging's
+    handler (see above; a forked child inherits the registration)."""
+    if _fork_import_handler or not hasattr(os, "register_at_fork"):
+        return
+    import logging  # noqa: F401  (its fork handler first, so that ours runs before it)
+
+    os.register_at_fork(
+        before=_before_fork_wait_for_import,
+        after_in_parent=_after_fork_import_in_parent,
+        after_in_child=_after_fork_import_in_child,
+    )
+    _fork_import_handler.append(True)
+
+
 FORKED_DURING_NUMBA_WORK = (
     "this process was forked while gradtape was compiling native code in another thread, so "
     "Numba cannot be used in it; call gradtape.wait_for_native() before forking to keep "
@@ -413,9 +503,20 @@ _fork_snapshot: list[int] = []  # the count the fork saw
 
 
 class _numba_work:
-    """Marks Numba work in progress in this thread (the fork handlers read the count)."""
+    """Marks Numba work in progress in this thread (the fork handlers read the count).
+
+    Work starts only while no fork is waiting for Numba's import (`_import_lock`, taken and
+    released at once): a compile queued behind the import then starts after the fork, whose
+    child sees no work in progress and uses Numba. `holding_import_lock`: the caller (Numba's
+    import) holds it already."""
+
+    def __init__(self, holding_import_lock: bool = False):
+        self.gate = not holding_import_lock
 
     def __enter__(self):
+        if self.gate:
+            with _import_lock:
+                pass
         with _numba_work_lock:
             _numba_work_count[0] += 1
 
@@ -516,20 +617,27 @@ def _numba_startup() -> float:
     took (0 if it was done). Reported apart from compiling: a process pays it once, whether
     its kernels come from the disk cache or from the compiler (it imports scipy.linalg)."""
     numba_usable_here()
-    with _startup_lock, _numba_work():
+    with _startup_lock:
         if _started:
             return 0.0
         start = time.perf_counter()
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
+        _register_import_fork_handler()
+        # (the work count inside the import lock: a fork that got the lock sees it at zero)
+        with _import_lock, _numba_work(holding_import_lock=True):
+            numba_usable_here()  # (a fork that timed out waiting for this lock)
+            from numba.core.compiler_lock import global_compiler_lock
+            from numba.core.registry import cpu_target
 
-        from . import fastmath, runtime  # noqa: F401  (fastmath registers its functions)
+            from . import fastmath, runtime, special  # noqa: F401  (fastmath registers)
 
-        # under Numba's compiler lock: another thread may be compiling (refreshing the
-        # registries while it types a function leaves it without array attributes)
-        with global_compiler_lock:
-            cpu_target.target_context.refresh()
-            cpu_target.typing_context.refresh()
+            # under Numba's compiler lock: another thread may be compiling (refreshing the
+            # registries while it types a function leaves it without array attributes)
+            with global_compiler_lock:
+                cpu_target.target_context.refresh()
+                cpu_target.typing_context.refresh()
+            # what the first compile would import otherwise (outside this lock)
+            importlib.import_module("numba.core.boxing")
+            importlib.import_module("numba.core.runtime.context")
         _started.append(True)
         return time.perf_counter() - start
 
@@ -701,8 +809,21 @@ class NumbaLowered:
         if not generated.kernels:
             state.kernels = ()
         elif wait:
-            nk.compile_now()
-            self._ready(nk)
+            if nk.compile_now(config.native_wait()):
+                self._ready(nk)
+            else:
+                # Numba stayed busy with another compile for GRADTAPE_NATIVE_WAIT seconds:
+                # this variant runs on the numpy backend until its kernels, queued now, are
+                # compiled in the background
+                warn_once(
+                    f"numba backend: Numba has been compiling other code for more than "
+                    f"{config.native_wait():g} s (GRADTAPE_NATIVE_WAIT); a variant compiled "
+                    'with backend="numba" runs on the numpy backend until its native kernels '
+                    "are compiled in the background (gradtape.wait_for_native() waits for them)"
+                )
+                state.requested = True
+                nk.request()
+                nk.when_ready(self._ready)
         else:
             nk.when_ready(self._ready)
         self._bound = wait and state.kernels is not None
