@@ -273,6 +273,7 @@ class _EntryModule:
         self.kernel_seconds = 0.0
         self.entry_seconds = 0.0
         self.from_cache = False
+        self.kernels: dict[str, tuple] = {}
         self._numba = None
 
     def build(self) -> dict[str, int]:
@@ -291,15 +292,15 @@ class _EntryModule:
                 start = time.perf_counter()
                 from . import export_runtime
 
-                described = {}
+                self.kernels = {}  # name -> (address, return type, argument types)
                 for name, (dispatcher, signature) in kernels.items():
                     compiled = dispatcher.overloads[signature]
                     address = compiled.library.get_pointer_to_function(
                         compiled.fndesc.llvm_func_name
                     )
-                    described[name] = (address, compiled.signature.return_type, signature)
+                    self.kernels[name] = (address, compiled.signature.return_type, signature)
                 library = export_runtime.build_entries(
-                    self.plan, described, tuple(kernels.values())
+                    self.plan, self.kernels, tuple(kernels.values())
                 )
                 self.entry_seconds = time.perf_counter() - start
             self.addresses = library.addresses

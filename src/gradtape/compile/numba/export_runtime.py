@@ -275,7 +275,7 @@ def build_entries(plan, kernels: dict, keep_alive: tuple) -> EntryLibrary:
     "nutpie_copy"."""
     from .export import STATUS_BAD_DATA, STATUS_WRONG_SIZE
 
-    context = cpu_target.target_context
+    context = cpu_target.target_context.subtarget(enable_nrt=True)
     codegen = context.codegen()
     library = codegen.create_library(_unique("gradtape_entries"))
     module = library.create_ir_module("gradtape_entries")
