@@ -19,7 +19,7 @@ One job per module; the modules import one way, none in a circle:
 * `runtime`, `fastmath`: what the kernels import (helpers, vectorizable libm).
 * `cache`: the disk cache of kernel modules.
 * `export`: native handles (`CompiledFunction.as_native`): a variant's kernels behind a
-  Numba function and a C entry point (`export_runtime`: what those entry points import).
+  Numba function and a C entry point (`export_runtime`: the entry points, written as LLVM IR).
 
 Importing this package imports neither Numba nor its modules; `backend` registers the
 backend (gradtape.compile imports it).

@@ -1,40 +1,46 @@
 """Native handles: a compiled function that Numba code and C callers call directly.
 
 `CompiledFunction.as_native(x)` records the function for the signature of `x` (one float64
-array), writes the program's kernels (codegen.generate, one thread) and, after them, entry
-points that call the kernels with no Python in between:
+array), generates the program's kernels (codegen.generate, one thread) and plans the entry
+points around them (`_EntryPlan`: where each kernel argument comes from, where each result
+goes). On first use the kernels are compiled once, with their signatures, through the kernel
+cache (cache.build_kernels), and export_runtime writes the entry points directly as LLVM IR
+that calls each kernel through its native address: nothing is typed again, and the entry
+points cost milliseconds on top of the kernels' compile. They are:
 
-* `core(x, value, grad, data) -> int32`, a Numba function (`handle.numba`) that `@njit` code
-  calls in its own loops; x, value, grad are C-contiguous float64 vectors, data the handle's
-  int64 descriptor (`handle.data`).
 * `c_entry`, a C function (`handle.cfunc`, `handle.address`) with the stable signature
 
       int32_t f(int64_t n, const double *x, double *value, double *grad, void *data)
 
-  for ctypes, cffi, scipy.LowLevelCallable, Rust or C.
-* `nutpie_logp` / `nutpie_expand`: the same computation in the argument order nutpie's
-  sampler calls (gradtape.nutpie).
+  for ctypes, cffi, scipy.LowLevelCallable, Rust or C;
+* `nutpie_logp` / `nutpie_expand` / `nutpie_copy`: the same computation in the argument
+  order nutpie's sampler calls (gradtape.nutpie);
+* `handle.numba`, `f(x, value, grad, data) -> int32`, a small Numba function that `@njit`
+  code calls in its own loops: it checks sizes and layouts and calls the C entry point.
 
 Results: `value` receives the function's first result, `grad` its second (a value_and_grad:
 the value and the gradient), each flattened in C order; a function of one result leaves
 `grad` alone (it may be NULL, `grad_size` is 0). Statuses: 0 done; positive, computed but
 not finite (STATUS_NONFINITE: a sampler treats it as a rejected point); negative, nothing
 computed (a wrong length, a point on another path than the recorded one, a bad data
-pointer, a non-contiguous buffer). `status_message` explains each.
+pointer, a non-contiguous buffer, an error raised in native code). `status_message`
+explains each.
 
 Data: the arrays the program reads as constants (closed-over arrays) are bound once, by
 address, in `handle.data` ([tag, address, address, ...]); the handle keeps them alive. Their
-shapes are written into the entry points' source; the tag (a digest of that source) makes an
-entry point refuse another handle's data instead of reading it with the wrong shapes.
+shapes are written into the entry points; the tag (a digest of the kernels' text and the
+plan) makes an entry point refuse another handle's data instead of reading it with the
+wrong shapes.
 
 What cannot be exported is refused when the handle is made, with the operation named: a
 primitive without a native translation (it runs through NumPy between kernels), loops that
 run through a driver (`scan`, `while_loop`: their step is recorded on the first call), more
 than one traced argument, results that are not float64, more than two results.
 
-Caching: the module (kernels + entry points) is keyed by a hash of its text and written to
-the kernel cache (cache.py); Numba's cache files beside it let a second process load the
-machine code of every entry point instead of compiling it.
+Caching: the kernels' module is keyed by a hash of its text and compiled through the kernel
+cache (checksummed files in gradtape's directory only), so a second process loads the
+kernels' machine code; the entry points hold this process's kernel addresses and are
+written again in each process.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class _Body:
             module, ir.FunctionType(_I32, [_F64P, _F64P, _F64P, _I64.as_pointer()]), self.name
         )
         self.function.linkage = "internal"
-        self.function.attributes.add("alwaysinline")
+        self.function.attributes.add("noinline")  # one body, optimized once
         self.builder = ir.IRBuilder(self.function.append_basic_block("entry"))
         self.owned: list[tuple] = []  # (Numba type, value) returned by kernels: decref'd on exit
 
@@ -279,7 +279,8 @@ def build_entries(plan, kernels: dict, keep_alive: tuple) -> EntryLibrary:
     codegen = context.codegen()
     library = codegen.create_library(_unique("gradtape_entries"))
     module = library.create_ir_module("gradtape_entries")
-    inner = _Body(context, module, plan, kernels).write()
+    body = _Body(context, module, plan, kernels)
+    inner = body.write()
     names = {}
 
     def data_words(builder, pointer):
@@ -331,7 +332,8 @@ def build_entries(plan, kernels: dict, keep_alive: tuple) -> EntryLibrary:
 
     with global_compiler_lock:
         library.add_ir_module(module)
-        library.add_linking_library(rtsys.library)  # NRT_decref of the arrays kernels return
+        if body.owned:  # NRT_decref of the arrays kernels return
+            library.add_linking_library(rtsys.library)
         library.finalize()
     return EntryLibrary(library, names, keep_alive)
 
