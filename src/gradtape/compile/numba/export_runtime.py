@@ -26,6 +26,8 @@ from numba.core.registry import cpu_target
 from numba.core.runtime import rtsys
 from numba.extending import intrinsic
 
+from ...core.errors import GradtapeError
+
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _I8P = ir.IntType(8).as_pointer()
@@ -208,7 +210,11 @@ class _Body:
                     ):
                         v = context.cast(b, v, vty, ty)
                     elif vty != ty:
-                        raise TypeError(f"a kernel returns {vty} where the next expects {ty}")
+                        raise GradtapeError(
+                            f"as_native: kernel {call.name} takes {ty} where the kernel "
+                            f"before it returns {vty}; this program cannot be exported (call "
+                            "the compiled function instead)"
+                        )
                     args.append(v)
             fnty = context.call_conv.get_function_type(restype, argtypes)
             callee = b.inttoptr(self._const(address), fnty.as_pointer())
