@@ -40,6 +40,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
     ) from _exc
 
 from .compile import compile as _compile
+from .compile.numba.export import elementwise_expand as _elementwise_expand
 from .core.errors import GradtapeError
 from .transforms.reverse import value_and_grad as _value_and_grad
 
@@ -66,7 +67,10 @@ class Constraint:
     `shape` is the constrained value's shape, `size` the number of unconstrained values the
     sampler moves. `transform(u)` returns (value, log|det J|) for a flat vector `u` of `size`
     (written with NumPy calls, so gradtape differentiates and compiles it); `inverse(value)`
-    maps a constrained value back (initial values).
+    maps a constrained value back (initial values). `elementwise` describes a transform that
+    acts element by element (("copy",), ("exp",) or ("interval", lower, width)): nutpie's
+    expand function of such parameters is written directly, without compiling a program;
+    None (the default) compiles `transform`.
     """
 
     name: str
@@ -74,6 +78,7 @@ class Constraint:
     size: int
     transform: Callable = dataclasses.field(repr=False)
     inverse: Callable = dataclasses.field(repr=False)
+    elementwise: tuple | None = None
 
 
 def _shape(shape) -> tuple:
@@ -105,7 +110,7 @@ def positive(shape: int | Sequence[int] = ()) -> Constraint:
     def inverse(value):
         return np.log(np.asarray(value, np.float64)).reshape(-1)
 
-    return Constraint("positive", shape, math.prod(shape), transform, inverse)
+    return Constraint("positive", shape, math.prod(shape), transform, inverse, ("exp",))
 
 
 def interval(lower: float, upper: float, shape: int | Sequence[int] = ()) -> Constraint:
@@ -134,7 +139,14 @@ def interval(lower: float, upper: float, shape: int | Sequence[int] = ()) -> Con
         p = (np.asarray(value, np.float64).reshape(-1) - lower) / width
         return np.log(p) - np.log1p(-p)
 
-    return Constraint(f"interval({lower}, {upper})", shape, math.prod(shape), transform, inverse)
+    return Constraint(
+        f"interval({lower}, {upper})",
+        shape,
+        math.prod(shape),
+        transform,
+        inverse,
+        ("interval", lower, width),
+    )
 
 
 def simplex(k: int) -> Constraint:
@@ -231,7 +243,7 @@ def _unconstrained(shape) -> Constraint:
     def inverse(value):
         return np.asarray(value, np.float64).reshape(-1)
 
-    return Constraint("real", shape, math.prod(shape), transform, inverse)
+    return Constraint("real", shape, math.prod(shape), transform, inverse, ("copy",))
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -371,6 +383,14 @@ def from_logp(
     if all(c.name == "real" for c in layout.constraints):
         # the trace holds the sampler's vector itself: a copy, no second program to compile
         expand_handle, expand_entry, expand_data = None, logp_handle.nutpie_copy(), 0
+    elif all(c.elementwise is not None for c in layout.constraints):
+        # exp and the logistic function element by element: written directly, no program
+        segments = [
+            (c.elementwise[0], start, c.size, *(c.elementwise[1:] or (0.0, 0.0)))
+            for c, start in zip(layout.constraints, layout.starts)
+        ]
+        expand_handle, expand_data = None, 0
+        expand_entry = _elementwise_expand(layout.size, segments)
     else:
         expand_handle = _compile(expand).as_native(u0)
         expand_entry, expand_data = expand_handle.nutpie_expand(), expand_handle.data_address

@@ -20,7 +20,7 @@ One job per module; the modules import one way, none in a circle:
 * `cache`: the disk cache of kernel modules (`numba_cache`: Numba's own cache files of a
   kernel, kept there and checksummed; the one cache module that imports Numba).
 * `export`: native handles (`CompiledFunction.as_native`): a variant's kernels behind a
-  Numba function and a C entry point (`export_runtime`: what those entry points import).
+  Numba function and a C entry point (`export_runtime`: the entry points, written as LLVM IR).
 
 Importing this package imports neither Numba nor its modules; `backend` registers the
 backend (gradtape.compile imports it).

@@ -1,40 +1,46 @@
 """Native handles: a compiled function that Numba code and C callers call directly.
 
 `CompiledFunction.as_native(x)` records the function for the signature of `x` (one float64
-array), writes the program's kernels (codegen.generate, one thread) and, after them, entry
-points that call the kernels with no Python in between:
+array), generates the program's kernels (codegen.generate, one thread) and plans the entry
+points around them (`_EntryPlan`: where each kernel argument comes from, where each result
+goes). On first use the kernels are compiled once, with their signatures, through the kernel
+cache (cache.build_kernels), and export_runtime writes the entry points directly as LLVM IR
+that calls each kernel through its native address: nothing is typed again, and the entry
+points cost milliseconds on top of the kernels' compile. They are:
 
-* `core(x, value, grad, data) -> int32`, a Numba function (`handle.numba`) that `@njit` code
-  calls in its own loops; x, value, grad are C-contiguous float64 vectors, data the handle's
-  int64 descriptor (`handle.data`).
 * `c_entry`, a C function (`handle.cfunc`, `handle.address`) with the stable signature
 
       int32_t f(int64_t n, const double *x, double *value, double *grad, void *data)
 
-  for ctypes, cffi, scipy.LowLevelCallable, Rust or C.
-* `nutpie_logp` / `nutpie_expand`: the same computation in the argument order nutpie's
-  sampler calls (gradtape.nutpie).
+  for ctypes, cffi, scipy.LowLevelCallable, Rust or C;
+* `nutpie_logp` / `nutpie_expand` / `nutpie_copy`: the same computation in the argument
+  order nutpie's sampler calls (gradtape.nutpie);
+* `handle.numba`, `f(x, value, grad, data) -> int32`, a small Numba function that `@njit`
+  code calls in its own loops: it checks sizes and layouts and calls the C entry point.
 
 Results: `value` receives the function's first result, `grad` its second (a value_and_grad:
 the value and the gradient), each flattened in C order; a function of one result leaves
 `grad` alone (it may be NULL, `grad_size` is 0). Statuses: 0 done; positive, computed but
 not finite (STATUS_NONFINITE: a sampler treats it as a rejected point); negative, nothing
 computed (a wrong length, a point on another path than the recorded one, a bad data
-pointer, a non-contiguous buffer). `status_message` explains each.
+pointer, a non-contiguous buffer, an error raised in native code). `status_message`
+explains each.
 
 Data: the arrays the program reads as constants (closed-over arrays) are bound once, by
 address, in `handle.data` ([tag, address, address, ...]); the handle keeps them alive. Their
-shapes are written into the entry points' source; the tag (a digest of that source) makes an
-entry point refuse another handle's data instead of reading it with the wrong shapes.
+shapes are written into the entry points; the tag (a digest of the kernels' text and the
+plan) makes an entry point refuse another handle's data instead of reading it with the
+wrong shapes.
 
 What cannot be exported is refused when the handle is made, with the operation named: a
 primitive without a native translation (it runs through NumPy between kernels), loops that
 run through a driver (`scan`, `while_loop`: their step is recorded on the first call), more
 than one traced argument, results that are not float64, more than two results.
 
-Caching: the module (kernels + entry points) is keyed by a hash of its text and written to
-the kernel cache (cache.py); Numba's cache files beside it let a second process load the
-machine code of every entry point instead of compiling it.
+Caching: the kernels' module is keyed by a hash of its text and compiled through the kernel
+cache (checksummed files in gradtape's directory only), so a second process loads the
+kernels' machine code; the entry points hold this process's kernel addresses and are
+written again in each process.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import importlib.util
 import math
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +63,6 @@ from ..program import Program
 from . import cache, codegen
 from .fusion import PYTHON
 from .generator import Generated
-from .status import STATUS_CHECK
 
 STATUS_OK = 0
 STATUS_NONFINITE = 3
@@ -64,6 +70,7 @@ STATUS_WRONG_SIZE = -1
 STATUS_OTHER_PATH = -2
 STATUS_BAD_DATA = -3
 STATUS_LAYOUT = -4
+STATUS_RAISED = -5
 
 _MESSAGES = {
     STATUS_OK: "done",
@@ -77,6 +84,7 @@ _MESSAGES = {
     ),
     STATUS_BAD_DATA: "data is NULL or belongs to another handle (pass handle.data)",
     STATUS_LAYOUT: "a buffer is not C-contiguous",
+    STATUS_RAISED: "the native code raised an error (out of memory)",
 }
 
 
@@ -135,316 +143,215 @@ def _check_exportable(program: Program, generated: Generated, name: str) -> None
         )
 
 
-# --- the entry points' source --------------------------------------------------------------------
 def _runtime_digest() -> str:
+    """A digest of the entry points' writer (a new version makes new tags)."""
     return hashlib.sha256(Path(__file__).with_name("export_runtime.py").read_bytes()).hexdigest()[
         :16
     ]
 
 
-def _dtype_expr(dtype: np.dtype) -> str:
-    return "np.bool_" if dtype == np.bool_ else f"np.{dtype.name}"
+# --- the entry points' plan --------------------------------------------------------------------
+@dataclass
+class _Call:
+    """One kernel call of an entry point: where each argument comes from ("x", "const" j,
+    "out" k, "value" var id), the arguments' dtype and ndim, and which returned members
+    (position in the returned tuple) are which values."""
+
+    name: str
+    args: list[tuple[str, int | None]]
+    arg_kinds: list[tuple[np.dtype, int | None]]
+    returns: list[tuple[int, int]]
 
 
-class _EntryWriter:
-    """Writes `inner(x, value, grad, data_address)` and the entry points around it."""
+@dataclass
+class _EntryPlan:
+    """What the entry points do, as data (export_runtime writes it as LLVM IR): the kernel
+    calls in order, then each result: "written" (a kernel wrote it in place), "value" (a value
+    a kernel returned), "input" (x itself), "const" j, or "same" k (an earlier result)."""
 
-    def __init__(self, program: Program, generated: Generated):
-        self.program = program
-        self.gen = generated.generator
-        self.kernels = generated.kernels
-        self.consts: list[np.ndarray] = list(generated.consts)
-        self.lines: list[str] = []
-        self.values: dict[int, str] = {}
-        (x,) = program.inputs
-        self.x = x
-        self.n = math.prod(x.shape)
-        self.sizes = [math.prod(leaf.shape) for leaf in program.outputs]
-        self.value_size = self.sizes[0]
-        self.grad_size = self.sizes[1] if len(self.sizes) > 1 else 0
+    n: int
+    input_shape: tuple
+    output_shapes: list[tuple]
+    output_sizes: list[int]
+    consts: list[np.ndarray]
+    calls: list[_Call]
+    outputs: list[tuple[str, int | None]]
+    tag: int = 0
 
-    def const_array(self, a: np.ndarray) -> str:
-        self.consts.append(np.ascontiguousarray(a))
-        return f"kc{len(self.consts) - 1}"
-
-    def text(self) -> tuple[str, list[np.ndarray]]:
-        body = self._body()
-        k = len(self.consts)
-        head = [
-            "def inner(x, value, grad, data_address):",
-            f"    if x.shape[0] != {self.n} or value.shape[0] != {self.value_size} "
-            f"or grad.shape[0] != {self.grad_size}:",
-            f"        return np.int32({STATUS_WRONG_SIZE})",
-        ]
-        if k:
-            head += [
-                "    if data_address == 0:",
-                f"        return np.int32({STATUS_BAD_DATA})",
-                f"    data = carray(address_to_voidptr(data_address), ({k + 1},), np.int64)",
-                "    if data[0] != TAG:",
-                f"        return np.int32({STATUS_BAD_DATA})",
-            ]
-            for j, c in enumerate(self.consts):
-                head.append(
-                    f"    kc{j} = carray(address_to_voidptr(data[{j + 1}]), {tuple(c.shape)!r}, "
-                    f"{_dtype_expr(c.dtype)})"
-                )
-        source = "\n".join(head + ["    " + line for line in body]) + "\n"
-        source += _ENTRIES.format(
-            n=self.n, value_size=self.value_size, grad_size=self.grad_size, bad=STATUS_BAD_DATA
-        )
-        return source, self.consts
-
-    def _body(self) -> list[str]:
-        lines = self.lines
-        x = self.x
-        if x.shape == ():
-            lines.append("s_x0 = x[0]")
-        elif len(x.shape) == 1:
-            lines.append("x0 = x")
-        else:
-            lines.append(f"x0 = x.reshape({tuple(x.shape)!r})")
-        buffers = ["value", "grad"]
-        written = {int(a.name[1:]) for kr in self.kernels for a in kr.args if a.name[0] == "o"}
-        for k in sorted(written):
-            shape = self.program.outputs[k].shape
-            lines.append(
-                f"o{k} = {buffers[k]}"
-                if len(shape) == 1
-                else f"o{k} = {buffers[k]}.reshape({shape!r})"
+    def describe(self) -> str:
+        """A text of everything the entry points depend on (hashed into the tag)."""
+        return repr(
+            (
+                self.n,
+                self.input_shape,
+                self.output_shapes,
+                [(c.shape, c.dtype.str) for c in self.consts],
+                [
+                    (c.name, c.args, [(d.str, k) for d, k in c.arg_kinds], c.returns)
+                    for c in self.calls
+                ],
+                self.outputs,
             )
-        for j, kernel in enumerate(self.kernels):
-            self._kernel_call(j, kernel)
-        done: dict[int, int] = {}
-        for k, leaf in enumerate(self.program.outputs):
-            buf = buffers[k]
-            v = leaf.var
-            if v is None:
-                self._copy(buf, self.const_array(np.asarray(leaf.const, np.float64)), leaf.shape)
-                continue
-            if v.id in done:
-                self._copy(buf, buffers[done[v.id]], (self.sizes[k],))
-                continue
-            done[v.id] = k
-            if k in written:
-                continue
-            self._copy(buf, self._value(v), leaf.shape)
-        for k in range(len(self.program.outputs)):
-            lines += [
-                f"for i in range({self.sizes[k]}):",
-                f"    if not np.isfinite({buffers[k]}[i]):",
-                f"        return np.int32({STATUS_NONFINITE})",
-            ]
-        lines.append(f"return np.int32({STATUS_OK})")
-        return lines
+        )
 
-    def _value(self, v) -> str:
-        if v.id in self.gen.input_pos:
-            return "s_x0" if self.x.shape == () else "x0"
-        return self.values[v.id]
 
-    def _copy(self, buf: str, src: str, shape: tuple) -> None:
-        if shape == ():
-            self.lines.append(f"{buf}[0] = {src}")
-        else:
-            self.lines += [
-                f"src_ = np.ravel({src})",
-                f"for i in range({buf}.shape[0]):",
-                f"    {buf}[i] = src_[i]",
-            ]
-
-    def _kernel_call(self, j: int, kernel) -> None:
-        args = []
+def _entry_plan(program: Program, generated: Generated) -> _EntryPlan:
+    (x,) = program.inputs
+    consts = [np.ascontiguousarray(c) for c in generated.consts]
+    inputs = generated.generator.input_pos
+    calls, returned = [], set()
+    for kernel in generated.kernels:
+        args, kinds = [], []
         for a in kernel.args:
             kind, rest = a.name[0], a.name[1:]
             if kind == "x":
-                args.append("s_x0" if self.x.shape == () else "x0")
+                args.append(("x", None))
             elif kind == "c":
-                args.append(f"kc{rest}")
+                args.append(("const", int(rest)))
             elif kind == "w":
-                args.append(self.values[int(rest)])
-            else:
-                args.append(a.name)
-        self.lines += [
-            f"r{j} = {kernel.name}({', '.join(args)})",
-            f"if r{j}[0] != 0:",
-            f"    return np.int32({STATUS_OTHER_PATH} if r{j}[0] == {STATUS_CHECK} "
-            f"else {STATUS_LAYOUT})",
-        ]
-        for pos, (_kind, v) in enumerate(kernel.returns, start=1):
-            self.lines.append(f"w{v.id} = r{j}[{pos}]")
-            self.values[v.id] = f"w{v.id}"
+                args.append(("value", int(rest)))
+            elif kind == "o":
+                args.append(("out", int(rest)))
+            else:  # pragma: no cover - the generator names no other arguments
+                raise NotImplementedError(f"kernel argument {a.name!r}")
+            kinds.append((np.dtype(a.dtype), a.ndim))
+        returns = [(pos, v.id) for pos, (_kind, v) in enumerate(kernel.returns, start=1)]
+        returned.update(v for _, v in returns)
+        calls.append(_Call(kernel.name, args, kinds, returns))
+    written = {ref for c in calls for kind, ref in c.args if kind == "out"}
+    outputs: list[tuple[str, int | None]] = []
+    done: dict[int, int] = {}
+    for k, leaf in enumerate(program.outputs):
+        v = leaf.var
+        if v is None:
+            consts.append(np.ascontiguousarray(np.asarray(leaf.const, np.float64)))
+            outputs.append(("const", len(consts) - 1))
+        elif v.id in done:
+            outputs.append(("same", done[v.id]))
+        elif k in written:
+            done[v.id] = k
+            outputs.append(("written", None))
+        elif v.id in inputs:
+            done[v.id] = k
+            outputs.append(("input", None))
+        elif v.id in returned:
+            done[v.id] = k
+            outputs.append(("value", v.id))
+        else:  # pragma: no cover - _check_exportable refused what runs outside the kernels
+            raise _refuse("this function", f"result {k} is computed outside the native kernels")
+    return _EntryPlan(
+        n=math.prod(x.shape),
+        input_shape=tuple(x.shape),
+        output_shapes=[tuple(leaf.shape) for leaf in program.outputs],
+        output_sizes=[math.prod(leaf.shape) for leaf in program.outputs],
+        consts=consts,
+        calls=calls,
+        outputs=outputs,
+    )
 
 
-_ENTRIES = """
-
-def core(x, value, grad, data):
-    return inner(x, value, grad, np.int64(data.ctypes.data))
-
-
-def c_entry(n, x_, value_, grad_, data_):
-    if n != {n}:
-        return np.int32(-1)
-    x = carray(x_, ({n},))
-    value = carray(value_, ({value_size},))
-    grad = carray(grad_, ({grad_size},))
-    return inner(x, value, grad, voidptr_to_address(data_))
-
-
-def nutpie_logp(dim, x_, grad_, logp_, data_):
-    if np.int64(dim) != {n}:
-        return np.int32(-1)
-    if voidptr_to_address(data_) == 0:
-        return np.int32({bad})
-    pair = carray(data_, (2,), np.int64)
-    x = carray(x_, ({n},))
-    value = carray(logp_, ({value_size},))
-    grad = carray(grad_, ({grad_size},))
-    return inner(x, value, grad, pair[0])
-
-
-def nutpie_copy(dim, expanded, x_, out_, data_):
-    if np.int64(dim) != {n} or np.int64(expanded) != {n}:
-        return np.int32(-1)
-    x = carray(x_, ({n},))
-    out = carray(out_, ({n},))
-    for i in range({n}):
-        out[i] = x[i]
-    return np.int32(0)
-
-
-def nutpie_expand(dim, expanded, x_, out_, data_):
-    if np.int64(dim) != {n} or np.int64(expanded) != {value_size}:
-        return np.int32(-1)
-    if voidptr_to_address(data_) == 0:
-        return np.int32({bad})
-    pair = carray(data_, (2,), np.int64)
-    x = carray(x_, ({n},))
-    value = carray(out_, ({value_size},))
-    grad = carray(out_, (0,))
-    return inner(x, value, grad, pair[1])
-"""
-
-_ENTRY_HEADER = """
-# --- native entry points (export runtime {digest}) ---
-from numba import carray
-
-from gradtape.compile.numba.export_runtime import address_to_voidptr, voidptr_to_address
-
-TAG = {tag}
-
-"""
-
-
-def entry_module_text(program: Program, name: str) -> tuple[str, list[np.ndarray], dict]:
-    """The module of kernels and entry points of `program`, its constant arrays (in data
-    order) and the sizes (n, value_size, grad_size, value_shape, grad_shape)."""
+def entry_plan(program: Program, name: str) -> tuple[str, str, _EntryPlan]:
+    """The kernels' module text of `program`, its cache key and the plan of its entry
+    points (its constants in data order); refuses what cannot be exported."""
     generated = codegen.generate(program, threads=1)
     _check_exportable(program, generated, name)
-    writer = _EntryWriter(program, generated)
-    entries, consts = writer.text()
-    body = generated.module + entries
-    tag = int(hashlib.sha256(body.encode()).hexdigest()[:15], 16)
-    text = generated.module + _ENTRY_HEADER.format(digest=_runtime_digest(), tag=tag) + entries
-    sizes = {
-        "n": writer.n,
-        "value_size": writer.value_size,
-        "grad_size": writer.grad_size,
-        "tag": tag,
-    }
-    return text, consts, sizes
+    plan = _entry_plan(program, generated)
+    text = generated.module
+    key = "x" + hashlib.sha256(text.encode()).hexdigest()[:31]
+    plan.tag = int(
+        hashlib.sha256((text + plan.describe() + _runtime_digest()).encode()).hexdigest()[:15], 16
+    )
+    return text, key, plan
 
 
-# --- compiling the entry points (imports Numba) ---------------------------------------------
+# --- compiling the kernels and writing the entry points (imports Numba) -------------------------
 class _EntryModule:
-    """One imported module of entry points; its compiled functions, built on first use."""
+    """The compiled kernels of one module and the entry points of one plan, built once, on
+    first use (`addresses`)."""
 
-    def __init__(self, key: str, text: str):
+    def __init__(self, key: str, text: str, plan: _EntryPlan):
         self.key = key
         self.text = text
+        self.plan = plan
         self.lock = threading.Lock()
-        self.module = None
-        self.use_cache = False
-        self.compiled: dict[str, object] = {}
-        self.compile_seconds = 0.0
-        self.cache_hits: dict[str, bool] = {}
+        self.library = None
+        self.addresses: dict[str, int] = {}
+        self.kernel_seconds = 0.0
+        self.entry_seconds = 0.0
+        self.from_cache = False
+        self.kernels: dict[str, tuple] = {}
+        self._numba = None
 
-    def _load(self):
-        import numba
-
-        from . import fastmath  # noqa: F401  (registers the fast functions with Numba)
-        from .backend import _numba_startup
-
-        _numba_startup()
-        directory = cache.kernel_dir()
-        name = f"gradtape_native_{self.key}"
-        if directory is None:
-            module = cache.import_source(self.text, name)
-        else:
-            path = cache.module_file(directory, self.key, self.text)
-            module = cache.import_file(path, name)
-            self.use_cache = True
-        # Numba's cache files only in gradtape's directory, checksummed (never NUMBA_CACHE_DIR)
-        numba = cache._jit_namespace(
-            numba, None if directory is None else directory / "__pycache__"
-        )
-        for helper in getattr(module, "HELPERS", ()):
-            setattr(
-                module,
-                helper,
-                numba.njit(cache=self.use_cache, **_JIT_OPTIONS)(getattr(module, helper)),
-            )
-        for fname in getattr(module, "SIGNATURES", {}):
-            setattr(
-                module,
-                fname,
-                numba.njit(cache=self.use_cache, **_JIT_OPTIONS)(getattr(module, fname)),
-            )
-        module.inner = numba.njit(cache=self.use_cache, **_JIT_OPTIONS)(module.inner)
-        self.module = module
-
-    def get(self, entry: str):
-        """The compiled entry point `entry` ("core", "c_entry", "nutpie_logp", "nutpie_expand",
-        "nutpie_copy")."""
+    def build(self) -> dict[str, int]:
+        """The entry points' addresses (compiling or loading the kernels the first time)."""
         with self.lock:
-            found = self.compiled.get(entry)
-            if found is not None:
-                return found
-            from .backend import _numba_work, numba_usable_here
+            if self.library is not None:
+                return self.addresses
+            from .backend import _numba_startup, _numba_work, numba_usable_here
 
             numba_usable_here()  # (before importing Numba: it may be half-imported here)
-            start = time.perf_counter()
+            _numba_startup()
             with _numba_work():
-                compiled, hits = self._compile(entry)
-            self.cache_hits[entry] = bool(hits)
-            self.compile_seconds += time.perf_counter() - start
-            self.compiled[entry] = compiled
-            return compiled
+                start = time.perf_counter()
+                kernels, self.from_cache = cache.build_kernels(self.key, self.text, self._jit_all)
+                self.kernel_seconds = time.perf_counter() - start
+                start = time.perf_counter()
+                from . import export_runtime
 
-    def _compile(self, entry: str) -> tuple:
-        """Compile the entry point `entry`: (its Numba function, its cache hits)."""
-        import numba
-        from numba import types
+                self.kernels = {}  # name -> (address, return type, argument types)
+                for name, (dispatcher, signature) in kernels.items():
+                    compiled = dispatcher.overloads[signature]
+                    address = compiled.library.get_pointer_to_function(
+                        compiled.fndesc.llvm_func_name
+                    )
+                    self.kernels[name] = (address, compiled.signature.return_type, signature)
+                library = export_runtime.build_entries(
+                    self.plan, self.kernels, tuple(kernels.values())
+                )
+                self.entry_seconds = time.perf_counter() - start
+            self.addresses = library.addresses
+            self.library = library
+            return self.addresses
 
-        if self.module is None:
-            self._load()
-        function = getattr(self.module, entry)
-        f64p = types.CPointer(types.float64)
-        if entry == "core":
-            array = types.Array(types.float64, 1, "C")
-            signature = types.int32(array, array, array, types.Array(types.int64, 1, "C"))
-            compiled = numba.njit(signature, cache=self.use_cache, **_JIT_OPTIONS)(function)
-            return compiled, sum(compiled.stats.cache_hits.values())
-        if entry == "c_entry":
-            signature = types.int32(types.int64, f64p, f64p, f64p, types.voidptr)
-        elif entry == "nutpie_logp":
-            signature = types.int32(types.uint64, f64p, f64p, f64p, types.voidptr)
-        else:
-            signature = types.int32(types.uint64, types.uint64, f64p, f64p, types.voidptr)
-        compiled = numba.cfunc(
-            signature, cache=self.use_cache, error_model="numpy", boundscheck=False
-        )(function)
-        return compiled, compiled.cache_hits
+    def _jit_all(self, jit, module, use_cache: bool) -> tuple[dict, bool]:
+        from . import (
+            export_runtime,
+            fastmath,  # noqa: F401  (registers the fast functions with Numba)
+        )
+
+        for helper in getattr(module, "HELPERS", ()):
+            setattr(
+                module, helper, jit.njit(cache=use_cache, **_JIT_OPTIONS)(getattr(module, helper))
+            )
+        kernels, loaded = {}, True
+        for call in self.plan.calls:
+            dispatcher = jit.njit(cache=use_cache, **_JIT_OPTIONS)(getattr(module, call.name))
+            signature = tuple(export_runtime.numba_type(d, k) for d, k in call.arg_kinds)
+            before = _cache_hits(dispatcher)
+            dispatcher.compile(signature)
+            loaded = loaded and use_cache and _cache_hits(dispatcher) > before
+            kernels[call.name] = (dispatcher, signature)
+        return kernels, loaded
+
+    def numba_function(self):
+        """The Numba function of the C entry point (see NativeHandle.numba)."""
+        address = self.build()["c_entry"]
+        with self.lock:
+            if self._numba is None:
+                from . import export_runtime
+
+                sizes = self.plan.output_sizes
+                self._numba = export_runtime.numba_entry(
+                    address, self.plan.n, sizes[0], sizes[1] if len(sizes) > 1 else 0
+                )
+            return self._numba
+
+
+def _cache_hits(dispatcher) -> int:
+    try:
+        return sum(dispatcher.stats.cache_hits.values())
+    except AttributeError:
+        return 0
 
 
 _MODULES: dict[str, _EntryModule] = {}
@@ -459,13 +366,47 @@ def reset_after_fork() -> None:
         module.lock = threading.Lock()
 
 
-def _entry_module(text: str) -> _EntryModule:
-    key = "n" + hashlib.sha256(text.encode()).hexdigest()[:31]
+def _entry_module(key: str, text: str, plan: _EntryPlan) -> _EntryModule:
     with _modules_lock:
-        found = _MODULES.get(key)
+        found = _MODULES.get(f"{key}:{plan.tag}")
         if found is None:
-            found = _MODULES[key] = _EntryModule(key, text)
+            found = _MODULES[f"{key}:{plan.tag}"] = _EntryModule(key, text, plan)
         return found
+
+
+_EXPANDS: dict = {}  # (n, segments) -> its library (kept: nutpie holds the address)
+
+
+def elementwise_expand(n: int, segments: list[tuple]) -> CFunction:
+    """nutpie's expand function for `n` values whose constraints act element by element
+    (segments of (kind, start, size, lower, width), kind "copy", "exp" or "interval"): LLVM
+    writes it in milliseconds, no kernel is compiled (gradtape.nutpie)."""
+    from .backend import _numba_startup, _numba_work, numba_usable_here
+
+    key = (int(n), tuple(tuple(s) for s in segments))
+    library = _EXPANDS.get(key)
+    if library is None:
+        numba_usable_here()
+        _numba_startup()
+        with _numba_work():
+            from . import export_runtime
+
+            library = _EXPANDS[key] = export_runtime.build_elementwise_expand(*key)
+    return CFunction(library.addresses["nutpie_expand"])
+
+
+@dataclass(frozen=True)
+class CFunction:
+    """A native function pointer: `address`, and `ctypes` (a ctypes function of the entry
+    point's C signature)."""
+
+    address: int
+    signature: str = C_SIGNATURE
+
+    @property
+    def ctypes(self):
+        """The function as a ctypes function (argtypes set)."""
+        return pointer_type()(self.address)
 
 
 # --- the handle --------------------------------------------------------------------------------
@@ -475,47 +416,57 @@ class NativeHandle:
     Attributes: `n` (elements of x), `input_shape`, `value_size` / `grad_size` (elements of
     the first / second result; 0 when there is no second), `value_shape` / `grad_shape`,
     `data` (the int64 descriptor to pass as the data argument), `data_address`.
-    Properties compile on first use: `numba` (a Numba function for `@njit` code),
-    `cfunc` (a Numba CFunc: `.address`, `.ctypes`), `address` (the C function pointer),
-    `ctypes_function`.
+    Built on first use (the kernels compiled or loaded from the disk cache, then the entry
+    points written): `numba` (a Numba function for `@njit` code), `cfunc` (the C entry point:
+    `.address`, `.ctypes`), `address` (the C function pointer), `ctypes_function`.
     """
 
     def __init__(self, program: Program, name: str):
         if importlib.util.find_spec("numba") is None:
             raise ImportError('as_native needs Numba: pip install "gradtape[numba]"')
-        text, consts, sizes = entry_module_text(program, name)
+        text, key, plan = entry_plan(program, name)
         self.name = name
-        self._module = _entry_module(text)
-        self.key = self._module.key
-        self.constants = tuple(consts)  # kept alive: `data` holds their addresses
-        self.n = sizes["n"]
-        self.input_shape = tuple(program.inputs[0].shape)
+        self._module = _entry_module(key, text, plan)
+        self.key = key
+        self.constants = tuple(plan.consts)  # kept alive: `data` holds their addresses
+        self.n = plan.n
+        self.input_shape = plan.input_shape
         outputs = program.outputs
-        self.value_size = sizes["value_size"]
-        self.grad_size = sizes["grad_size"]
+        self.value_size = plan.output_sizes[0]
+        self.grad_size = plan.output_sizes[1] if len(outputs) > 1 else 0
         self.value_shape = tuple(outputs[0].shape)
         self.grad_shape = tuple(outputs[1].shape) if len(outputs) > 1 else None
         self._scalar = [leaf.scalar or leaf.shape == () for leaf in outputs]
         self._out_tree = program.out_tree
-        self.data = np.array(
-            [sizes["tag"], *(c.ctypes.data for c in self.constants)], dtype=np.int64
-        )
+        self.data = np.array([plan.tag, *(c.ctypes.data for c in self.constants)], dtype=np.int64)
         self.data_address = self.data.ctypes.data
         self.checks = [c.where for c in program.checks]
+        self._ctypes = None
 
-    # --- compiled entry points ---
+    def _entry(self, name: str) -> CFunction:
+        address = self._module.build().get(name)
+        if address is None:
+            raise GradtapeError(
+                f"native handle of {self.name}: no {name} entry point (nutpie's expand "
+                "function writes one result: make the handle of a function of one result)"
+            )
+        return CFunction(address)
+
+    # --- entry points ---
     @property
     def numba(self):
         """`status = f(x, value, grad, data)`, a Numba function `@njit` code calls: x, value,
         grad are C-contiguous float64 vectors of n, value_size and grad_size elements (an
-        empty array when grad_size is 0), data is `handle.data`; returns an int32 status."""
-        return self._module.get("core")
+        empty array when grad_size is 0), data is `handle.data`; returns an int32 status
+        (-1 for wrong sizes, -4 for a buffer that is not C-contiguous)."""
+        return self._module.numba_function()
 
     @property
-    def cfunc(self):
-        """The C entry point (a numba CFunc): `int32_t f(int64_t n, const double *x,
-        double *value, double *grad, void *data)` with data = `handle.data_address`."""
-        return self._module.get("c_entry")
+    def cfunc(self) -> CFunction:
+        """The C entry point: `int32_t f(int64_t n, const double *x, double *value,
+        double *grad, void *data)` with data = `handle.data_address` (`.address`,
+        `.ctypes`)."""
+        return self._entry("c_entry")
 
     @property
     def address(self) -> int:
@@ -525,34 +476,46 @@ class NativeHandle:
     @property
     def ctypes_function(self):
         """The C entry point as a ctypes function (argtypes set)."""
-        return self.cfunc.ctypes
+        if self._ctypes is None:
+            self._ctypes = self.cfunc.ctypes
+        return self._ctypes
 
-    def nutpie_logp(self):
+    def nutpie_logp(self) -> CFunction:
         """The entry point in the order of nutpie's log-density, `int32_t logp(uint64_t n,
         const double *x, double *grad, double *logp, void *pair)`, where pair points to two
         data addresses and this one reads the first (gradtape.nutpie)."""
-        return self._module.get("nutpie_logp")
+        return self._entry("nutpie_logp")
 
-    def nutpie_copy(self):
+    def nutpie_copy(self) -> CFunction:
         """An expand entry point for nutpie that copies x (a model without constraints)."""
-        return self._module.get("nutpie_copy")
+        return self._entry("nutpie_copy")
 
-    def nutpie_expand(self):
+    def nutpie_expand(self) -> CFunction:
         """The entry point in the order of nutpie's expand function, `int32_t expand(uint64_t
         n, uint64_t m, const double *x, double *out, void *pair)`; it reads the second data
-        address of the pair (gradtape.nutpie)."""
-        return self._module.get("nutpie_expand")
+        address of the pair (gradtape.nutpie). Only a handle of one result has it."""
+        return self._entry("nutpie_expand")
 
     @property
     def compile_seconds(self) -> float:
-        """Seconds spent compiling (or loading from the cache) this handle's entry points."""
-        return self._module.compile_seconds
+        """Seconds spent compiling (or loading from the cache) the kernels and writing the
+        entry points (`kernel_seconds` + `entry_seconds`)."""
+        return self._module.kernel_seconds + self._module.entry_seconds
+
+    @property
+    def kernel_seconds(self) -> float:
+        """Seconds spent compiling the kernels, or loading them from the disk cache."""
+        return self._module.kernel_seconds
+
+    @property
+    def entry_seconds(self) -> float:
+        """Seconds spent writing and compiling the entry points around the kernels."""
+        return self._module.entry_seconds
 
     @property
     def from_cache(self) -> bool:
-        """Whether every entry point compiled so far was loaded from the disk cache."""
-        hits = self._module.cache_hits
-        return bool(hits) and all(hits.values())
+        """Whether the kernels were loaded from the disk cache (not compiled)."""
+        return self._module.library is not None and self._module.from_cache
 
     # --- calling from Python (checks, conversions) ---
     def __call__(self, x):
@@ -578,8 +541,16 @@ class NativeHandle:
                 f"native handle of {self.name}: x is not C-contiguous; pass np.ascontiguousarray(x)"
             )
         value = np.empty(self.value_size)
-        grad = np.empty(self.grad_size)
-        status = int(self.numba(x.reshape(-1), value, grad, self.data))
+        grad = np.empty(max(self.grad_size, 1))
+        status = int(
+            self.ctypes_function(
+                self.n,
+                x.ctypes.data_as(_DOUBLE_P),
+                value.ctypes.data_as(_DOUBLE_P),
+                grad.ctypes.data_as(_DOUBLE_P),
+                ctypes.c_void_p(self.data_address),
+            )
+        )
         if status not in (STATUS_OK, STATUS_NONFINITE):
             raise GradtapeError(
                 f"native handle of {self.name}: status {status}: {status_message(status)}"
@@ -601,6 +572,9 @@ class NativeHandle:
             f"<native handle of {self.name}: n={self.n}, value_size={self.value_size}, "
             f"grad_size={self.grad_size}>"
         )
+
+
+_DOUBLE_P = ctypes.POINTER(ctypes.c_double)
 
 
 def pointer_type():
