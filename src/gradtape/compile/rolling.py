@@ -975,6 +975,7 @@ class _Roller:
 
         carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
         gathered: list[Instruction] = []  # the stacks of the lists read one item per iteration
+        stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
         carry_init: list = []  # (Var, recorded value) of each carry's initial value
         steps = []
         limit = trips  # first iteration that disagrees
@@ -1008,10 +1009,14 @@ class _Roller:
                 if kind == "invariant":
                     refs.append(("in", input_of(ref[1], first.args[a])))
                 elif kind == "gather":  # one array of a list per iteration: stacked once
-                    stacked_var, stacked_value = self.stacked(
-                        ref[1], [at(t, k).args[a] for t in range(len(ref[1]))], gathered
-                    )
-                    refs.append(("row", input_of(stacked_var, stacked_value), False))
+                    if probe:
+                        refs.append(("row", -1, False))
+                        continue
+                    key = tuple(v.id for v in ref[1])
+                    if key not in stacks:
+                        values = [at(t, k).args[a] for t in range(len(ref[1]))]
+                        stacks[key] = self.stacked(ref[1], values, gathered)
+                    refs.append(("row", input_of(*stacks[key]), False))
                 elif kind == "rows":  # rows 0, 1, ... of a loop's stacked output
                     refs.append(("row", input_of(ref[1], ref[2]), False))
                 elif kind == "carry":
