@@ -809,6 +809,27 @@ class _Roller:
             self.guarded.setdefault(g.var.id, []).append(gi)
         self.output_ids = {v.id for v in tape.outputs if isinstance(v, Var)}
         self.output_ids.update(c[0].id for c in tape.captured)
+        # stacks of lists (see stacked): the lists' var ids -> (position, Var, value); a list
+        # read one item per iteration by several loops is stacked once
+        self.stacks: dict[tuple, tuple] = {}
+        reshapes = shape.reshape_p
+        for pos, ins in enumerate(self.ins):
+            if ins.prim is not shape.concatenate_p or ins.params.get("axis") != 0:
+                continue
+            sources = []
+            for v in ins.invars:
+                at = self.defpos.get(v.id) if v is not None else None
+                row = self.ins[at[0]] if at is not None else None
+                if (
+                    row is None
+                    or row.prim is not reshapes
+                    or row.invars[0] is None
+                    or row.outvars[0].shape != (1, *row.invars[0].shape)
+                ):
+                    break
+                sources.append(row.invars[0].id)
+            else:
+                self.stacks[tuple(sources)] = (pos, ins.outvars[0], ins.out)
         self.rolled_any = False
         self.match_end: dict[int, tuple[int, int]] = {}
         # period -> (end of its stretch, first position refused in it); period -> the
@@ -976,6 +997,7 @@ class _Roller:
         carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
         gathered: list[Instruction] = []  # the stacks of the lists read one item per iteration
         stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
+        new_stacks: list[tuple] = []  # (those stacked by this run)
         carry_init: list = []  # (Var, recorded value) of each carry's initial value
         steps = []
         limit = trips  # first iteration that disagrees
@@ -1014,8 +1036,11 @@ class _Roller:
                         continue
                     key = tuple(v.id for v in ref[1])
                     if key not in stacks:
+                        stacks[key] = self.stack_before(key, s)
+                    if stacks[key] is None:
                         values = [at(t, k).args[a] for t in range(len(ref[1]))]
                         stacks[key] = self.stacked(ref[1], values, gathered)
+                        new_stacks.append(key)
                     refs.append(("row", input_of(*stacks[key]), False))
                 elif kind == "rows":  # rows 0, 1, ... of a loop's stacked output
                     refs.append(("row", input_of(ref[1], ref[2]), False))
@@ -1140,6 +1165,8 @@ class _Roller:
         )
         new = self.capture(new)
         pre = [self.capture(x) for x in gathered]
+        for key in new_stacks:  # (a later run reading the same list reads the same stack)
+            self.stacks[key] = (-1, *stacks[key])
         pre += [self.capture(at(0, k)) for k in sorted(hoisted)]
         # readers after the run read the loop's outputs
         for i, (kind, k, j) in enumerate(outputs):
@@ -1173,6 +1200,17 @@ class _Roller:
             if all(r[0] in ("in", "const") or (r[0] == "body" and r[1] in hoisted) for r in refs):
                 hoisted.add(k)
         return hoisted
+
+    def stack_before(self, key: tuple, s: int) -> tuple | None:
+        """(Var, value) of a stack of the vars whose ids are `key` (see stacked) that the
+        tape computes before position s, or None."""
+        found = self.stacks.get(key)
+        if found is None:
+            return None
+        pos, var, value = found
+        if pos >= s or var.id in self.subst:  # (-1: stacked earlier in this pass)
+            return None
+        return var, value
 
     def stacked(self, vs: list, values: list, emitted: list) -> tuple:
         """(Var, value) of the values of `vs` stacked along a new first axis; the
