@@ -6,7 +6,12 @@ For each workload and size n, in a fresh process per (workload, n) so that nothi
 * objective: the Python-loop function run on NumPy arrays (median of calls), and the
   vectorized NumPy objective;
 * compiled: `gt.compile(gt.value_and_grad(f), backend="numba")` — the first call (recording,
-  rolling, lowering and compiling the kernels), then the median call;
+  rolling, lowering and compiling the kernels), then the median call; of the first call, the
+  time in the rolling search (`rolling.roll_tape`); and the recording alone
+  (`gt.trace(gt.value_and_grad(f), x)`, timed separately);
+* the first call again in a second fresh process with the kernel cache the first one filled
+  (what a user sees from the second run of a script on: recording, rolling and lowering,
+  no Numba compile);
 * eager: `gt.value_and_grad(f)` with no compile (median).
 
 Every gradient is compared with eager gradtape's before anything is timed. Usage:
@@ -14,7 +19,8 @@ Every gradient is compared with eager gradtape's before anything is timed. Usage
     PYTHONPATH=src python benchmarks/loop_bench.py mixture_loops 10 100
     PYTHONPATH=src python benchmarks/loop_bench.py --one mixture_loops 10   # (one process)
 
-The kernel cache is a temporary directory per process (set GRADTAPE_CACHE_DIR to keep one).
+The kernel cache is a temporary directory per size, shared by its two processes (set
+GRADTAPE_CACHE_DIR to keep one).
 """
 
 from __future__ import annotations
@@ -46,6 +52,19 @@ def measure_one(name: str, n: int) -> dict:
     """The measurements of one workload at one size (in this process)."""
     import gradtape as gt
     from gradtape.bench.workloads import LOOP_WORKLOADS
+    from gradtape.compile import rolling
+
+    searching = [0.0]
+    roll_tape = rolling.roll_tape
+
+    def timed_roll_tape(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return roll_tape(*args, **kwargs)
+        finally:
+            searching[0] += time.perf_counter() - t0
+
+    rolling.roll_tape = timed_roll_tape
 
     workload = LOOP_WORKLOADS[name]
     problem = workload.make_problem(n, np.random.default_rng([0, n]))
@@ -62,6 +81,11 @@ def measure_one(name: str, n: int) -> dict:
     t0 = time.perf_counter()
     want = eager(x)
     eager_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tape = gt.trace(gt.value_and_grad(f), x)
+    recording = time.perf_counter() - t0
+    tape_length = len(tape.instructions)
+    del tape
     compiled = gt.compile(gt.value_and_grad(f), backend="numba")
     t0 = time.perf_counter()
     got = compiled(x)
@@ -74,6 +98,9 @@ def measure_one(name: str, n: int) -> dict:
         "objective_loops_s": _median_time(lambda: f(x), 7),
         "objective_vectorized_s": _median_time(lambda: workload.vectorized(x, *consts), 21),
         "compiled_first_call_s": first_call,
+        "rolling_search_s": searching[0],
+        "recording_s": recording,
+        "tape_length": tape_length,
         "compiled_call_s": _median_time(lambda: compiled(x), 51),
         "eager_s": min(eager_first, _median_time(lambda: eager(x), 3)),
     }
@@ -94,24 +121,31 @@ def main(argv: list[str]) -> None:
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ)
             env.setdefault("GRADTAPE_CACHE_DIR", cache)
-            done = subprocess.run(
-                [sys.executable, __file__, "--one", name, str(n)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-        if done.returncode:
-            print(f"{name} n={n}: failed\n{done.stderr[-2000:]}")
+            runs = [
+                subprocess.run(
+                    [sys.executable, __file__, "--one", name, str(n)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                for _ in range(2)  # (the second with the kernels the first one cached)
+            ]
+        failed = next((done for done in runs if done.returncode), None)
+        if failed is not None:
+            print(f"{name} n={n}: failed\n{failed.stderr[-2000:]}")
             continue
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+        r, warm = (json.loads(done.stdout.strip().splitlines()[-1]) for done in runs)
         call = r["compiled_call_s"]
         line = (
             f"{name} n={n}: objective (loops) {r['objective_loops_s'] * 1e3:.3f} ms, "
             f"vectorized {r['objective_vectorized_s'] * 1e3:.3f} ms; compiled value_and_grad "
             f"{call * 1e3:.3f} ms = {call / r['objective_loops_s']:.3g}x "
             f"the loop objective ({call / r['objective_vectorized_s']:.3g}x the "
-            f"vectorized), first call {r['compiled_first_call_s']:.2f} s; eager "
-            f"{r['eager_s'] * 1e3:.1f} ms"
+            f"vectorized), first call {r['compiled_first_call_s']:.2f} s (rolling search "
+            f"{r['rolling_search_s']:.2f} s; recording alone {r['recording_s']:.2f} s, "
+            f"{r['tape_length']} instructions), with the kernels cached "
+            f"{warm['compiled_first_call_s']:.2f} s (rolling search "
+            f"{warm['rolling_search_s']:.2f} s); eager {r['eager_s'] * 1e3:.1f} ms"
         )
         line += f"; native loops {r['native_loops']}"
         if r["loops_in_python"]:

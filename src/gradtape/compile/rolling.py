@@ -17,7 +17,9 @@ comes from the same place:
   initial value, computed before the run);
 * one value computed before the run, read by every iteration (**invariant**), or one value
   per iteration computed before the run (a Python list of arrays indexed by the loop
-  counter: the loop instruction takes them all and each iteration reads its own);
+  counter: they are stacked into one array before the loop, which iteration t reads row t
+  of; items of one list read in one place have the same shape and dtype, as the readers'
+  signatures are equal);
 * a constant equal in every iteration, or a constant of one shape and dtype that differs
   per iteration (stacked into one array, one row per iteration);
 * integer params that progress regularly (`x[i]`, `x[i + 1]`: `idx=(i,)` with `i = i0 + t*s`
@@ -43,6 +45,8 @@ compile/numba/loops.py), from NATIVE_MIN_TAPE_LENGTH on. `GRADTAPE_ROLL=0` turns
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -88,9 +92,9 @@ class BodyStep:
     """One instruction of a rolled body.
 
     refs: per argument, ("body", k, j) output j of body step k in this iteration, ("carry", c),
-    ("in", m) input m of the loop, ("pick", m) input m + t, ("const", value), ("row", m,
-    python) row t of loop input
-    m (a constant that differs per iteration; `python`: give it as a Python scalar).
+    ("in", m) input m of the loop, ("const", value), ("row", m, python) row t of loop input m
+    (a constant that differs per iteration, the stack of a list read one item per iteration
+    or a loop's stacked output; `python`: give it as a Python scalar).
     params: static params; `progress` maps a param name to (start, step) arrays over the flat
     integers of its value (`shape` rebuilds it).
     """
@@ -146,11 +150,11 @@ class RolledLoop:
     def _plan(self) -> list:
         """Per step: (implementation, static params, the step if its params progress, its
         operands as (code, a, b)); built once (codes: 0 a single-result step's value, 1 one
-        result of a multiple-result step, 2 carry, 3 input, 4 input + t, 5 constant, 6 row)."""
+        result of a multiple-result step, 2 carry, 3 input, 5 constant, 6 row)."""
         plan = getattr(self, "_steps_plan", None)
         if plan is not None:
             return plan
-        codes = {"carry": 2, "in": 3, "pick": 4}
+        codes = {"carry": 2, "in": 3}
         plan = []
         for step in self.steps:
             refs = []
@@ -185,8 +189,6 @@ class RolledLoop:
                     args.append(env[a][b])
                 elif code == 5:
                     args.append(a)
-                elif code == 4:
-                    args.append(inputs[a + t])
                 else:  # a constant that differs per iteration (b: as a Python scalar)
                     row = inputs[a][t]
                     args.append(row.item() if b else row)
@@ -300,8 +302,7 @@ def step_tape(loop: RolledLoop, inputs: tuple) -> StepTape:
     become traced integers of dyn_getitem, dyn_setitem and dyn_scatter_add, read from the
     step's inputs. A loop rolled inside the body is unrolled into the step (its trip count is
     fixed; the outer loop is the long one), up to MAX_STEP_INSTRUCTIONS. Raises NotSteppable
-    for a body that reads one array of a list per iteration, is longer than that, or has
-    other progressing params.
+    for a body longer than that or with other progressing params.
     """
     writer = _StepWriter()
     carry_vars = [
@@ -312,8 +313,6 @@ def step_tape(loop: RolledLoop, inputs: tuple) -> StepTape:
     shared: dict = {}  # ("in", m) | ("row", m) -> (Var, value)
 
     def operand(kind: str, m: int, step: BodyStep):
-        if kind == "pick":
-            raise NotSteppable("its body reads one array of a list per iteration")
         key = (kind, m)
         if key not in shared:
             value = inputs[m] if kind == "in" else np.asarray(inputs[m])[0]
@@ -428,10 +427,6 @@ class _StepWriter:
             return (None, ref[1])
         if kind == "in":
             return operand("in", ref[1], step)
-        if kind == "pick":
-            if t is None:
-                raise NotSteppable("its body reads one array of a list per iteration")
-            return operand("pick", ref[1] + t, step)
         # a row of a constant that differs per iteration (the outer loop: a step input)
         return operand("row", ref[1], step) if t is None else self._row(operand, ref[1], t, step)
 
@@ -520,7 +515,6 @@ def _accumulators(loop: RolledLoop, inputs: tuple) -> dict:
             step = loop.steps[at]
             if (
                 step.prim is not indexing.scatter_add_p
-                or step.refs[1][0] == "pick"
                 or (step.refs[1][0] == "row" and step.refs[1][2])
                 or at in stacked
             ):
@@ -815,8 +809,33 @@ class _Roller:
             self.guarded.setdefault(g.var.id, []).append(gi)
         self.output_ids = {v.id for v in tape.outputs if isinstance(v, Var)}
         self.output_ids.update(c[0].id for c in tape.captured)
+        # stacks of lists (see stacked): the lists' var ids -> (position, Var, value); a list
+        # read one item per iteration by several loops is stacked once
+        self.stacks: dict[tuple, tuple] = {}
+        reshapes = shape.reshape_p
+        for pos, ins in enumerate(self.ins):
+            if ins.prim is not shape.concatenate_p or ins.params.get("axis") != 0:
+                continue
+            sources = []
+            for v in ins.invars:
+                at = self.defpos.get(v.id) if v is not None else None
+                row = self.ins[at[0]] if at is not None else None
+                if (
+                    row is None
+                    or row.prim is not reshapes
+                    or row.invars[0] is None
+                    or row.outvars[0].shape != (1, *row.invars[0].shape)
+                ):
+                    break
+                sources.append(row.invars[0].id)
+            else:
+                self.stacks[tuple(sources)] = (pos, ins.outvars[0], ins.out)
         self.rolled_any = False
         self.match_end: dict[int, tuple[int, int]] = {}
+        # period -> (end of its stretch, first position refused in it); period -> the
+        # position before which it is not tried again (see refused)
+        self.refusals: dict[int, tuple[int, int]] = {}
+        self.refused_until: dict[int, int] = {}
 
     def new_var(self, shape, dtype) -> Var:
         v = Var(self.next_id, tuple(shape), np.dtype(dtype))
@@ -916,24 +935,40 @@ class _Roller:
                 self.work += k - s + 1
                 self.match_end[p] = (s, k)
             trips = 1 + (k - s) // p
-            if trips >= MIN_TRIPS:
-                candidates.append((p, trips))
+            if trips >= MIN_TRIPS and self.refused_until.get(p, -1) <= s:
+                candidates.append((p, trips, k))
             j = nxt[j]
         # the candidate covering the most instructions first (the shortest body on ties)
         candidates.sort(key=lambda c: (-c[0] * c[1], c[0]))
-        for p, trips in candidates:
+        for p, trips, k in candidates:
             # a cheap look at the first iterations before the whole run is checked
-            if self.build(s, p, MIN_TRIPS, probe=True) is None:
-                continue
-            while trips >= MIN_TRIPS:
-                result = self.build(s, p, trips)
-                if isinstance(result, int):  # the first iteration that differs
-                    trips = result
-                    continue
-                if result is not None:
-                    return result, p * trips
-                break
+            if self.build(s, p, MIN_TRIPS, probe=True) is not None:
+                while trips >= MIN_TRIPS:
+                    result = self.build(s, p, trips)
+                    if isinstance(result, int):  # the first iteration that differs
+                        trips = result
+                        continue
+                    if result is not None:
+                        self.refusals.pop(p, None)
+                        return result, p * trips
+                    break
+            self.refused(s, p, k)
         return None
+
+    def refused(self, s: int, p: int, match_end: int) -> None:
+        """Period p did not roll at s. Inside a stretch where the signatures repeat with
+        period p, the run at s + p has the same structure as the run at s, one iteration
+        later: once the period has been refused at every position of one whole period of the
+        stretch, it is not tried again before the stretch ends. Without this, each position
+        of a region that repeats but does not roll (a backward pass reading the forward
+        pass's values before these are stacked) costs a probe of p * MIN_TRIPS
+        instructions."""
+        stretch, first = self.refusals.get(p, (None, s))
+        if stretch != match_end:
+            first = s
+        self.refusals[p] = (match_end, first)
+        if s - first + 1 >= p:
+            self.refused_until[p] = match_end
 
     def build(self, s: int, p: int, trips: int, probe: bool = False):
         """The rolled instruction for the run at s, or the number of leading iterations
@@ -960,6 +995,9 @@ class _Roller:
             return m
 
         carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
+        gathered: list[Instruction] = []  # the stacks of the lists read one item per iteration
+        stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
+        new_stacks: list[tuple] = []  # (those stacked by this run)
         carry_init: list = []  # (Var, recorded value) of each carry's initial value
         steps = []
         limit = trips  # first iteration that disagrees
@@ -992,11 +1030,20 @@ class _Roller:
                 kind = ref[0]
                 if kind == "invariant":
                     refs.append(("in", input_of(ref[1], first.args[a])))
-                elif kind == "gather":
-                    refs.append(("pick", len(inputs)))
-                    for t, v in enumerate(ref[1]):  # (not shared: they are read by position)
-                        inputs.append(v)
-                        input_values.append(at(t, k).args[a])
+                elif kind == "gather":  # one array of a list per iteration: stacked once
+                    if probe:
+                        refs.append(("row", -1, False))
+                        continue
+                    key = tuple(v.id for v in ref[1])
+                    if key not in stacks:
+                        stacks[key] = self.stack_before(key, s)
+                    if stacks[key] is None:
+                        values = [at(t, k).args[a] for t in range(len(ref[1]))]
+                        stacks[key] = self.stacked(ref[1], values, gathered)
+                        new_stacks.append(key)
+                    refs.append(("row", input_of(*stacks[key]), False))
+                elif kind == "rows":  # rows 0, 1, ... of a loop's stacked output
+                    refs.append(("row", input_of(ref[1], ref[2]), False))
                 elif kind == "carry":
                     kj = ref[1]
                     if kj not in carries:
@@ -1117,7 +1164,10 @@ class _Roller:
             rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
         )
         new = self.capture(new)
-        pre = [self.capture(at(0, k)) for k in sorted(hoisted)]
+        pre = [self.capture(x) for x in gathered]
+        for key in new_stacks:  # (a later run reading the same list reads the same stack)
+            self.stacks[key] = (-1, *stacks[key])
+        pre += [self.capture(at(0, k)) for k in sorted(hoisted)]
         # readers after the run read the loop's outputs
         for i, (kind, k, j) in enumerate(outputs):
             if kind == "last":
@@ -1151,6 +1201,47 @@ class _Roller:
                 hoisted.add(k)
         return hoisted
 
+    def stack_before(self, key: tuple, s: int) -> tuple | None:
+        """(Var, value) of a stack of the vars whose ids are `key` (see stacked) that the
+        tape computes before position s, or None."""
+        found = self.stacks.get(key)
+        if found is None:
+            return None
+        pos, var, value = found
+        if pos >= s or var.id in self.subst:  # (-1: stacked earlier in this pass)
+            return None
+        return var, value
+
+    def stacked(self, vs: list, values: list, emitted: list) -> tuple:
+        """(Var, value) of the values of `vs` stacked along a new first axis; the
+        instructions that stack them (a reshape of each and one concatenate) are appended to
+        `emitted`. Every item has the same shape and dtype: their readers' signatures are
+        equal."""
+        first = np.asarray(values[0])
+        rows = []
+        for v, value in zip(vs, values):
+            row = np.reshape(value, (1, *first.shape))
+            w = self.new_var(row.shape, v.dtype)
+            emitted.append(
+                Instruction(
+                    shape.reshape_p, (v,), (value,), {"shape": (1, *first.shape)}, (w,), row
+                )
+            )
+            rows.append((w, row))
+        stacked_value = np.concatenate([row for _, row in rows], axis=0)
+        stacked_var = self.new_var(stacked_value.shape, stacked_value.dtype)
+        emitted.append(
+            Instruction(
+                shape.concatenate_p,
+                tuple(w for w, _ in rows),
+                tuple(row for _, row in rows),
+                {"axis": 0},
+                (stacked_var,),
+                stacked_value,
+            )
+        )
+        return stacked_var, stacked_value
+
     def classify(self, s: int, p: int, k: int, a: int, limit: int):
         """(where operand a of body step k comes from, first iteration that disagrees)."""
         ins = self.ins
@@ -1181,10 +1272,18 @@ class _Roller:
             t = next(t for t in range(1, limit) if vs[t] is not vs[0])
             return ("invariant", vs[0]), t
         # one value computed before the run per iteration (a list of arrays indexed by the
-        # loop counter): the loop takes them all and reads one per iteration
-        # (not values of a loop rolled in this pass: the next pass reads their rows inside the
-        # loop through getitems whose index progresses)
-        if not self.gathers or any(v.id in self.subst for v in vs):
+        # loop counter): the loop reads row t of their stack in iteration t
+        if not self.gathers:
+            return None, None
+        if any(v.id in self.subst for v in vs):
+            # values of a loop rolled in this pass: rows 0, 1, ... of its stacked output are
+            # read as they are; anything else waits for the next pass, which reads their
+            # rows inside the loop through getitems whose index progresses
+            entries = [self.subst[v.id] for v in vs if v.id in self.subst]
+            if len(entries) == len(vs) and all(
+                e[0] == "row" and e[1] is entries[0][1] and e[2] == t for t, e in enumerate(entries)
+            ):
+                return ("rows", entries[0][1], entries[0][3]), None
             return None, None
         if all(d[0] < s for d in defs):
             return ("gather", vs), None
@@ -1280,6 +1379,28 @@ def roll_tape(tape: Tape, capture=lambda ins: ins, min_length: int | None = None
         min_length = MIN_TAPE_LENGTH
     if len(tape.instructions) < max(2 * MIN_TRIPS, min_length):
         return tape
+    with _collector_paused():
+        return _roll_long_tape(tape, capture)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused while a long tape is searched, and resumed
+    (if it was running) after. The search allocates a few small objects per instruction
+    while the tape's hundreds of thousands of instructions are alive, and each full
+    collection traverses them all: measured on a time-stepping tape of 98,000 instructions,
+    the collections took 40% of the search (about 11 s with them, 6 s without). Nothing the
+    search allocates forms a cycle that must be freed before it ends."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _roll_long_tape(tape: Tape, capture) -> Tape:
     ids = [v.id for v in tape.inputs] + [c[0].id for c in tape.captured]
     ids += [v.id for ins in tape.instructions for v in ins.outvars]
     next_id = max(ids, default=0) + 1
