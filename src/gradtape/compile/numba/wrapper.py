@@ -52,8 +52,14 @@ def wrapper_text(gen: Generator, kernels: list[Kernel], bound: bool) -> tuple[st
 
 def bound_wrapper(generated: Generated) -> tuple[str, dict]:
     """The wrapper for kernels known before the first call (backend="numba"): they are
-    closure constants k0, k1, ... instead of being read from the state on every call."""
-    return wrapper_text(generated.generator, generated.kernels, bound=True)
+    closure constants k0, k1, ... instead of being read from the state on every call.
+
+    Its constants are the unbound wrapper's (the same writer meets them in the same order):
+    for a variant rebound to another length (codegen.py) those hold that length's shapes."""
+    text, consts = wrapper_text(generated.generator, generated.kernels, bound=True)
+    if consts.keys() == generated.wrapper_consts.keys():
+        consts = dict(generated.wrapper_consts)
+    return text, consts
 
 
 class _WrapperWriter:
