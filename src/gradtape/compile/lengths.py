@@ -300,9 +300,11 @@ def program_at_length(program: Program, tape: Tape, old: int, new: int) -> Progr
         Instruction(
             ins.prim,
             tuple([None if v is None else var(v) for v in ins.invars]),
-            tuple(
+            ins.args
+            if not any(type(a) is np.ndarray for a in ins.args)
+            else tuple(
                 [
-                    a if v is not None or a is None else replaced(a, old, new)
+                    replaced(a, old, new) if v is None and type(a) is np.ndarray else a
                     for v, a in zip(ins.invars, ins.args)
                 ]
             ),

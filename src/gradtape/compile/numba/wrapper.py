@@ -56,10 +56,15 @@ def bound_wrapper(generated: Generated) -> tuple[str, dict]:
 
     Its constants are the unbound wrapper's (the same writer meets them in the same order):
     for a variant rebound to another length (codegen.py) those hold that length's shapes."""
-    text, consts = wrapper_text(generated.generator, generated.kernels, bound=True)
-    if consts.keys() == generated.wrapper_consts.keys():
-        consts = dict(generated.wrapper_consts)
-    return text, consts
+    gen = generated.generator
+    known = getattr(gen, "bound_wrapper", None)  # (written once per generator)
+    if known is None or known[0] is not generated.kernels:
+        text, consts = wrapper_text(gen, generated.kernels, bound=True)
+        gen.bound_wrapper = known = (generated.kernels, text, consts.keys())
+    _, text, names = known
+    if names == generated.wrapper_consts.keys():
+        return text, dict(generated.wrapper_consts)
+    return wrapper_text(gen, generated.kernels, bound=True)
 
 
 class _WrapperWriter:
