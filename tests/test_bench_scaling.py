@@ -29,7 +29,13 @@ RESULTS = {
     ],
     "overhead": [{"method": "gradtape", "us_per_op": 4.25}, {"method": "autograd", "error": "x"}],
     "new_length": [
-        {"backend": "numpy", "new_length_ms": 0.4512, "steady_us": 3.21},
+        {
+            "backend": "numpy",
+            "new_length_ms": 0.4512,
+            "steady_us": 3.21,
+            "kb_kept_per_length": 0.25,
+            "kept_lengths": 2000,
+        },
         {"backend": "numba", "error": "boom"},
     ],
     "recreate": {"steady_us": 2.5, "recreated_us": 7.25, "ratio": 2.9},
@@ -51,14 +57,16 @@ def test_markdown_tables_carry_every_figure():
     assert "| gradtape | 4.25 |" in text and "| autograd | error: x |" in text
     assert "jax: not installed" in text
     assert "| 1000 | 0.1 | 0.1 |" in text  # tracemalloc peaks
-    assert "| numpy | 0.451 | 3.21 |" in text and "| numba | error: boom | |" in text
+    assert "| numpy | 0.451 | 3.21 | 0.25 (over 2000) |" in text
+    assert "| numba | error: boom | | |" in text
     assert "| 2.50 | 7.25 | 2.90 |" in text
     assert "| 60 | 8 | 123.4 | 8 |" in text
 
 
 def test_the_cost_measurements_run_and_report_their_figures():
-    got, error = scaling._run(scaling._NEW_LENGTH, BACKENDS=["numpy"], LENGTHS=5)
+    got, error = scaling._run(scaling._NEW_LENGTH, BACKENDS=["numpy"], LENGTHS=5, KEPT_LENGTHS=20)
     assert error is None and got[0]["backend"] == "numpy" and got[0]["new_length_ms"] > 0
+    assert got[0]["kept_lengths"] == 20 and "kb_kept_per_length" in got[0]
     got, error = scaling._run(scaling._RECREATE.replace("n=2000", "n=20"))
     assert error is None and got["ratio"] > 0
 

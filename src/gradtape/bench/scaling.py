@@ -47,6 +47,7 @@ FULL_SIZES = {
 LOAD_SECONDS = 20.0  # the longest a caller waits for native code
 OVERHEAD_OPS = 100
 NEW_LENGTHS = 200  # new input lengths timed (and as many steady calls)
+KEPT_LENGTHS = 2000  # further new lengths, for the memory each one keeps
 
 # --- the measurements, each a script run in a fresh process; it prints one JSON line --------
 _TIME_TO_NATIVE = """
@@ -217,11 +218,16 @@ print(json.dumps({"method": METHOD, "us_per_op": best / OPS * 1e6}))
 
 
 _NEW_LENGTH = """
-import json, time, warnings
+import gc, json, resource, time, warnings
 import numpy as np
 import gradtape as gt
 
 warnings.simplefilter("ignore")
+
+
+def rss_kb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 1024
 
 
 def f(x):
@@ -249,8 +255,16 @@ for backend in BACKENDS:
         start = time.perf_counter()
         cf(x)
         steady.append(time.perf_counter() - start)
+    # what each further new length keeps: signatures are bounded (GRADTAPE_MAX_SIGNATURES)
+    gc.collect()
+    before = rss_kb()
+    for n in range(100 + LENGTHS, 100 + LENGTHS + KEPT_LENGTHS):
+        cf(np.linspace(0.0, 1.0, n))
+    gc.collect()
     out.append({"backend": backend, "new_length_ms": median(new) * 1e3,
-                "steady_us": median(steady) * 1e6})
+                "steady_us": median(steady) * 1e6,
+                "kb_kept_per_length": (rss_kb() - before) / KEPT_LENGTHS,
+                "kept_lengths": KEPT_LENGTHS})
 print(json.dumps(out))
 """
 
@@ -398,7 +412,9 @@ def measure(quick: bool) -> dict[str, Any]:
             results["overhead"].append(got or {"method": method, "error": error})
 
     backends = ["numpy", "numba"] if native else ["numpy"]
-    got, error = _run(_NEW_LENGTH, BACKENDS=backends, LENGTHS=NEW_LENGTHS)
+    got, error = _run(
+        _NEW_LENGTH, BACKENDS=backends, LENGTHS=NEW_LENGTHS, KEPT_LENGTHS=KEPT_LENGTHS
+    )
     results["new_length"] = got if got is not None else [{"backend": "-", "error": error}]
     got, error = _run(_RECREATE)
     results["recreate"] = got if got is not None else {"error": error}
@@ -491,13 +507,19 @@ def _cost_tables(results: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if "new_length" in results:
         lines += ["", "## A new input length (the same program), medians", ""]
-        lines += ["| backend | new length (ms) | steady call (us) |", "|---|---|---|"]
+        lines += [
+            "| backend | new length (ms) | steady call (us) | KB kept per further length |",
+            "|---|---|---|---|",
+        ]
         for r in results["new_length"]:
             if "error" in r:
-                lines.append(f"| {r['backend']} | error: {r['error']} | |")
+                lines.append(f"| {r['backend']} | error: {r['error']} | | |")
             else:
+                kept = r.get("kb_kept_per_length")
+                kept_text = "" if kept is None else f"{kept:.2f} (over {r['kept_lengths']})"
                 lines.append(
-                    f"| {r['backend']} | {r['new_length_ms']:.3f} | {r['steady_us']:.2f} |"
+                    f"| {r['backend']} | {r['new_length_ms']:.3f} | {r['steady_us']:.2f} | "
+                    f"{kept_text} |"
                 )
     if "recreate" in results:
         r = results["recreate"]

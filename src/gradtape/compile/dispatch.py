@@ -21,7 +21,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from ..core.ir import Tape, Var
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 from ..transforms.arguments import compile_leaf_message, user_line
+from . import lengths
 from .memo import remembered
 from .program import (
     Program,
@@ -229,6 +230,9 @@ class SignatureStats:
     variants: int = 0
 
 
+_STAT_NAMES = tuple(f.name for f in fields(SignatureStats))
+
+
 class _Variant:
     """One recorded path: its tape, Program, lowered code and the answers of its checks."""
 
@@ -277,6 +281,23 @@ class _Signature:
 
 
 _clock = itertools.count()  # (next() on it is atomic: threads need no lock)
+
+
+_MAX_LENGTH_TEMPLATES = 8  # families of signatures whose first recording is kept
+
+
+class _LengthTemplate:
+    """The first recording of a family of signatures that differ by lengths, and the old
+    lengths for which a full recording at another length gave its Program, length replaced."""
+
+    __slots__ = ("key", "tape", "program_outputs", "program", "verified")
+
+    def __init__(self, key, tape: Tape, program_outputs: list, program: Program):
+        self.key = key
+        self.tape = tape
+        self.program_outputs = program_outputs  # the result leaves as recorded
+        self.program = program
+        self.verified: set[int] = set()
 
 
 class _CallInfo:
@@ -374,6 +395,8 @@ class CompiledFunction:
         _LIVE_FUNCTIONS.add(self)  # (a forked child renews the lock: renew_locks_after_fork)
         self._warned = False
         self._last: tuple = (None,) * 5  # the hot path's signature; see _make_hot
+        # family of signatures (the same arguments up to lengths) -> its _LengthTemplate
+        self._lengths: dict = {}
 
     # --- calling ---------------------------------------------------------------------------
     def __call__(self, *args, out=None, **kwargs):
@@ -493,9 +516,19 @@ class CompiledFunction:
             self._warn_once(self._too_many_variants_message(sig, failure))
             sig.eager_reason = sig.eager_reason or "too many variants"
             return self._eager(sig, info, out), None
-        tape, program, traced = self._record(info)
-        reason = unreplayable_reason(program)
-        lowered = None if reason else self._lower(program)
+        tape, outputs, out_tree, traced = self._trace(info)
+        reused = (
+            None if sig is not None else self._at_other_length(info.key, tape, outputs, out_tree)
+        )
+        if reused is not None:  # the program of another length: its code, rebound
+            program, lowered = reused
+            reason = None
+        else:
+            program = self._program(tape, outputs, out_tree)
+            reason = unreplayable_reason(program)
+            if reason is None and sig is None:
+                self._learn_lengths(info.key, tape, outputs, program)
+            lowered = None if reason else self._lower(program)
         _release_recorded_values(tape, program)
         with self._lock:
             if sig is None:
@@ -539,8 +572,10 @@ class CompiledFunction:
         while len(self._signatures) > self._max_signatures:
             key = min(self._signatures, key=lambda k: self._signatures[k].used)
             dropped = self._signatures.pop(key)
-            for name, count in asdict(dropped.stats).items():
-                setattr(self._dropped, name, getattr(self._dropped, name) + count)
+            for name in _STAT_NAMES:
+                setattr(
+                    self._dropped, name, getattr(self._dropped, name) + getattr(dropped.stats, name)
+                )
             if self._last[3] in dropped.variants:
                 self._last = (None,) * 5
 
@@ -552,12 +587,72 @@ class CompiledFunction:
             ((shape, dtype),) = info.key
             self._last = (shape, dtype, variant.run, variant, sig.stats)
 
+    # --- a new length of a known program (compile/lengths.py) ---------------------------------
+    def _at_other_length(self, key, tape: Tape, outputs: list, out_tree) -> tuple | None:
+        """(program, lowered) for a new signature whose recording is the program recorded
+        for another length, with that length replaced; None otherwise."""
+        template = self._lengths.get(lengths.family_key(key))
+        if template is None:
+            return None
+        change = lengths.length_change(template.key, key)
+        if change is None or change[0] not in template.verified:
+            return None
+        old, new = change
+        if not (
+            template.program.out_tree == out_tree
+            and lengths.same_tape(template.tape, tape, old, new)
+            and lengths.same_outputs(template.program_outputs, outputs, old, new)
+        ):
+            return None
+        program = lengths.program_at_length(template.program, tape, old, new)
+        return program, self._lower(program)  # (the backend rebinds what it can)
+
+    def _learn_lengths(self, key, tape: Tape, outputs: list, program: Program) -> None:
+        """Keep the first recording of each family of signatures (the same arguments up to
+        lengths) as its template. A later length whose recording and Program are the
+        template's with the length replaced marks that length replaceable: further lengths
+        are then not simplified again, and their Program names the template's as its origin
+        so that the backend rebinds its lowered code (each backend checks its rebinding
+        against its full lowering of this first one)."""
+        family = lengths.family_key(key)
+        if family is None:
+            return
+        template = self._lengths.get(family)
+        if template is None:
+            with self._lock:
+                self._lengths[family] = _LengthTemplate(key, tape, outputs, program)
+                while len(self._lengths) > _MAX_LENGTH_TEMPLATES:
+                    del self._lengths[next(iter(self._lengths))]  # the oldest
+            return
+        change = lengths.length_change(template.key, key)
+        if change is None or change[0] in template.verified:
+            return
+        old, new = change
+        if (
+            template.program.out_tree == program.out_tree
+            and lengths.same_tape(template.tape, tape, old, new)
+            and lengths.same_outputs(template.program_outputs, outputs, old, new)
+            and lengths.same_program(template.program, program, old, new)
+        ):
+            template.verified.add(old)
+            program.origin = (template.program, old, new)
+
     def _record(self, info: _CallInfo, native_loops: bool | None = None):
         """Run the function on stage Tracers; returns (tape, program, traced result).
         `native_loops`: the backend runs rolled Python loops natively (its lower function's
         `native_loops`; rolling then starts at shorter programs)."""
+        tape, outputs, out_tree, traced = self._trace(info)
+        return tape, self._program(tape, outputs, out_tree, native_loops), traced
+
+    def _program(self, tape: Tape, outputs: list, out_tree, native_loops: bool | None = None):
+        """The Program of a recording."""
         if native_loops is None:
             native_loops = getattr(self._lower, "native_loops", False)
+        return build_program(tape, outputs, out_tree, roll=self._roll, native_loops=native_loops)
+
+    def _trace(self, info: _CallInfo):
+        """Run the function on stage Tracers; returns (tape, output leaves, output tree,
+        traced result)."""
         with new_level(LevelKind.STAGE) as level:
             tracers = [level.new_input(x) for x in info.leaves]
             args, kwargs = self._rebuild(info, tracers)
@@ -578,8 +673,7 @@ class CompiledFunction:
                 values.append(x)
         tape = level.tape
         tape.outputs = [leaf.var if leaf.var is not None else leaf.const for leaf in outputs]
-        program = build_program(tape, outputs, out_tree, roll=self._roll, native_loops=native_loops)
-        return tape, program, tree_unflatten(out_tree, values)
+        return tape, outputs, out_tree, tree_unflatten(out_tree, values)
 
     def _rebuild(self, info: _CallInfo, leaves) -> tuple[list, dict]:
         if info.in_tree is None:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import config
+from ..transforms.arguments import TransformedFunction
 
 _MAX_DEPTH = 8  # closures inside closures followed this deep (transforms of transforms)
 
@@ -47,6 +48,21 @@ def _value_key(v, depth: int, keep: list):
         return (t, v)
     if t is float:
         return (t, v.hex())
+    if t is TransformedFunction:  # (the common case, grad(f): its fields read directly)
+        fields = v.__dict__
+        transform = fields["_transform"]
+        keep.append(transform)
+        return (
+            "transformed",
+            id(transform),
+            function_key(fields["_fun"], depth + 1, keep),
+            _value_key(fields["_options"], depth, keep),
+        )
+    if t is tuple:
+        kinds = tuple(map(type, v))
+        if _PLAIN.issuperset(kinds):  # (0, False, False): compared with their types
+            return (t, v, kinds)
+        return (t, tuple([_value_key(x, depth, keep) for x in v]))
     if t is types.FunctionType:
         if _library(v) and not v.__closure__:  # a library's function, not a closure
             keep.append(v)

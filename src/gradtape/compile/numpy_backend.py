@@ -25,6 +25,7 @@ from ..core.ir import Instruction, Var
 from ..core.primitive import Primitive
 from ..rules import elementwise, indexing, reductions, shape
 from ..rules.indexing import is_basic
+from .lengths import rebinding, remember_lowering, replaced
 from .program import Program, tree_expr
 
 BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output
@@ -582,25 +583,54 @@ class NumpyLowered:
     """
 
     def __init__(self, program: Program):
+        rebind = rebinding(program, "numpy")
+        if rebind is not None:  # the same program at another length: its code, rebound
+            template, old, new = rebind
+            self.source = template.source
+            self._bind(
+                template._code,
+                {name: replaced(value, old, new) for name, value in template._consts.items()},
+                [(replaced(shape, old, new), dtype) for shape, dtype in template._slots],
+            )
+            return
         gen = _Source()
         input_names = [f"x{i}" for i in range(len(program.inputs))]
         plan = _plan(program, input_names)
-        self.nbuffers = len(plan.slots)
         body = self._body(gen, program, plan)
         self.source = self._assemble(gen, program, plan, input_names, body)
+        self._bind(compiled_source(self.source, "<gradtape compiled>"), gen.consts, plan.slots)
+        remember_lowering(program, "numpy", self, _same_at_length)
+
+    def _bind(self, code, consts: dict, slots: list) -> None:
+        """Make `run` from the generated code, its constants and its buffers' shapes."""
+        self._code, self._consts, self._slots = code, consts, slots
+        self.nbuffers = len(slots)
         namespace: dict = {}
-        exec(compiled_source(self.source, "<gradtape compiled>"), namespace)
-        slots = plan.slots
+        exec(code, namespace)
         # buffer sets kept between calls: one per thread calling at once, at most
         # GRADTAPE_BUFFER_SETS (a deque drops the oldest set beyond that)
         pool = self.pool = collections.deque(maxlen=config.buffer_sets())
-        gen.consts.update(
+        bound = dict(consts)
+        bound.update(
             _pool_pop=pool.pop,
             _pool_push=pool.append,
             _alloc=lambda: [np.empty(s, d) for s, d in slots],
         )
         # run(*leaves, out_leaves): fresh results, or None after writing into out_leaves
-        self.run = namespace["_build"](gen.consts)
+        self.run = namespace["_build"](bound)
+
+    def same_at_length(self, old: int, new: int, other: NumpyLowered) -> bool:
+        """Whether `other` is this code with its shapes' length `old` replaced by `new`: the
+        same source, constants and buffers (what a rebinding for `new` would give)."""
+        return (
+            self.source == other.source
+            and [(replaced(s, old, new), d) for s, d in self._slots] == other._slots
+            and self._consts.keys() == other._consts.keys()
+            and all(
+                _same_constant(replaced(v, old, new), other._consts[k])
+                for k, v in self._consts.items()
+            )
+        )
 
     @staticmethod
     def _body(gen: _Source, program: Program, plan: _Plan) -> list[str]:
@@ -693,6 +723,23 @@ class NumpyLowered:
             lines.extend("        " + s for s in inner)
         lines.append("    return run")
         return "\n".join(lines) + "\n"
+
+
+def _same_at_length(template: NumpyLowered, old: int, new: int, lowered: NumpyLowered) -> bool:
+    return template.same_at_length(old, new, lowered)
+
+
+def _same_constant(x, y) -> bool:
+    if x is y:
+        return True
+    if type(x) is not type(y):
+        return False
+    if type(x) is np.ndarray:
+        return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    try:
+        return bool(x == y)
+    except Exception:  # (an object whose == is not a truth value)
+        return False
 
 
 def lower(program: Program) -> NumpyLowered:

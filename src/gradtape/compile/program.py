@@ -75,6 +75,11 @@ class Program:
     outputs: list[OutputLeaf]
     out_tree: TreeDef
     tape: Tape = field(repr=False, default=None)
+    # (program, old length, new length): this program is that one with the length replaced
+    # (compile/lengths.py); backends may rebind what they derived from it
+    origin: tuple | None = field(repr=False, default=None, compare=False)
+    # what backends derived from this program, by their own keys, to rebind for other lengths
+    lowerings: dict = field(repr=False, default_factory=dict, compare=False)
 
     def __post_init__(self):
         # what an out= structure must hold: one (shape, dtype) per result leaf

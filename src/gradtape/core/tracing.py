@@ -249,7 +249,10 @@ def bind(prim, args: tuple, params: dict):
     var = top.new_var(out)
     ins = Instruction(prim, invars, vals, params, (var,), out, source)
     top.tape.instructions.append(ins)
-    if top.releases:
+    if top.releases and (
+        # (small values are kept: release_unread would look at nothing)
+        type(out) is _ndarray and out.size >= _RELEASE_SIZE or _any_large(vals)
+    ):
         release_unread(ins)
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
@@ -258,6 +261,14 @@ def bind(prim, args: tuple, params: dict):
 
 
 _RELEASE_SIZE = 256  # arrays smaller than this are kept: releasing them saves little
+_ndarray = np.ndarray
+
+
+def _any_large(values: tuple) -> bool:
+    for a in values:
+        if type(a) is _ndarray and a.size >= _RELEASE_SIZE:
+            return True
+    return False
 
 
 def release_unread(ins: Instruction) -> None:

@@ -91,7 +91,8 @@ def _times_safe(g, partial, ans, args):
     traced_p = type(p) is Tracer
     if not traced_g and not traced_p:
         d = g * p
-        if not np.isnan(_add_reduce(d, axis=None) if type(d) is np.ndarray else d):
+        total = _add_reduce(d, axis=None) if type(d) is np.ndarray else d
+        if total == total:  # not NaN (a NumPy scalar compared: no ufunc call)
             return d
         return np.where((g == 0) & ~np.isfinite(p), 0, d)
     if not traced_p:  # a constant partial (c * x): finite now, finite on replay

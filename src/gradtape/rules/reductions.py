@@ -27,13 +27,34 @@ def _no_out(out, name):
 
 
 # --- sum ------------------------------------------------------------------------------
+_SMALL = 4096  # elements: a filled array costs less than np.broadcast_to's Python below this
+_add_reduce = np.add.reduce  # (np.sum's Python wrapper costs more than the sum at small sizes)
+_ndarray = np.ndarray
+
+
 def _sum_vjp(g, ans, x, axes, keepdims):
-    return np.broadcast_to(expand_reduced(g, shape_of(x), axes, keepdims), shape_of(x))
+    shape = shape_of(x)
+    if type(g) is _ndarray and g.ndim == 0 or isinstance(g, np.generic):
+        # the whole array summed (the common case): one value everywhere
+        size = 1
+        for d in shape:
+            size *= d
+        if size <= _SMALL:
+            out = np.empty(shape, g.dtype)
+            out[...] = g
+            return out
+    return np.broadcast_to(expand_reduced(g, shape, axes, keepdims), shape)
+
+
+def _sum_impl(x, axes, keepdims):
+    if type(x) is _ndarray:
+        return _add_reduce(x, axis=axes, keepdims=keepdims)
+    return np.sum(x, axis=axes, keepdims=keepdims)
 
 
 reduce_sum = Primitive(
     "reduce_sum",
-    lambda x, axes, keepdims: np.sum(x, axis=axes, keepdims=keepdims),
+    _sum_impl,
     vjps=(_sum_vjp,),
     jvp=lambda ts, ans, x, axes, keepdims: _sum_tangent(ts[0], x, axes, keepdims),
     linear=True,

@@ -18,6 +18,7 @@ from ..rules.indexing import SparseCotangent, materialize
 from . import arguments
 
 Tracer = trace.Tracer
+_LEAF = tree_flatten(0.0)[1]  # the structure of one array argument
 
 
 def _resolve(entry):
@@ -96,13 +97,16 @@ def backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool 
         return _backward(tape, outvars, cotangents, consume)
 
 
-def _consumed(instructions: list):
-    """The instructions last to first; each one's traced values are dropped once its rules
-    have run (the tape still lists it, with its constants)."""
-    for ins in reversed(instructions):
-        yield ins
-        ins.out = None
-        ins.args = tuple([a if v is None else None for v, a in zip(ins.invars, ins.args)])
+def _drop_values(ins) -> None:
+    """Drop an instruction's traced values once its rules have run (`consume`: the tape still
+    lists it, with its constants), so the values only it held are freed during the pass."""
+    ins.out = None
+    args = ins.args
+    if len(args) == 1:
+        if ins.invars[0] is not None:
+            ins.args = (None,)
+    else:
+        ins.args = tuple([a if v is None else None for v, a in zip(ins.invars, args)])
 
 
 def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool) -> dict:
@@ -111,8 +115,14 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool
         if v is not None and ct is not None:
             _accumulate(acc, v, ct)
     ins = None
+    previous = None  # (consume) the instruction whose rules ran last: its values are dropped
     try:
-        for ins in _consumed(tape.instructions) if consume else reversed(tape.instructions):
+        for ins in reversed(tape.instructions):
+            if previous is not None:
+                _drop_values(previous)
+                previous = None
+            if consume:
+                previous = ins
             prim = ins.prim
             if prim.multiple_results:
                 gs = [acc.pop(v.id, None) for v in ins.outvars]
@@ -152,6 +162,8 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool
     except Exception as error:
         name_forward_line(error, ins)
         raise
+    if previous is not None:
+        _drop_values(previous)
     return {k: _resolve(e) for k, e in acc.items()}
 
 
@@ -200,8 +212,14 @@ def _trace_call(f, args, kwargs, argnums, level):
     new_args = list(args)
     in_trees = []
     for a in argnums:
-        arguments.check_argument(args[a], f"argument {a}")
-        leaves, td = tree_flatten(args[a])
+        x = args[a]
+        if type(x) is np.ndarray and x.dtype.kind in "fc":  # (the common case, at once)
+            tracer = level.new_input(x)
+            in_trees.append((_LEAF, [tracer._var], [x]))
+            new_args[a] = tracer
+            continue
+        arguments.check_argument(x, f"argument {a}")
+        leaves, td = tree_flatten(x)
         tracers = [level.new_input(_check_differentiable(x, f"argument {a}")) for x in leaves]
         # the input Vars, not the Tracers: f may write into its argument (x[0] = ...), which
         # rebinds the Tracer to the written value; derivatives are with respect to the input
@@ -236,6 +254,8 @@ def _lower(x, level):
 def _fresh(g, like):
     """A gradient the caller owns: writable, with the argument's type for Python floats (and
     its labels for a pandas or xarray argument)."""
+    if type(like) is np.ndarray:  # (the common case)
+        return np.array(g) if type(g) is np.ndarray and not g.flags.writeable else g
     if arguments.labelled_kind(like) is not None:
         return arguments.relabel(g, like)
     if isinstance(g, np.ndarray) and not g.flags.writeable:
@@ -252,6 +272,12 @@ def _fresh(g, like):
 def _grads_for(in_trees, cts: dict):
     out = []
     for td, invars, leaves in in_trees:
+        if td is _LEAF:
+            g = cts.get(invars[0].id)
+            if g is None:
+                g = np.zeros(invars[0].shape, invars[0].dtype)
+            out.append(_fresh(g, leaves[0]))
+            continue
         gl = []
         for var, leaf in zip(invars, leaves):
             g = cts.get(var.id)
@@ -375,9 +401,12 @@ def value_and_grad(
                     )
                 out, aux = out
             outvar = _scalar_output(out, level, fname, holomorphic)
-        seed = np.ones(
-            np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out)
-        )
+        if type(out) is Tracer:  # (np.shape of a Tracer goes through NumPy's dispatch)
+            seed = np.ones(out._var.shape, out._var.dtype)
+        else:
+            seed = np.ones(
+                np.shape(out), dtype=out.dtype if hasattr(out, "dtype") else np.result_type(out)
+            )
         # (consume: the tape is this call's own, read once)
         cts = backward(level.tape, [outvar], [seed], consume=True) if outvar is not None else {}
         grads = _grads_for(in_trees, cts)

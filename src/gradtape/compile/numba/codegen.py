@@ -17,8 +17,12 @@ Nothing here imports Numba: generating source is cheap and happens in the caller
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
+from ..lengths import rebinding, remember_lowering, replaced
 from ..program import Program
 from . import drivers, fusion
 from .fusion import OP, PYTHON
@@ -51,7 +55,64 @@ def generate(program: Program, threads: int = 1) -> Generated:
     """Plan `program` and write its kernels' module and its wrapper (see the module docstring).
 
     With `threads` > 1, flat loops are written to run in parallel chunks (parallel.py).
+
+    A program written for another length from one generated before (compile/lengths.py)
+    reuses that one's kernels, module and wrapper text: only the wrapper's constants (the
+    results' shapes) change. That is done once a full generation for one new length has
+    given exactly the rebound result; programs with native loop drivers are always
+    generated in full.
     """
+    rebind = rebinding(program, ("numba", threads))
+    if rebind is not None:
+        template, old, new = rebind
+        return replace(
+            template,
+            wrapper_consts=_wrapper_consts_at(template, old, new),
+            consts=[replaced(a, old, new) for a in template.consts],
+        )
+    generated = _generate(program, threads)
+    if not generated.loops:
+        remember_lowering(program, ("numba", threads), generated, _same_at_length)
+    return generated
+
+
+def _wrapper_consts_at(generated: Generated, old: int, new: int) -> dict:
+    return {name: replaced(value, old, new) for name, value in generated.wrapper_consts.items()}
+
+
+def _same_at_length(template: Generated, old: int, new: int, generated: Generated) -> bool:
+    """Whether `generated` is `template` with its length `old` replaced by `new`."""
+    if (
+        template.loops
+        or generated.loops
+        or template.key != generated.key
+        or template.wrapper != generated.wrapper
+        or len(template.consts) != len(generated.consts)
+        or template.wrapper_consts.keys() != generated.wrapper_consts.keys()
+    ):
+        return False
+    if not all(
+        _same_constant(replaced(a, old, new), b) for a, b in zip(template.consts, generated.consts)
+    ):
+        return False
+    rebound = _wrapper_consts_at(template, old, new)
+    return all(_same_constant(v, generated.wrapper_consts[k]) for k, v in rebound.items())
+
+
+def _same_constant(x, y) -> bool:
+    if x is y:
+        return True
+    if type(x) is not type(y):
+        return False
+    if type(x) is np.ndarray:
+        return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    try:
+        return bool(x == y)
+    except Exception:  # (an object whose == is not a truth value)
+        return False
+
+
+def _generate(program: Program, threads: int) -> Generated:
     plan = fusion.plan(program, fusable, lowerable)
     if any(s.kind == OP and blas_matmul(s.members[0]) for s in plan.stages):
         # BLAS runs its own thread pool: with Numba's OpenMP threads spinning beside it, the

@@ -52,8 +52,19 @@ def wrapper_text(gen: Generator, kernels: list[Kernel], bound: bool) -> tuple[st
 
 def bound_wrapper(generated: Generated) -> tuple[str, dict]:
     """The wrapper for kernels known before the first call (backend="numba"): they are
-    closure constants k0, k1, ... instead of being read from the state on every call."""
-    return wrapper_text(generated.generator, generated.kernels, bound=True)
+    closure constants k0, k1, ... instead of being read from the state on every call.
+
+    Its constants are the unbound wrapper's (the same writer meets them in the same order):
+    for a variant rebound to another length (codegen.py) those hold that length's shapes."""
+    gen = generated.generator
+    known = getattr(gen, "bound_wrapper", None)  # (written once per generator)
+    if known is None or known[0] is not generated.kernels:
+        text, consts = wrapper_text(gen, generated.kernels, bound=True)
+        gen.bound_wrapper = known = (generated.kernels, text, consts.keys())
+    _, text, names = known
+    if names == generated.wrapper_consts.keys():
+        return text, dict(generated.wrapper_consts)
+    return wrapper_text(gen, generated.kernels, bound=True)
 
 
 class _WrapperWriter:
