@@ -20,6 +20,9 @@
   keeps between calls (one per thread calling it at once; more are allocated and freed).
 * `GRADTAPE_ROLL` (default on): `0` keeps Python loops unrolled in compiled programs (loop
   rolling finds runs of instructions that repeat one body and runs them as one loop).
+* `GRADTAPE_LLVM` (default on): `0` compiles every native kernel with Numba; on, the kernels
+  LLVM's own generator serves (fused elementwise loops and sums) are compiled through llvmlite
+  directly (compile/llvm/), without Numba's compiler or its import.
 * `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
   import; `np.asarray` on a traced value then raises instead of passing it through).
 
@@ -46,6 +49,7 @@ MAX_KERNELS = "GRADTAPE_MAX_KERNELS"
 MAX_COMPILED = "GRADTAPE_MAX_COMPILED"
 BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
 ROLL = "GRADTAPE_ROLL"
+LLVM = "GRADTAPE_LLVM"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -85,6 +89,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
         "sets of preallocated buffers a numpy-backend variant keeps between calls",
     ),
     ROLL: ("1", "0: keep Python loops unrolled in compiled programs (no loop rolling)"),
+    LLVM: ("1", "0: compile every native kernel with Numba (no llvmlite generator)"),
     PATCH_NUMPY: (
         "1",
         "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
@@ -104,6 +109,12 @@ def numba_enabled() -> bool:
     (`0`, `false`, `no`, `off`, any case) leaves backend="numba" unregistered and keeps eager
     loops in Python."""
     return _text(NUMBA).lower() not in _OFF
+
+
+def llvm_enabled() -> bool:
+    """GRADTAPE_LLVM: whether native kernels the llvmlite generator serves are compiled by it
+    (default: yes); `0`, `false`, `no`, `off` send every kernel to Numba."""
+    return _text(LLVM).lower() not in _OFF
 
 
 def roll_enabled() -> bool:
