@@ -55,6 +55,7 @@ from .translate import (
     NotServed,
     Scope,
     Translator,
+    finish_ir,
     is_float,
 )
 
@@ -211,7 +212,7 @@ def _written_names(node: ast.FunctionDef) -> set[str]:
     return names
 
 
-def _entry(module, node: ast.FunctionDef, kernel) -> str:
+def _entry(module, node: ast.FunctionDef, kernel, large: list) -> str:
     """Write kernel `kernel`'s entry point (its Python function `node`) into `module`."""
     from llvmlite import ir
 
@@ -331,6 +332,7 @@ def _entry(module, node: ast.FunctionDef, kernel) -> str:
         raise NotServed("a kernel that may end without a return")
     if translator.wide_vectors:
         set.add(fn.attributes, '"prefer-vector-width"="512"')
+    large[0] += translator.large_loops
     b.position_at_end(exit_block)
     b.call(declare("PyEval_RestoreThread", ir.VoidType(), [i8p]), [thread_state])
     _box(b, declare, fn, [b.load(s) for s in slots], [I64] + returns)
@@ -394,28 +396,55 @@ def translate(module_text: str, kernels: list) -> tuple[str, list[str]]:
     module = ir.Module(name="gradtape_kernels")
     module.triple = llvm.get_process_triple()
     names = []
+    large = [0]
     for kernel in kernels:
         node = functions.get(kernel.name)
         if node is None:
             raise NotServed(f"no function {kernel.name}")
-        names.append(_entry(module, node, kernel))
-    return str(module), names
+        names.append(_entry(module, node, kernel, large))
+    text = finish_ir(str(module))
+    if large[0]:
+        text = _NO_SLP + text
+    return text, names
+
+
+# a module with a loop too large to vectorize is compiled without the SLP vectorizer too
+# (translate.LARGE_LOOP_COST); the mark is in the text, so it is part of what is compiled
+_NO_SLP = "; gradtape: no SLP vectorizer\n"
+
+
+_machine: list = []  # the target machine objects are emitted with (one per process)
+_machine_lock = threading.Lock()
 
 
 def compile_object(ir_text: str) -> bytes:
-    """Optimize the IR (O3, vectorizers on, host CPU) and emit an object file."""
+    """Optimize the IR (O3, vectorizers on, host CPU) and emit an object file.
+
+    A pass builder is made per module, as Numba does: llvmlite registers instrumentation
+    callbacks into the builder on every run, which reference objects of that run only (a
+    builder run twice would call freed ones). Those callbacks are never freed: about 120 KB
+    per module compiled (measured), against about 1.1 MB that Numba keeps per program.
+    """
     llvm = _init()
-    tm = _target_machine()
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
     pto = llvm.create_pipeline_tuning_options()
     pto.speed_level = OPT_LEVEL
     pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pm = pb.getModulePassManager()
-    pm.run(mod, pb)
-    return tm.emit_object(mod)
+    pto.slp_vectorization = not ir_text.startswith(_NO_SLP)
+    with _machine_lock:  # (LLVM's objects are not used by two threads at once)
+        if not _machine:
+            _machine.append(_target_machine())
+        tm = _machine[0]
+        # a context of its own: LLVM's global context keeps every constant, name and
+        # metadata node it ever saw; this one goes with the module
+        context = llvm.create_context()
+        mod = llvm.parse_assembly(ir_text, context)
+        mod.verify()
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        obj = tm.emit_object(mod)
+        mod.close()
+        context.close()
+    return obj
 
 
 class _Holder:
@@ -454,7 +483,7 @@ def load(obj: bytes, names: list[str]) -> tuple:
         f.restype = ctypes.py_object
         _new_function = f
     tm = _target_machine()
-    empty = llvm.parse_assembly("")
+    empty = llvm.parse_assembly("", llvm.create_context())
     engine = llvm.create_mcjit_compiler(empty, tm)
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()

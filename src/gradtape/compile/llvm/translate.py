@@ -224,6 +224,38 @@ _FAST_NAMES = {
 }
 
 
+# Compile time. LLVM's vectorizers (loop and SLP) take time superlinear in a loop body's size:
+# a fused loop of 133 fast exps (k = 100 operations) took 0.5 s in each, 1000 operations 66 s,
+# against 1.6 s without them. A loop whose body costs more than LARGE_LOOP_COST (statements; a
+# fast function FAST_COST) is therefore not vectorized, and a module holding one is compiled
+# without the SLP vectorizer: its compile time stays linear in its length, while the loops of
+# ordinary programs (tens of statements) are vectorized as Numba vectorizes them. A loop
+# calling libm more than MAX_VECTOR_LIBM_CALLS times is not vectorized either: LLVM would call
+# the scalar function once per lane anyway, and the shuffles around the calls cost compile time.
+LARGE_LOOP_COST = 640
+FAST_COST = 24
+MAX_VECTOR_LIBM_CALLS = 8
+_MARKER = "gradtape.loop.novector."
+_VECTORIZE_OFF = '!{!"llvm.loop.vectorize.enable", i1 false}'
+
+
+def finish_ir(text: str) -> str:
+    """The module's IR text with each loop marker made a distinct self-referencing loop ID
+    that turns the loop vectorizer off."""
+    lines = text.splitlines()
+    out = []
+    extra = []
+    for line in lines:
+        if _MARKER in line and line.startswith("!") and " = !{" in line:
+            name = line.split(" = ", 1)[0].strip()
+            off = f"!{900000 + int(name[1:])}"
+            out.append(f"{name} = distinct !{{{name}, {off}}}")
+            extra.append(f"{off} = {_VECTORIZE_OFF}")
+            continue
+        out.append(line)
+    return "\n".join(out + extra) + "\n"
+
+
 class Scope:
     """The variables of one function body being translated (allocas by name)."""
 
@@ -252,6 +284,10 @@ class Translator:
         self.wide_vectors = False
         self._fast_functions: dict[tuple, ir.Function] = {}
         self.depth = 0  # loops and branches around the statement being translated
+        self.cost = 0  # statements translated (a fast function counts FAST_COST)
+        self.libm_calls = 0  # calls of libm that LLVM cannot vectorize
+        self.large_loops = 0
+        self.markers = 0
 
     # --- module-level declarations ---
     def declare(self, name: str, ret: ir.Type, args: list) -> ir.Function:
@@ -312,6 +348,7 @@ class Translator:
 
     def _body(self, stmts: list, scope: Scope) -> None:
         for stmt in stmts:
+            self.cost += 1
             if self.b.block.is_terminated:
                 return  # code after a return
             self.stmt(stmt, scope)
@@ -516,10 +553,24 @@ class Translator:
         b.position_at_end(loop)
         b.store(i, slot[0])
         b.store(b.add(i, ir.Constant(LL[I64], 1), flags=("nsw",)), counter)
+        cost_before, calls_before = self.cost, self.libm_calls
         self.body(s.body, scope)
         if not b.block.is_terminated:
-            b.branch(head)
+            latch = b.branch(head)
+            cost, calls = self.cost - cost_before, self.libm_calls - calls_before
+            if cost > LARGE_LOOP_COST or calls > MAX_VECTOR_LIBM_CALLS:
+                # not vectorized (see LARGE_LOOP_COST); nor is the module's straight code
+                latch.set_metadata("llvm.loop", self.loop_marker())
+                self.large_loops += 1
         b.position_at_end(after)
+
+    def loop_marker(self) -> ir.MDValue:
+        """Metadata of a loop not to vectorize; made a distinct, self-referencing loop ID by
+        `finish_ir` (llvmlite cannot write one)."""
+        self.markers += 1
+        return self.module.add_metadata(
+            [ir.MetaDataString(self.module, f"{_MARKER}{self.markers}")]
+        )
 
     def for_tuple(self, s: ast.For, scope: Scope) -> None:
         """`for c in constants[1:]`: unrolled (fastmath's polynomials)."""
@@ -804,6 +855,7 @@ class Translator:
             bit = b.and_(array.flags, ir.Constant(ir.IntType(32), 1))
             return Val(b.icmp_unsigned("!=", bit, ir.Constant(ir.IntType(32), 0)), BOOL)
         if name in _FAST_NAMES:
+            self.cost += FAST_COST
             return self.fast(_FAST_NAMES[name], [self.expr(a, scope) for a in e.args])
         if name in runtime_helpers() and name in _RUNTIME_INLINE:
             args = [self.expr(a, scope) for a in e.args]
@@ -840,6 +892,8 @@ class Translator:
                 # np.* of a float32 stays float32; math.* computes in float64
                 t = x.t if (lib == "np" and x.t == F32) else F64
                 x = self.convert(x, t)
+                if fn != "sqrt":
+                    self.libm_calls += 1
                 if fn in _LIBM_INTRINSIC:
                     return Val(b.call(self.intrinsic(_LIBM_INTRINSIC[fn], t, 1), [x.v]), t)
                 if fn in _LIBM_EXTERN:
