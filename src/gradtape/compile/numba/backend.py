@@ -146,7 +146,7 @@ class NativeKernels:
         self.from_cache = False
         # a variant's kernels (codegen.generate; not a loop driver's module): the llvmlite
         # generator may build them (compile/llvm); "llvm" or "numba" once built
-        self.llvm_candidate = generated.plan is not None
+        self.llvm_candidate = getattr(generated, "plan", None) is not None
         self.generator: str | None = None
 
     def when_ready(self, callback: Callable[[NativeKernels], None]) -> None:
