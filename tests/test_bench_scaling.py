@@ -39,6 +39,16 @@ RESULTS = {
         {"backend": "numba", "error": "boom"},
     ],
     "recreate": {"steady_us": 2.5, "recreated_us": 7.25, "ratio": 2.9},
+    "second_process": [
+        {
+            "method": "gradtape (llvm)",
+            "import_s": 0.5,
+            "first_native_after_import_s": 0.125,
+            "numba_imported": False,
+        },
+        {"method": "jax", "import_s": 0.75, "first_native_after_import_s": 0.5},
+        {"method": "gradtape (numba)", "error": "boom"},
+    ],
     "kernel_memory": {
         "programs": 60,
         "max_kernels": 8,
@@ -61,6 +71,17 @@ def test_markdown_tables_carry_every_figure():
     assert "| numba | error: boom | | |" in text
     assert "| 2.50 | 7.25 | 2.90 |" in text
     assert "| 60 | 8 | 123.4 | 8 |" in text
+    assert "| gradtape (llvm) | 0.500 | 0.125 | 0.625 | no |" in text
+    assert "| jax | 0.750 | 0.500 | 1.250 | - |" in text
+    assert "| gradtape (numba) | error: boom |" in text
+
+
+@pytest.mark.native
+def test_the_second_process_measurement_loads_from_the_cache():
+    got, error = scaling._run(scaling._SECOND_PROCESS_GRADTAPE, times=2)
+    assert error is None, error
+    assert got["from_cache"] and got["generator"] == "llvm" and not got["numba_imported"]
+    assert got["first_native_after_import_s"] > 0
 
 
 def test_the_cost_measurements_run_and_report_their_figures():

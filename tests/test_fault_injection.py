@@ -66,6 +66,7 @@ def fresh_function(scale: float):
 
 
 def test_an_exception_inside_numba_midway_leaves_the_right_numbers(private_cache, monkeypatch):
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
     f, exact = fresh_function(1.25)
     x = np.linspace(-1.0, 1.0, 9)
     real_jit = cache._jit_namespace
@@ -127,6 +128,7 @@ def test_a_full_disk_while_writing_the_module_compiles_in_memory(private_cache, 
 
 
 def test_a_full_disk_while_numba_writes_its_cache_keeps_the_kernel(private_cache, monkeypatch):
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
     from numba.core import caching
 
     f, exact = fresh_function(3.25)

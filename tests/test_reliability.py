@@ -184,7 +184,7 @@ def numba_files(directory: Path) -> list[Path]:
 def test_numba_cache_dir_is_never_read_nor_written_for_kernels(tmp_path):
     planted, own = tmp_path / "shared", tmp_path / "own"
     planted.mkdir()
-    env = {"NUMBA_CACHE_DIR": str(planted), "GRADTAPE_CACHE_DIR": str(own)}
+    env = {"NUMBA_CACHE_DIR": str(planted), "GRADTAPE_CACHE_DIR": str(own), "GRADTAPE_LLVM": "0"}
     first = run_child(env)
     assert first["error"] < 1e-12 and first["tier"] == "native"
     assert numba_files(planted) == []  # nothing written where others may plant files
@@ -212,7 +212,7 @@ def test_numba_cache_dir_is_never_read_nor_written_for_kernels(tmp_path):
 @pytest.mark.native
 @pytest.mark.parametrize("damage", ["zeroed page", "flipped bytes", "truncated", "empty index"])
 def test_a_damaged_cached_kernel_is_detected_discarded_and_compiled_again(tmp_path, damage):
-    env = {"GRADTAPE_CACHE_DIR": str(tmp_path)}
+    env = {"GRADTAPE_CACHE_DIR": str(tmp_path), "GRADTAPE_LLVM": "0"}  # (Numba's files)
     assert run_child(env)["error"] < 1e-12
     data = next(p for p in numba_files(tmp_path) if p.suffix == ".nbc")
     index = next(p for p in numba_files(tmp_path) if p.suffix == ".nbi")

@@ -62,13 +62,14 @@ def _run(script: str, tmp_path, timeout: float = 240.0) -> str:
 
 @native
 @pytest.mark.parametrize("when", ["idle", "startup", "busy"])
-def test_forked_child_compiles_and_calls(tmp_path, when):
+def test_forked_child_compiles_and_calls(tmp_path, when, monkeypatch):
     """A forked child never hangs and gets the right numbers. "idle": the fork lands when the
     compiler has nothing to do, and the child compiles natively. "busy": the fork lands while
     the compiler thread is inside a compile (held there until the fork is done), and the child
     runs on the numpy backend with a warning that says why. "startup": the fork lands just
     after the first call, while the compiler thread imports Numba (it used to hang), and the
     child does one or the other."""
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
     out = _run(
         f"""
         import threading, warnings
@@ -199,6 +200,7 @@ def test_keyboard_interrupt_during_compile_then_compiles(tmp_path):
 def test_interrupted_compile_is_compiled_again(monkeypatch):
     """Without Numba: an interrupt inside the build leaves the kernels NEW (not COMPILING), a
     waiting thread is woken and takes over, and the next compile_now builds them."""
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
     from gradtape.compile.numba import backend as nb
 
     class Generated:
@@ -225,6 +227,7 @@ def test_interrupted_compile_is_compiled_again(monkeypatch):
 
 
 def test_waiting_thread_takes_over_an_interrupted_compile(monkeypatch):
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
     from gradtape.compile.numba import backend as nb
 
     class Generated:
@@ -347,6 +350,7 @@ def test_fork_records_numba_work_and_the_child_keeps_away_from_numba(
     """Without forking: the fork handlers take no lock a compile holds (the fork never waits),
     and a child forked during Numba work refuses Numba: its kernels fail with the reason
     instead of compiling, so the variant runs on the numpy backend."""
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
     from gradtape.compile.numba import backend as nb
     from gradtape.compile.numba import notices
 

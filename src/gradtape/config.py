@@ -27,6 +27,9 @@
 * `GRADTAPE_NAN_SAFE` (default on): `0` makes derivative rules multiply plainly: a zero
   cotangent times an infinite or NaN local derivative is then NaN (JAX's and autograd's
   numbers) instead of zero (the NaN-safe product: finite gradients through `np.where`).
+* `GRADTAPE_LLVM` (default on): `0` compiles every native kernel with Numba; on, the kernels
+  LLVM's own generator serves (fused elementwise loops and sums) are compiled through llvmlite
+  directly (compile/llvm/), without Numba's compiler or its import.
 * `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
   import; `np.asarray` on a traced value then raises instead of passing it through).
 
@@ -55,6 +58,7 @@ BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
 ROLL = "GRADTAPE_ROLL"
 NAN_SAFE = "GRADTAPE_NAN_SAFE"
 NATIVE_WAIT = "GRADTAPE_NATIVE_WAIT"
+LLVM = "GRADTAPE_LLVM"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -100,6 +104,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
     ),
     ROLL: ("1", "0: keep Python loops unrolled in compiled programs (no loop rolling)"),
     NAN_SAFE: ("1", "0: plain products in derivative rules (0 * inf is NaN, as in JAX)"),
+    LLVM: ("1", "0: compile every native kernel with Numba (no llvmlite generator)"),
     PATCH_NUMPY: (
         "1",
         "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
@@ -120,6 +125,12 @@ def numba_enabled() -> bool:
     (`0`, `false`, `no`, `off`, any case) leaves backend="numba" unregistered and keeps eager
     loops in Python."""
     return _text(NUMBA).lower() not in _OFF
+
+
+def llvm_enabled() -> bool:
+    """GRADTAPE_LLVM: whether native kernels the llvmlite generator serves are compiled by it
+    (default: yes); `0`, `false`, `no`, `off` send every kernel to Numba."""
+    return _text(LLVM).lower() not in _OFF
 
 
 def roll_enabled() -> bool:
@@ -233,7 +244,7 @@ def buffer_sets() -> int:
 
 #: the settings a compiled function reads while it builds its code: `compile` remembers a
 #: compiled function only for the values they had when it was built
-BUILD_SETTINGS = (NUMBA, ROLL, BUFFER_SETS, MAX_SIGNATURES, NAN_SAFE)
+BUILD_SETTINGS = (NUMBA, ROLL, BUFFER_SETS, MAX_SIGNATURES, NAN_SAFE, LLVM)
 _BUILD_KEYS = tuple(os.fsencode(name) for name in BUILD_SETTINGS)
 
 
@@ -249,6 +260,7 @@ def build_settings() -> tuple:
             get(_BUILD_KEYS[2]),
             get(_BUILD_KEYS[3]),
             get(_BUILD_KEYS[4]),
+            get(_BUILD_KEYS[5]),
         )
     return tuple([os.environ.get(name) for name in BUILD_SETTINGS])
 

@@ -103,13 +103,14 @@ print(json.dumps({
 """
 
 _COMPILE_GRADTAPE = """
-import json, time, warnings
+import json, os, time, warnings
 import numpy as np
 import gradtape as gt
 from gradtape.compile.numba import backend as nb
 
 warnings.simplefilter("ignore")
-nb._numba_startup()  # reported apart: a process pays it once
+if os.environ.get("GRADTAPE_LLVM") == "0":
+    nb._numba_startup()  # reported apart: a process pays it once
 out = []
 for k in SIZES:
     def f(x, k=k):
@@ -122,8 +123,56 @@ for k in SIZES:
     start = time.perf_counter()
     cf = gt.compile(gt.value_and_grad(f), backend="numba")
     cf(x)
-    out.append({"ops": k, "seconds": time.perf_counter() - start})
+    native = cf.lowered(x).native
+    out.append({"ops": k, "seconds": time.perf_counter() - start,
+                "generator": native.generator if native is not None else None})
 print(json.dumps(out))
+"""
+
+# the same process twice with one cache: the second's time from before `import gradtape` to
+# the result of its first native call (backend="numba": the kernels come before that call)
+_SECOND_PROCESS_GRADTAPE = """
+import time
+start = time.perf_counter()
+import gradtape as gt
+imported = time.perf_counter()
+import json, sys
+import numpy as np
+
+def f(x):
+    return np.sum(-0.5 * ((x - 0.3) / 1.7) ** 2 - np.log(1.7) - 0.9189385332046727)
+
+x = np.linspace(-1.0, 1.0, 1000)
+cf = gt.compile(gt.value_and_grad(f), backend="numba")
+cf(x)
+done = time.perf_counter()
+native = cf.lowered(x).native
+print(json.dumps({"import_s": imported - start, "first_native_after_import_s": done - imported,
+                  "generator": native.generator, "from_cache": native.from_cache,
+                  "numba_imported": "numba" in sys.modules}))
+"""
+
+_SECOND_PROCESS_JAX = """
+import time
+start = time.perf_counter()
+import jax
+imported = time.perf_counter()
+import json, os
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_compilation_cache_dir", os.environ["GRADTAPE_CACHE_DIR"] + "/jax")
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+import jax.numpy as jnp
+import numpy as np
+
+def f(x):
+    return jnp.sum(-0.5 * ((x - 0.3) / 1.7) ** 2 - jnp.log(1.7) - 0.9189385332046727)
+
+x = np.linspace(-1.0, 1.0, 1000)
+value, grad = jax.jit(jax.value_and_grad(f))(x)
+grad.block_until_ready()
+done = time.perf_counter()
+print(json.dumps({"import_s": imported - start, "first_native_after_import_s": done - imported}))
 """
 
 _COMPILE_JAX = """
@@ -344,23 +393,31 @@ print(json.dumps({"programs": PROGRAMS, "max_kernels": MAX_KERNELS,
 
 
 def _run(
-    script: str, timeout: float = 900.0, environment: dict | None = None, **names: Any
+    script: str,
+    timeout: float = 900.0,
+    environment: dict | None = None,
+    times: int = 1,
+    **names: Any,
 ) -> tuple[Any, str | None]:
     """Run `script` with `names` defined, in a fresh process with a cold kernel cache (and
-    `environment` added to the environment)."""
+    `environment` added to the environment); with `times` > 1, that many processes one after
+    another on the same cache (the last one's result)."""
     prelude = "".join(f"{k} = {v!r}\n" for k, v in names.items())
     with tempfile.TemporaryDirectory(prefix="gradtape-scaling-") as cache_dir:
         env = dict(os.environ, GRADTAPE_CACHE_DIR=cache_dir, **(environment or {}))
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", prelude + textwrap.dedent(script)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            return None, f"timed out after {timeout:.0f} s"
+        for _ in range(times):
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-c", prelude + textwrap.dedent(script)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                return None, f"timed out after {timeout:.0f} s"
+            if proc.returncode != 0:
+                break
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         return None, lines[-1] if lines else f"exit status {proc.returncode}"
@@ -388,13 +445,33 @@ def measure(quick: bool) -> dict[str, Any]:
         results["time_to_native"].append(got or {"workload": workload, "error": error})
 
     results["compile_time"] = {}
-    peers = [("gradtape", _COMPILE_GRADTAPE, native), ("jax", _COMPILE_JAX, _installed("jax"))]
-    for name, script, present in peers:
+    # a straight-line program (loop rolling off: one fused loop of k operations), compiled
+    # by the llvmlite generator, by Numba (GRADTAPE_LLVM=0) and by XLA
+    straight = {"GRADTAPE_ROLL": "0"}
+    peers = [
+        ("gradtape (llvm)", _COMPILE_GRADTAPE, native, straight),
+        ("gradtape (numba)", _COMPILE_GRADTAPE, native, dict(straight, GRADTAPE_LLVM="0")),
+        ("jax", _COMPILE_JAX, _installed("jax"), {}),
+    ]
+    for name, script, present, environment in peers:
         if not present:
             results["notes"].append(f"{name}: not installed (compile time)")
             continue
-        got, error = _run(script, timeout=3600.0, SIZES=list(sizes["ops"]))
+        got, error = _run(script, timeout=3600.0, environment=environment, SIZES=list(sizes["ops"]))
         results["compile_time"][name] = got if got is not None else {"error": error}
+
+    results["second_process"] = []
+    second = [
+        ("gradtape (llvm)", _SECOND_PROCESS_GRADTAPE, native, {}),
+        ("gradtape (numba)", _SECOND_PROCESS_GRADTAPE, native, {"GRADTAPE_LLVM": "0"}),
+        ("jax", _SECOND_PROCESS_JAX, _installed("jax"), {}),
+    ]
+    for name, script, present, environment in second:
+        if present:
+            got, error = _run(script, environment=environment, times=2)
+            results["second_process"].append(
+                dict(got, method=name) if got else {"method": name, "error": error}
+            )
 
     results["memory"] = []
     for method, module in (("gradtape", "numpy"), ("autograd", "autograd"), ("jax", "jax")):
@@ -465,6 +542,27 @@ def markdown(results: dict[str, Any]) -> str:
     for k in sorted(rows):
         label = "-" if k < 0 else str(k)
         lines.append(f"| {label} | " + " | ".join(rows[k].get(p, "") for p in peers) + " |")
+    lines += [
+        "",
+        "A straight-line program of k operations (loop rolling off), value and gradient.",
+    ]
+    if results.get("second_process"):
+        lines += [
+            "",
+            "## A second process with a warm cache: seconds to the first native call",
+            "",
+            "| method | import | first native call after import | total | Numba imported |",
+            "|---|---|---|---|---|",
+        ]
+        for r in results["second_process"]:
+            if "error" in r:
+                lines.append(f"| {r['method']} | error: {r['error']} | | | |")
+                continue
+            first, imp = r["first_native_after_import_s"], r["import_s"]
+            numba = {True: "yes", False: "no"}.get(r.get("numba_imported"), "-")
+            lines.append(
+                f"| {r['method']} | {imp:.3f} | {first:.3f} | {imp + first:.3f} | {numba} |"
+            )
     lines += ["", "## Peak memory of eager grad, chain of 20 operations (MB above baseline)", ""]
     methods = list(dict.fromkeys(r["method"] for r in results["memory"]))
     lines.append("| N | input (MB) | " + " | ".join(methods) + " |")

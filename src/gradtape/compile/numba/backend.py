@@ -46,7 +46,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ... import config
-from .. import rolling
+from .. import llvm, rolling
 from ..numpy_backend import NumpyLowered, compiled_source
 from ..program import Program
 from . import cache, codegen, notices
@@ -145,6 +145,10 @@ class NativeKernels:
         self.compile_seconds = 0.0  # building or loading these kernels (startup excluded)
         self.startup_seconds = 0.0  # Numba's import and initialization, if this paid for it
         self.from_cache = False
+        # a variant's kernels (codegen.generate; not a loop driver's module): the llvmlite
+        # generator may build them (compile/llvm); "llvm" or "numba" once built
+        self.llvm_candidate = getattr(generated, "plan", None) is not None
+        self.generator: str | None = None
 
     def when_ready(self, callback: Callable[[NativeKernels], None]) -> None:
         """Call `callback(self)` once compiled (now, if it is)."""
@@ -184,14 +188,22 @@ class NativeKernels:
 
     def _compile(self, deadline: float | None = None) -> bool:
         start = time.perf_counter()
+        startup = 0.0
         try:
-            startup = _numba_startup()
-            start += startup
-            with _numba_work(), _numba_compiler_free(deadline) as free:
-                if not free:  # another thread's compile holds Numba's lock past the deadline
-                    self._interrupted()
-                    return False
-                functions, from_cache = _build_kernels(self)
+            with _numba_work():  # (LLVM's state, like Numba's, is not for a forked child)
+                built = _build_with_llvm(self)
+            if built is None:
+                startup = _numba_startup()
+                start += startup
+                with _numba_work(), _numba_compiler_free(deadline) as free:
+                    if not free:  # another thread's compile holds Numba's lock past the deadline
+                        self._interrupted()
+                        return False
+                    functions, from_cache = _build_kernels(self)
+                self.generator = "numba"
+            else:
+                functions, from_cache = built
+                self.generator = "llvm"
             error = None
         except Exception as exc:  # Numba rejected the generated code: stay on numpy
             functions, from_cache = None, False
@@ -652,6 +664,15 @@ def _numba_type(arg: KernelArg):
     if arg.ndim is None:
         return scalar
     return types.Array(scalar, arg.ndim, "C")
+
+
+def _build_with_llvm(nk: NativeKernels) -> tuple[tuple, bool] | None:
+    """The kernels built by the llvmlite generator (compile/llvm), or None for Numba: a module
+    outside what it translates, or the generator turned off (GRADTAPE_LLVM=0)."""
+    numba_usable_here()
+    if not nk.llvm_candidate or not config.llvm_enabled():
+        return None
+    return llvm.build_or_none(nk.key, nk.module_text, nk.kernels)
 
 
 def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
