@@ -75,7 +75,9 @@ class PauseNumbaImport(importlib.abc.MetaPathFinder):
 
 
 def run_script(script: str, tmp_path) -> str:
-    env = dict(os.environ, PYTHONPATH=SRC, GRADTAPE_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(
+        os.environ, PYTHONPATH=SRC, GRADTAPE_CACHE_DIR=str(tmp_path / "cache"), GRADTAPE_LLVM="0"
+    )
     env.pop("GRADTAPE_NUMBA", None)
     proc = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
