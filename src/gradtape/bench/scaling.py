@@ -7,8 +7,13 @@ cache (so one measurement cannot warm the next):
   `backend="auto"` from its first call on; the time until calls run native code, the longest
   single call after the first, and the calls per second while Numba compiles against the
   numpy tier's (normal log-density, logistic regression);
-* **compile time against program size**: a straight-line program of k elementwise operations,
-  its value and gradient compiled by gradtape's numba backend and by JAX's `jit` (XLA);
+* **compile time against program size**: a straight-line program of k elementwise operations
+  (loop rolling off: one fused loop), its value and gradient compiled by gradtape's numba
+  backend with each kernel generator (llvmlite directly; Numba, `GRADTAPE_LLVM=0`) and by
+  JAX's `jit` (XLA);
+* **a second process with a warm cache**: the same process run twice on one cache, the
+  second's time from `import` to the result of its first native call (gradtape with each
+  generator; JAX with its persistent compilation cache);
 * **peak memory against N**: eager `grad` of a chain of 20 operations, gradtape against
   autograd and JAX (the resident high-water mark above the process's own, in MB);
 * **per-operation overhead**: eager `grad` of a chain of k operations at N=10, per operation;

@@ -482,18 +482,20 @@ def load(obj: bytes, names: list[str]) -> tuple:
         f.argtypes = [ctypes.POINTER(_MethodDef), ctypes.py_object, ctypes.py_object]
         f.restype = ctypes.py_object
         _new_function = f
-    tm = _target_machine()
-    empty = llvm.parse_assembly("", llvm.create_context())
-    engine = llvm.create_mcjit_compiler(empty, tm)
-    engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-    engine.finalize_object()
-    defs = []
-    for name in names:
-        address = engine.get_function_address(name)
-        if not address:
-            engine.close()
-            raise NotServed(f"{name} missing from the object file")
-        defs.append(_MethodDef(name.encode(), address, _METH_FASTCALL, None))
+    with _machine_lock:  # (one thread in LLVM's JIT at a time)
+        tm = _target_machine()
+        empty = llvm.parse_assembly("", llvm.create_context())
+        engine = llvm.create_mcjit_compiler(empty, tm)
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        engine.finalize_object()
+        addresses = [engine.get_function_address(name) for name in names]
+    if not all(addresses):
+        engine.close()
+        raise NotServed("an entry point is missing from the object file")
+    defs = [
+        _MethodDef(name.encode(), address, _METH_FASTCALL, None)
+        for name, address in zip(names, addresses)
+    ]
     holder = _Holder(engine, defs)
     return tuple(_new_function(ctypes.byref(d), holder, None) for d in defs)
 

@@ -505,10 +505,11 @@ class Translator:
     def reshape(self, call: ast.Call, scope: Scope) -> ArrayArg:
         """a.reshape(shape) of a C-contiguous array: the same data, other dims."""
         array = self.array(call.func.value, scope)
-        shape = call.args[0] if len(call.args) == 1 else None
-        if not isinstance(shape, ast.Tuple) or call.keywords:
+        if len(call.args) != 1 or call.keywords:
             raise NotServed("reshape form")
-        dims = [self.convert(self.expr(d, scope), I64).v for d in shape.elts]
+        shape = call.args[0]
+        parts = shape.elts if isinstance(shape, ast.Tuple) else [shape]  # (a.reshape(n))
+        dims = [self.convert(self.expr(d, scope), I64).v for d in parts]
         return ArrayArg(array.data, dims, array.t, array.flags)
 
     def np_type(self, node: ast.expr) -> str:
