@@ -1,12 +1,14 @@
 """The native entry points of exported handles (export.py), written directly as LLVM IR.
 
 An entry point turns C arguments (a length, pointers, a data descriptor) into the kernels'
-arguments, calls each already-compiled kernel through its native address (Numba's calling
-convention, the call Numba itself would emit), hands the values one kernel returns to the
-next, writes the results and checks them. Nothing is typed again: the kernels were compiled
-once (cache.build_kernels, with the disk cache), and the entry points are a few hundred LLVM
-instructions that LLVM compiles in milliseconds. Numba-compiled callers (`@njit` code) reach
-the same C entry point through `call_c_entry`, an intrinsic typed once.
+arguments, calls each already-compiled kernel by its symbol (Numba's calling convention, the
+call Numba itself would emit; the JIT links the symbol to the kernel's machine code in this
+process), hands the values one kernel returns to the next, writes the results and checks
+them. Nothing is typed again: the kernels were compiled once (cache.build_kernels, with the
+disk cache), and the entry points are a few hundred LLVM instructions that LLVM compiles in
+milliseconds; their object code refers to the kernels by name only, so it can be cached
+(`EntryLibrary.serialize`, `load_entries`). Numba-compiled callers (`@njit` code) reach the
+same C entry point through `call_c_entry`, an intrinsic typed once.
 
 Importing this module imports Numba: only export.py imports it, lazily.
 """
@@ -92,7 +94,7 @@ class _Body:
         self.context = context
         self.module = module
         self.plan = plan
-        self.kernels = kernels  # name -> (address, return type, argument types)
+        self.kernels = kernels  # name -> (symbol, return type, argument types)
         self.name = _unique("gradtape_inner")
         self.function = ir.Function(
             module, ir.FunctionType(_I32, [_F64P, _F64P, _F64P, _I64.as_pointer()]), self.name
