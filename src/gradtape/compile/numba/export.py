@@ -39,8 +39,10 @@ than one traced argument, results that are not float64, more than two results.
 
 Caching: the kernels' module is keyed by a hash of its text and compiled through the kernel
 cache (checksummed files in gradtape's directory only), so a second process loads the
-kernels' machine code; the entry points hold this process's kernel addresses and are
-written again in each process.
+kernels' machine code. The entry points call the kernels by symbol (the JIT links them), so
+their object code is cached too, beside the kernels' files, checksummed, with what it was
+built for (versions, the plan's tag, the kernels' symbols): a damaged or stale file is
+deleted and the entry points written again.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ import ctypes
 import hashlib
 import importlib.util
 import math
+import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -279,6 +283,8 @@ class _EntryModule:
         self.kernel_seconds = 0.0
         self.entry_seconds = 0.0
         self.from_cache = False
+        self.entries_from_cache = False
+        self.stale_entries = False
         self.kernels: dict[str, tuple] = {}
         self._numba = None
 
@@ -301,17 +307,89 @@ class _EntryModule:
                 self.kernels = {}  # name -> (address, return type, argument types)
                 for name, (dispatcher, signature) in kernels.items():
                     compiled = dispatcher.overloads[signature]
-                    address = compiled.library.get_pointer_to_function(
-                        compiled.fndesc.llvm_func_name
+                    compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+                    self.kernels[name] = (
+                        compiled.fndesc.llvm_func_name,
+                        compiled.signature.return_type,
+                        signature,
                     )
-                    self.kernels[name] = (address, compiled.signature.return_type, signature)
-                library = export_runtime.build_entries(
-                    self.plan, self.kernels, tuple(kernels.values())
-                )
+                keep_alive = tuple(kernels.values())
+                library = self._cached_entries(keep_alive)
+                if library is None:
+                    library = export_runtime.build_entries(self.plan, self.kernels, keep_alive)
+                    self._save_entries(library)
                 self.entry_seconds = time.perf_counter() - start
             self.addresses = library.addresses
             self.library = library
             return self.addresses
+
+    # the entry points' object code in the kernel cache, beside the kernels' files (pruned
+    # and cleared with them), checksummed as they are
+    def _entries_path(self) -> Path | None:
+        directory = cache.kernel_dir()
+        if directory is None:
+            return None
+        return directory / "__pycache__" / f"k_{self.key}.entries-{self.plan.tag:x}.nbe"
+
+    def _identity(self) -> dict:
+        import llvmlite
+        import numba
+
+        return {
+            "format": _ENTRY_CACHE_FORMAT,
+            "numba": numba.__version__,
+            "llvmlite": llvmlite.__version__,
+            "tag": self.plan.tag,
+            "kernels": {name: symbol for name, (symbol, _, _) in self.kernels.items()},
+        }
+
+    def _cached_entries(self, keep_alive: tuple):
+        """The entry points from the disk cache, or None: missing, damaged (a checksum that
+        fails: deleted, with a warning), or stale (another version, other kernel symbols,
+        an entry point missing: deleted); they are then written again."""
+        import pickle
+
+        from . import export_runtime
+
+        path = self._entries_path()
+        if path is None:
+            return None
+        try:
+            payload = cache._read_verified(str(path))
+        except (FileNotFoundError, OSError):
+            return None
+        library = None
+        try:
+            identity, serialized = pickle.loads(payload)
+            if identity == self._identity():
+                library = export_runtime.load_entries(serialized, keep_alive)
+        except Exception:  # an unreadable entry: written again below
+            library = None
+        if library is None:
+            self.stale_entries = True
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+        self.entries_from_cache = True
+        return library
+
+    def _save_entries(self, library) -> None:
+        import pickle
+
+        path = self._entries_path()
+        if path is None:
+            return
+        try:
+            payload = pickle.dumps((self._identity(), library.serialize()), protocol=-1)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(descriptor, "wb") as f:
+                f.write(cache.frame(payload))
+            os.replace(temporary, path)
+        except (OSError, ValueError, RuntimeError):  # a full disk, no object code: not cached
+            pass
 
     def _jit_all(self, jit, module, use_cache: bool) -> tuple[dict, bool]:
         from . import (
@@ -354,6 +432,7 @@ def _cache_hits(dispatcher) -> int:
         return 0
 
 
+_ENTRY_CACHE_FORMAT = 1
 _MODULES: dict[str, _EntryModule] = {}
 _modules_lock = threading.Lock()
 
@@ -514,8 +593,10 @@ class NativeHandle:
 
     @property
     def from_cache(self) -> bool:
-        """Whether the kernels were loaded from the disk cache (not compiled)."""
-        return self._module.library is not None and self._module.from_cache
+        """Whether the kernels and the entry points were loaded from the disk cache (nothing
+        was compiled)."""
+        module = self._module
+        return module.library is not None and module.from_cache and module.entries_from_cache
 
     # --- calling from Python (checks, conversions) ---
     def __call__(self, x):

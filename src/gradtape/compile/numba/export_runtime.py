@@ -1,21 +1,22 @@
 """The native entry points of exported handles (export.py), written directly as LLVM IR.
 
 An entry point turns C arguments (a length, pointers, a data descriptor) into the kernels'
-arguments, calls each already-compiled kernel through its native address (Numba's calling
-convention, the call Numba itself would emit), hands the values one kernel returns to the
-next, writes the results and checks them. Nothing is typed again: the kernels were compiled
-once (cache.build_kernels, with the disk cache), and the entry points are a few hundred LLVM
-instructions that LLVM compiles in milliseconds. Numba-compiled callers (`@njit` code) reach
-the same C entry point through `call_c_entry`, an intrinsic typed once.
+arguments, calls each already-compiled kernel by its symbol (Numba's calling convention, the
+call Numba itself would emit; the JIT links the symbol to the kernel's machine code in this
+process), hands the values one kernel returns to the next, writes the results and checks
+them. Nothing is typed again: the kernels were compiled once (cache.build_kernels, with the
+disk cache), and the entry points are a few hundred LLVM instructions that LLVM compiles in
+milliseconds; their object code refers to the kernels by name only, so it can be cached
+(`EntryLibrary.serialize`, `load_entries`). Numba-compiled callers (`@njit` code) reach the
+same C entry point through `call_c_entry`, an intrinsic typed once.
 
 Importing this module imports Numba: only export.py imports it, lazily.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import threading
+import uuid
 
 import numpy as np
 from llvmlite import ir
@@ -42,14 +43,11 @@ NUTPIE_LOGP_TYPE = C_ENTRY_TYPE
 # and int32_t expand(uint64_t n, uint64_t m, const double *x, double *out, void *pair)
 NUTPIE_EXPAND_TYPE = ir.FunctionType(_I32, [_I64, _I64, _F64P, _F64P, _I8P])
 
-_names = itertools.count()
-_names_lock = threading.Lock()
-
 
 def _unique(prefix: str) -> str:
-    """A symbol name no other library of this process uses (the JIT links them all)."""
-    with _names_lock:
-        return f"{prefix}_{next(_names)}"
+    """A symbol name no other library uses, in this process or in a cached object another
+    process wrote (the JIT links them all)."""
+    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def numba_type(dtype: np.dtype, ndim: int | None):
@@ -59,15 +57,33 @@ def numba_type(dtype: np.dtype, ndim: int | None):
 
 
 class EntryLibrary:
-    """A finalized library of entry points: `address(name)`; it keeps the kernels alive."""
+    """A finalized library of entry points: `addresses` by entry name; it keeps the kernels
+    alive. `serialize()` is its object code and symbol names, for the disk cache."""
 
     def __init__(self, library, names: dict[str, str], keep_alive: tuple):
         self._library = library
-        self._names = names
+        self.names = names
         self._keep_alive = keep_alive
         self.addresses = {
             entry: library.get_pointer_to_function(symbol) for entry, symbol in names.items()
         }
+
+    def serialize(self) -> tuple:
+        """(symbol names, Numba's object-code serialization of the library)."""
+        return dict(self.names), self._library.serialize_using_object_code()
+
+
+def load_entries(serialized: tuple, keep_alive: tuple) -> EntryLibrary | None:
+    """The entry points of a cached object (see EntryLibrary.serialize), linked to the
+    kernels already in this process; None when an entry point is missing from it."""
+    names, state = serialized
+    codegen = cpu_target.target_context.codegen()
+    with global_compiler_lock:
+        library = codegen.unserialize_library(state)
+        loaded = EntryLibrary(library, names, keep_alive)
+    if not all(loaded.addresses.values()):
+        return None
+    return loaded
 
 
 # --- the body shared by every entry point -------------------------------------------------------
@@ -78,7 +94,7 @@ class _Body:
         self.context = context
         self.module = module
         self.plan = plan
-        self.kernels = kernels  # name -> (address, return type, argument types)
+        self.kernels = kernels  # name -> (symbol, return type, argument types)
         self.name = _unique("gradtape_inner")
         self.function = ir.Function(
             module, ir.FunctionType(_I32, [_F64P, _F64P, _F64P, _I64.as_pointer()]), self.name
@@ -186,7 +202,7 @@ class _Body:
             self._return_if(b.icmp_signed("!=", tag, self._const(plan.tag)), STATUS_BAD_DATA)
         values: dict[int, tuple] = {}  # var id -> (Numba type, LLVM value)
         for call in plan.calls:
-            address, restype, argtypes = self.kernels[call.name]
+            symbol, restype, argtypes = self.kernels[call.name]
             args = []
             for (kind, ref), ty in zip(call.args, argtypes):
                 if kind == "x":
@@ -217,7 +233,9 @@ class _Body:
                         )
                     args.append(v)
             fnty = context.call_conv.get_function_type(restype, argtypes)
-            callee = b.inttoptr(self._const(address), fnty.as_pointer())
+            # the compiled kernel, by its symbol: the JIT links it to the kernel's machine code
+            # (loaded or compiled) in this process, so this code can be cached
+            callee = self.module.globals.get(symbol) or ir.Function(self.module, fnty, symbol)
             status, result = context.call_conv.call_function(b, callee, restype, argtypes, args)
             self._return_if(status.is_error, STATUS_RAISED)
             members = list(restype)
@@ -277,13 +295,14 @@ def _check_or_return(builder, condition, code: int) -> None:
 
 def build_entries(plan, kernels: dict, keep_alive: tuple) -> EntryLibrary:
     """Compile the entry points of `plan` (export._EntryPlan) calling `kernels` (name ->
-    (address, return type, argument types)): "c_entry", "nutpie_logp", "nutpie_expand" and
-    "nutpie_copy"."""
+    (symbol, return type, argument types), each compiled in this process): "c_entry",
+    "nutpie_logp", "nutpie_expand" (a function of one result) and "nutpie_copy"."""
     from .export import STATUS_BAD_DATA, STATUS_WRONG_SIZE
 
     context = cpu_target.target_context.subtarget(enable_nrt=True)
     codegen = context.codegen()
     library = codegen.create_library(_unique("gradtape_entries"))
+    library.enable_object_caching()  # (its object code is what the disk cache keeps)
     module = library.create_ir_module("gradtape_entries")
     body = _Body(context, module, plan, kernels)
     inner = body.write()
