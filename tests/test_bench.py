@@ -336,3 +336,35 @@ def test_progress_is_not_buffered_when_redirected(tmp_path: Path) -> None:
     assert still_running, "the first progress line arrived only when the run ended"
     assert process.returncode == 0
     assert "sum_exp" in rest
+
+
+def test_the_nan_safe_cost_is_the_ratio_of_the_two_numba_builds():
+    from gradtape.bench.report import nan_safe_cost_lines
+    from gradtape.bench.runner import BenchRun, Measurement
+
+    def measured(method, size, median):
+        return Measurement("eam", size, method, OK, median_s=median)
+
+    run = BenchRun(TINY, [WORKLOADS["eam"]], [METHODS["gradtape_numba"]])
+    assert nan_safe_cost_lines(run) == []
+    run.measurements += [measured("gradtape_numba", 10, 1.05e-5), measured("numpy", 10, 3e-5)]
+    assert nan_safe_cost_lines(run) == []  # the plain build did not run
+    run.measurements.append(measured("gradtape_numba_plain", 10, 1e-5))
+    (line,) = [text for text in nan_safe_cost_lines(run) if text]
+    assert line.endswith("eam N=10: 1.05×.")
+
+
+@pytest.mark.native
+def test_the_plain_build_restores_the_setting(monkeypatch):
+    monkeypatch.setenv("GRADTAPE_NAN_SAFE", "1")
+    prepare = METHODS["gradtape_numba_plain"].prepare
+    workload = WORKLOADS["normal_logpdf"]
+    problem = workload.problem(10)
+    try:
+        call = prepare(workload, problem)
+    except Exception as exc:  # without Numba the method is absent
+        pytest.skip(f"numba backend: {exc}")
+    value, grad = call()
+    _, expected = gt.value_and_grad(workload.numpy_function(problem))(problem.x)
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
+    assert os.environ["GRADTAPE_NAN_SAFE"] == "1"

@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import assert_grad_matches, compile_backends
+from conftest import assert_grad_matches, central_difference_grad, compile_backends
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -235,3 +235,44 @@ def test_overhead_is_measured():
         "asfortranarray",
         "asarray_chkfinite",
     }
+
+
+# np.vectorize on traced values: the function per element (its branches see numbers)
+def _kinked(a, b):
+    return a * a * b if a > 0 else -a * b
+
+
+def test_vectorize_branches_per_element_with_broadcasting():
+    x = np.array([[0.5, -1.0, 2.0], [-0.3, 0.7, 1.5]])
+    y = np.array([1.5, -0.5, 2.0])
+    f = np.vectorize(_kinked)
+
+    def loss(x, y):
+        return np.sum(np.cos(np.arange(6.0)).reshape(2, 3) * f(x, y))
+
+    value, (gx, gy) = gt.value_and_grad(loss, argnums=(0, 1))(x, y)
+    np.testing.assert_allclose(value, loss(x, y), rtol=1e-14)
+    np.testing.assert_allclose(gx, central_difference_grad(loss, (x, y), 0), rtol=1e-7)
+    np.testing.assert_allclose(gy, central_difference_grad(loss, (x, y), 1), rtol=1e-7)
+
+
+def test_vectorize_excluded_otypes_and_tuples():
+    x = np.array([0.5, 1.5, -2.0])
+    power = np.vectorize(lambda a, p: a**p, excluded={1})
+    np.testing.assert_allclose(gt.grad(lambda x: np.sum(power(x, 3)))(x), 3 * x**2)
+    single = np.vectorize(lambda a: a * 2.0, otypes=[np.float32])
+    out = gt.vjp(single, x)[0]
+    assert out.dtype == np.float32
+    pair = np.vectorize(lambda a: (a * a, 3.0 * a))
+    np.testing.assert_allclose(gt.grad(lambda x: np.sum(pair(x)[0] + pair(x)[1]))(x), 2 * x + 3.0)
+    for backend in compile_backends():
+        compiled = gt.compile(
+            gt.grad(lambda x: np.sum(np.vectorize(_kinked)(x, 2.0))), backend=backend
+        )
+        np.testing.assert_allclose(compiled(x), np.where(x > 0, 4 * x, -2.0))
+
+
+def test_vectorize_with_a_signature_is_refused():
+    f = np.vectorize(lambda v: v.sum(), signature="(n)->()")
+    with pytest.raises(gt.GradtapeError, match="signature"):
+        gt.grad(lambda x: np.sum(f(x)))(np.ones((2, 3)))

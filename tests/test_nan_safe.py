@@ -190,3 +190,37 @@ def test_the_numba_backend_fuses_the_product():
             for q in (p, p[::-1].copy(), p + 1.0):
                 np.testing.assert_allclose(compiled(q), gt.grad(f)(q), rtol=1e-13)
     assert lowered(compiled, p).tier == "native"
+
+
+@pytest.mark.parametrize("backend", [None, *compile_backends()])
+def test_the_setting_off_gives_plain_products_and_a_fresh_build(backend, monkeypatch):
+    """GRADTAPE_NAN_SAFE=0: JAX's and autograd's numbers (NaN at the masked branch), eager and
+    compiled; compile's memo keeps the two builds apart."""
+
+    def f(p):
+        return np.sum(np.where(p > 0, p * np.log(p), 0.0))
+
+    def transform():
+        return gt.grad(f) if backend is None else gt.compile(gt.grad(f), backend=backend)
+
+    p = np.array([0.0, 0.5, 2.0])
+    expected = np.array([0.0, np.log(0.5) + 1.0, np.log(2.0) + 1.0])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", gt.NativeFallbackWarning)
+        np.testing.assert_allclose(transform()(p), expected, rtol=1e-14)
+        monkeypatch.setenv("GRADTAPE_NAN_SAFE", "0")
+        plain = transform()(p)
+        assert np.isnan(plain[0]) and np.allclose(plain[1:], expected[1:], rtol=1e-14)
+        monkeypatch.setenv("GRADTAPE_NAN_SAFE", "on")
+        np.testing.assert_allclose(transform()(p), expected, rtol=1e-14)
+
+
+def test_the_setting_is_read_as_the_others(monkeypatch):
+    from gradtape import config
+
+    for text, on in (("0", False), ("off", False), (" No ", False), ("1", True), ("", True)):
+        monkeypatch.setenv("GRADTAPE_NAN_SAFE", text)
+        assert config.nan_safe() is on
+    monkeypatch.delenv("GRADTAPE_NAN_SAFE")
+    assert config.nan_safe() is True
+    assert "GRADTAPE_NAN_SAFE" in config.SETTINGS and "GRADTAPE_NAN_SAFE" in config.BUILD_SETTINGS

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from breadth import assert_same_value, check_rule, traced_value
-from conftest import argument_strategy
+from conftest import argument_strategy, central_difference_grad
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -188,3 +188,35 @@ def test_select_refuses_non_boolean_conditions_as_numpy_does():
         np.select([x], [x])
     with pytest.raises(TypeError, match="boolean"):
         traced_value(lambda x: np.select([x], [x]), x)
+
+
+@pytest.mark.parametrize("deg", [0, 1, 3])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("two_d", [False, True])
+def test_polyfit_in_x_y_and_w(deg, weighted, two_d):
+    x = np.linspace(-1.0, 2.0, 9) + 0.05 * np.sin(np.arange(9.0))
+    y = np.cos(x) if not two_d else np.stack([np.cos(x), np.exp(0.3 * x)], axis=1)
+    w = 1.0 + 0.2 * np.cos(np.arange(9.0))
+    weights = np.sin(np.arange(np.size(np.polyfit(x, y, deg))) + 1.0).reshape(
+        np.shape(np.polyfit(x, y, deg))
+    )
+
+    def loss(x, y, w):
+        return np.sum(weights * np.polyfit(x, y, deg, w=w if weighted else None))
+
+    args = (x, y, w)
+    value, grads = gt.value_and_grad(loss, argnums=(0, 1, 2))(*args)
+    np.testing.assert_allclose(value, loss(*args), rtol=1e-12)
+    for i, g in enumerate(grads):
+        np.testing.assert_allclose(
+            g, central_difference_grad(loss, args, i), rtol=1e-6, atol=1e-8, err_msg=f"arg {i}"
+        )
+
+
+def test_polyfit_full_and_refusals():
+    x, y = np.linspace(0.0, 1.0, 6), np.exp(np.linspace(0.0, 1.0, 6))
+    _, residuals, _, _, _ = np.polyfit(x, y, 2, full=True)
+    got = gt.value_and_grad(lambda y: np.sum(np.polyfit(x, y, 2, full=True)[1]))(y)[0]
+    np.testing.assert_allclose(got, np.sum(residuals), rtol=1e-10)
+    with pytest.raises(gt.GradtapeError, match="cov="):
+        gt.grad(lambda y: np.sum(np.polyfit(x, y, 2, cov=True)[0]))(y)

@@ -562,3 +562,59 @@ def test_compiled_gradients_match_eager(backend):
         np.testing.assert_allclose(v, v0, rtol=1e-10)
         np.testing.assert_allclose(gx, gx0, rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(gy, gy0, rtol=1e-8, atol=1e-10)
+
+
+# SciPy's names for NumPy's factorizations, and the structured matrices: SciPy's values, and
+# gradients against central differences, forward mode against reverse
+_W = np.cos(np.arange(40.0)).reshape(4, 10)
+_NAMED = {
+    "svd": lambda a: sl.svd(a, full_matrices=False)[1],
+    "svd uv": lambda a: np.abs(sl.svd(a, full_matrices=False)[0][:, :2]),
+    "svdvals": lambda a: sl.svdvals(a),
+    "qr full": lambda a: sl.qr(a[:, :3])[1],
+    "qr economic": lambda a: np.abs(sl.qr(a, mode="economic")[0]),
+    "qr r": lambda a: sl.qr(a, mode="r")[0],
+    "pinv": lambda a: sl.pinv(a[:, :3]),
+    "pinv rtol": lambda a: sl.pinv(a[:3], rtol=1e-8),
+    "lstsq": lambda a: sl.lstsq(a[:, :3], _W[0, :4])[0],
+    "lstsq residues": lambda a: sl.lstsq(a[:, :3], _W[:2, :4].T)[1],
+    "toeplitz": lambda a: sl.toeplitz(a[0], a[1, :3]),
+    "toeplitz c": lambda a: sl.toeplitz(a[0]),
+    "circulant": lambda a: sl.circulant(a[1]),
+    "hankel": lambda a: sl.hankel(a[0, :3], a[1]),
+    "hankel c": lambda a: sl.hankel(a[2]),
+}
+
+
+@pytest.mark.parametrize("name", _NAMED)
+def test_scipy_names_of_factorizations_and_structured_matrices(name):
+    f = _NAMED[name]
+    a = np.array(
+        [[2.0, 0.3, -0.5, 0.1], [0.4, 1.5, 0.2, -0.3], [-0.2, 0.6, 1.8, 0.5], [0.3, -0.1, 0.4, 1.2]]
+    )
+    expected = f(a)
+    weights = _W.reshape(-1)[: np.size(expected)].reshape(np.shape(expected))
+
+    def loss(a):
+        return np.sum(weights * f(a))
+
+    value, grad = gt.value_and_grad(loss)(a)
+    np.testing.assert_allclose(value, np.sum(weights * expected), rtol=1e-12)
+    np.testing.assert_allclose(grad, central_difference_grad(loss, (a,), 0), rtol=1e-6, atol=1e-8)
+    direction = np.sin(np.arange(16.0)).reshape(4, 4)
+    _, tangent = gt.jvp(loss, (a,), (direction,))
+    np.testing.assert_allclose(tangent, np.sum(grad * direction), rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "call, phrase",
+    [
+        (lambda a: sl.qr(a, pivoting=True), "pivoting=True"),
+        (lambda a: sl.qr(a, mode="raw"), "mode='raw'"),
+        (lambda a: sl.pinv(a, atol=1e-3), "atol"),
+        (lambda a: sl.toeplitz(a), "batch"),
+    ],
+)
+def test_scipy_factorization_options_without_a_rule_are_refused(call, phrase):
+    with pytest.raises(gt.GradtapeError, match=phrase):
+        gt.grad(lambda a: np.sum(call(a)[0]))(np.eye(3) + 0.1)

@@ -1,11 +1,11 @@
-"""scipy.signal.convolve and correlate on traced values: SciPy's values, and derivatives in both
+"""scipy.signal.convolve, correlate and lfilter on traced values: SciPy's values, and derivatives
 operands (N-D, every mode, either operand larger, real and complex) against differences."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import compile_backends
+from conftest import central_difference_grad, compile_backends
 
 import gradtape as gt
 
@@ -92,3 +92,54 @@ def test_shapes_scipy_refuses_are_refused_the_same_way():
         gt.grad(lambda x: np.sum(signal.convolve(x, np.ones((1, 4)), "valid")))(np.ones((2, 2)))
     with pytest.raises(ValueError, match="dimensionality"):
         gt.grad(lambda x: np.sum(signal.convolve(x, np.ones(2))))(np.ones((2, 2)))
+
+
+# signal.lfilter: in x, b and a, along any axis; SciPy's values, central differences,
+# forward against reverse
+_B, _A = np.array([0.5, 0.2, -0.1]), np.array([1.3, -0.4, 0.12])
+
+
+@pytest.mark.parametrize("shape, axis", [((7,), -1), ((3, 6), 1), ((5, 2), 0), ((2, 4, 3), 1)])
+@pytest.mark.parametrize("argnum", [0, 1, 2])
+def test_lfilter_in_each_argument(shape, axis, argnum):
+    x = np.cos(np.arange(np.prod(shape)) * 0.7).reshape(shape)
+    weights = np.sin(np.arange(np.prod(shape)) + 1.0).reshape(shape)
+    args = [_B, _A, x]
+
+    def loss(v):
+        a = list(args)
+        a[argnum] = v
+        return np.sum(weights * signal.lfilter(*a, axis=axis) ** 2)
+
+    value, grad = gt.value_and_grad(loss)(args[argnum])
+    np.testing.assert_allclose(value, loss(args[argnum]), rtol=1e-13)
+    np.testing.assert_allclose(
+        grad, central_difference_grad(loss, (args[argnum],), 0), rtol=1e-6, atol=1e-9
+    )
+    direction = np.cos(np.arange(np.size(args[argnum])) + 0.3).reshape(np.shape(args[argnum]))
+    _, tangent = gt.jvp(loss, (args[argnum],), (direction,))
+    np.testing.assert_allclose(tangent, np.sum(grad * direction), rtol=1e-9)
+
+
+def test_lfilter_second_order_and_compiled():
+    x = np.linspace(-1.0, 1.0, 6)
+
+    def loss(a1):
+        a = np.stack([1.0, a1, 0.1])
+        return np.sum(signal.lfilter(_B, a, x) ** 2)
+
+    h = gt.grad(gt.grad(loss))(-0.3)
+    step = 1e-4
+    fd = (gt.grad(loss)(-0.3 + step) - gt.grad(loss)(-0.3 - step)) / (2 * step)
+    np.testing.assert_allclose(h, fd, rtol=1e-6)
+    for backend in compile_backends():
+        compiled = gt.compile(gt.value_and_grad(loss), backend=backend)
+        np.testing.assert_allclose(compiled(-0.3)[1], gt.grad(loss)(-0.3), rtol=1e-12)
+
+
+def test_lfilter_refusals():
+    x = np.ones(4)
+    with pytest.raises(gt.GradtapeError, match="zi="):
+        gt.grad(lambda x: np.sum(signal.lfilter(_B, _A, x, zi=np.zeros(2))[0]))(x)
+    with pytest.raises(gt.GradtapeError, match="complex"):
+        gt.grad(lambda x: np.sum(np.abs(signal.lfilter(_B, _A, x + 1j))))(x)

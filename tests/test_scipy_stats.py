@@ -33,6 +33,20 @@ CONTINUOUS = {
     "uniform": ((), [0.1, 0.5, 0.8], True),
     "weibull_min": ((1.7,), [0.2, 1.0, 2.5], True),
     "pareto": ((2.5,), [1.2, 2.0, 4.0], True),
+    "gumbel_r": ((), [-1.5, 0.2, 2.0], True),
+    "gumbel_l": ((), [-1.5, 0.2, 2.0], True),
+    "rayleigh": ((), [0.2, 1.0, 2.5], True),
+    "maxwell": ((), [0.2, 1.0, 2.5], True),
+    "halfcauchy": ((), [0.2, 1.0, 2.5], True),
+    "halflogistic": ((), [0.2, 1.0, 2.5], True),
+    "lomax": ((1.8,), [0.2, 1.0, 2.5], True),
+    "fisk": ((2.2,), [0.2, 1.0, 2.5], True),
+    "powerlaw": ((1.7,), [0.1, 0.4, 0.8], True),
+    "gompertz": ((0.8,), [0.2, 1.0, 2.5], True),
+    "invweibull": ((2.3,), [0.4, 1.0, 2.5], True),
+    "nakagami": ((1.4,), [0.2, 1.0, 2.5], False),
+    "betaprime": ((2.0, 3.5), [0.2, 1.0, 2.5], False),
+    "f": ((4.0, 6.5), [0.2, 1.0, 2.5], False),
 }
 METHODS = ["logpdf", "pdf", "cdf", "sf", "logcdf", "logsf"]
 LOC, SCALE = 0.1, 1.3
@@ -356,7 +370,7 @@ REFUSED = {
     "binom n": (lambda n: st.binom.logpmf(2.0, n, 0.3), 5.0, "shape 0 has no derivative"),
     "gamma cdf in a": (lambda a: st.gamma.cdf(1.0, a), 2.0, "gammainc.*a \\(argument 0\\)"),
     "t cdf in df": (lambda df: st.t.cdf(1.0, df), 2.0, "stdtr.*df"),
-    "no rule": (lambda x: st.gumbel_r.logpdf(x), 1.0, "gumbel_r.logpdf has no gradtape rule"),
+    "no rule": (lambda x: st.vonmises.logpdf(x, 2.0), 1.0, "vonmises.logpdf has no gradtape rule"),
     "no rule, discrete": (
         lambda p: st.betabinom.logpmf(2, 5, p, 1.0),
         1.0,

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 from breadth import assert_same_value, check_rule, traced_value
+from conftest import central_difference_grad
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -300,3 +301,50 @@ def test_compiled_value_and_gradient_follow_the_data(name):
         np.testing.assert_allclose(value, _quiet(f, x), equal_nan=True)
         np.testing.assert_allclose(value, ref_value, equal_nan=True)
         np.testing.assert_allclose(g, ref_g, equal_nan=True)
+
+
+_HX = np.random.default_rng(7).normal(size=40)
+_HY = np.random.default_rng(8).normal(size=40)
+_HW = np.random.default_rng(9).uniform(0.5, 1.5, size=40)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"bins": [3, 5]},
+        {"bins": 3, "range": [[-1.0, 1.0], [-2.0, 2.0]]},
+        {"bins": 4, "density": True},
+        {"bins": [np.linspace(-2.0, 2.0, 4), 3], "density": True},
+    ],
+)
+def test_histogram2d_values_and_gradients(kwargs):
+    expected = np.histogram2d(_HX, _HY, weights=_HW, **kwargs)
+    got = gt.vjp(lambda w: np.histogram2d(_HX, _HY, weights=w, **kwargs), _HW)[0]
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-13)
+    cells = np.cos(np.arange(expected[0].size)).reshape(expected[0].shape)
+
+    def loss(w, x):
+        return np.sum(cells * np.histogram2d(x, _HY, weights=w, **kwargs)[0])
+
+    # in the weights: the cell each point falls in; in the data: through the edges' min and max
+    np.testing.assert_allclose(
+        gt.grad(loss)(_HW, _HX), central_difference_grad(loss, (_HW, _HX), 0), rtol=1e-6
+    )
+    gx = gt.grad(loss, argnums=1)(_HW, _HX)
+    if "range" in kwargs or isinstance(kwargs.get("bins"), list):
+        assert np.all(np.isfinite(gx))
+    else:  # the edges move with min(x) and max(x) only if the bins come from the data
+        np.testing.assert_allclose(gx, central_difference_grad(loss, (_HW, _HX), 1), atol=1e-6)
+
+
+def test_histogramdd_of_an_n_by_d_sample():
+    sample = np.stack([_HX, _HY, _HW], axis=1)
+    expected = np.histogramdd(sample, bins=3, weights=_HW)
+    got = gt.vjp(lambda s: np.histogramdd(s, bins=3, weights=_HW), sample)[0]
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-13)
+    for e, g in zip(expected[1], got[1]):
+        np.testing.assert_allclose(g, e, rtol=1e-13)
+    counts = gt.vjp(lambda s: np.histogramdd(s, bins=(2, 3, 2)), sample)[0][0]
+    np.testing.assert_array_equal(counts, np.histogramdd(sample, bins=(2, 3, 2))[0])

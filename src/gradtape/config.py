@@ -20,6 +20,9 @@
   keeps between calls (one per thread calling it at once; more are allocated and freed).
 * `GRADTAPE_ROLL` (default on): `0` keeps Python loops unrolled in compiled programs (loop
   rolling finds runs of instructions that repeat one body and runs them as one loop).
+* `GRADTAPE_NAN_SAFE` (default on): `0` makes derivative rules multiply plainly: a zero
+  cotangent times an infinite or NaN local derivative is then NaN (JAX's and autograd's
+  numbers) instead of zero (the NaN-safe product: finite gradients through `np.where`).
 * `GRADTAPE_PATCH_NUMPY` (default on): `0` leaves NumPy's array constructors alone (read at
   import; `np.asarray` on a traced value then raises instead of passing it through).
 
@@ -46,6 +49,7 @@ MAX_KERNELS = "GRADTAPE_MAX_KERNELS"
 MAX_COMPILED = "GRADTAPE_MAX_COMPILED"
 BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
 ROLL = "GRADTAPE_ROLL"
+NAN_SAFE = "GRADTAPE_NAN_SAFE"
 
 DEFAULT_CACHE_MAX_MB = 256
 DEFAULT_CACHE_MAX_AGE_DAYS = 30
@@ -85,6 +89,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
         "sets of preallocated buffers a numpy-backend variant keeps between calls",
     ),
     ROLL: ("1", "0: keep Python loops unrolled in compiled programs (no loop rolling)"),
+    NAN_SAFE: ("1", "0: plain products in derivative rules (0 * inf is NaN, as in JAX)"),
     PATCH_NUMPY: (
         "1",
         "0: leave NumPy's array constructors alone (np.asarray on a traced value raises)",
@@ -92,6 +97,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
 }
 
 _OFF = frozenset({"0", "false", "no", "off"})
+_POSIX = os.name == "posix"  # (os.environ keeps its values in a dict of bytes there)
 _warned: set[str] = set()
 
 
@@ -110,6 +116,29 @@ def roll_enabled() -> bool:
     """GRADTAPE_ROLL: whether compile rolls the runs of a program that repeat one loop body
     into loops (default: yes); `0`, `false`, `no`, `off` keep every iteration unrolled."""
     return _text(ROLL).lower() not in _OFF
+
+
+_NAN_SAFE_KEY = os.fsencode(NAN_SAFE)
+_ENVIRON_DATA = getattr(os.environ, "_data", None)  # (the dict os.environ writes through)
+_ENVIRON_IS_BYTES_DICT = _POSIX and type(_ENVIRON_DATA) is dict
+_nan_safe_values: dict = {None: True}
+
+
+def nan_safe() -> bool:
+    """GRADTAPE_NAN_SAFE: whether derivative rules use the NaN-safe product (default: yes): a
+    zero cotangent times an infinite or NaN local derivative contributes zero, so gradients
+    through `np.where(p > 0, p * np.log(p), 0.0)` are finite. `0`, `false`, `no`, `off` give
+    plain products (JAX's and autograd's numbers). Read on every product a rule records, so
+    it is read from os.environ's own dict."""
+    if not _ENVIRON_IS_BYTES_DICT:
+        return _text(NAN_SAFE).lower() not in _OFF
+    raw = _ENVIRON_DATA.get(_NAN_SAFE_KEY)  # type: ignore[union-attr]
+    answer = _nan_safe_values.get(raw)
+    if answer is None:
+        answer = os.fsdecode(raw).strip().lower() not in _OFF
+        if len(_nan_safe_values) < 64:
+            _nan_safe_values[raw] = answer
+    return answer
 
 
 def cache_enabled() -> bool:
@@ -180,9 +209,8 @@ def buffer_sets() -> int:
 
 #: the settings a compiled function reads while it builds its code: `compile` remembers a
 #: compiled function only for the values they had when it was built
-BUILD_SETTINGS = (NUMBA, ROLL, BUFFER_SETS, MAX_SIGNATURES)
+BUILD_SETTINGS = (NUMBA, ROLL, BUFFER_SETS, MAX_SIGNATURES, NAN_SAFE)
 _BUILD_KEYS = tuple(os.fsencode(name) for name in BUILD_SETTINGS)
-_POSIX = os.name == "posix"  # (os.environ keeps its values in a dict of bytes there)
 
 
 def build_settings() -> tuple:
@@ -191,7 +219,13 @@ def build_settings() -> tuple:
     data = getattr(os.environ, "_data", None)
     if _POSIX and type(data) is dict:  # (os.environ.get costs a microsecond each)
         get = data.get
-        return (get(_BUILD_KEYS[0]), get(_BUILD_KEYS[1]), get(_BUILD_KEYS[2]), get(_BUILD_KEYS[3]))
+        return (
+            get(_BUILD_KEYS[0]),
+            get(_BUILD_KEYS[1]),
+            get(_BUILD_KEYS[2]),
+            get(_BUILD_KEYS[3]),
+            get(_BUILD_KEYS[4]),
+        )
     return tuple([os.environ.get(name) for name in BUILD_SETTINGS])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,21 @@ def _prepare_gradtape_compiled(backend: str) -> Callable[[Workload, Problem], Pr
         return lambda: compiled(problem.x)
 
     return prepare
+
+
+def prepare_gradtape_plain_products(workload: Workload, problem: Problem) -> PreparedCall:
+    """gradtape_numba built with GRADTAPE_NAN_SAFE=0: what the NaN-safe products cost."""
+    previous = os.environ.get("GRADTAPE_NAN_SAFE")
+    os.environ["GRADTAPE_NAN_SAFE"] = "0"
+    try:  # the setting is read while the first call records and builds
+        call = _prepare_gradtape_compiled("numba")(workload, problem)
+        call()
+    finally:
+        if previous is None:
+            del os.environ["GRADTAPE_NAN_SAFE"]
+        else:
+            os.environ["GRADTAPE_NAN_SAFE"] = previous
+    return call
 
 
 # --- peers ---
@@ -260,6 +276,13 @@ METHODS: dict[str, Method] = {
             "gradtape_numba",
             "gradtape.compile(value_and_grad(f), backend='numba')",
             _prepare_gradtape_compiled("numba"),
+            systems=("gradtape", "numba"),
+        ),
+        Method(
+            "gradtape_numba_plain",
+            "gradtape_numba built with GRADTAPE_NAN_SAFE=0: plain products in derivative rules "
+            "(gradtape_numba / this = what the NaN-safe products cost)",
+            prepare_gradtape_plain_products,
             systems=("gradtape", "numba"),
         ),
         Method(

@@ -177,6 +177,31 @@ def summary_table(run: BenchRun) -> list[str]:
     return lines
 
 
+def nan_safe_cost_lines(run: BenchRun) -> list[str]:
+    """Markdown lines: gradtape_numba's median over gradtape_numba_plain's (the same compiled
+    gradient built with plain products), per workload and N where both ran: what the NaN-safe
+    products of derivative rules cost. Empty when the two did not both run."""
+    medians = {
+        (m.workload, m.size, m.method): m.median_s
+        for m in run.measurements
+        if m.status == OK and m.median_s
+    }
+    cells = []
+    for workload in run.workloads:
+        for size in run.sizes_of(workload.name):
+            safe = medians.get((workload.name, size, "gradtape_numba"))
+            plain = medians.get((workload.name, size, "gradtape_numba_plain"))
+            if safe and plain:
+                cells.append(f"{workload.name} N={size}: {format_ratio(safe / plain)}")
+    if not cells:
+        return []
+    return [
+        "",
+        "NaN-safe products (gradtape_numba / gradtape_numba_plain, the same compiled gradient "
+        "with plain products): " + ", ".join(cells) + ".",
+    ]
+
+
 def render_markdown(run: BenchRun, context: RunContext, tables: Sequence[Table]) -> str:
     """results.md: the header as a list, a summary table of medians (workloads by methods),
     then each workload's table, footnotes and plot."""
@@ -184,6 +209,7 @@ def render_markdown(run: BenchRun, context: RunContext, tables: Sequence[Table])
     parts.extend(f"- {line}" for line in header_lines(run, context))
     parts += ["", "## Summary: median time per call", ""]
     parts.extend(summary_table(run))
+    parts.extend(nan_safe_cost_lines(run))
     for table in tables:
         parts += ["", f"## {table.workload}", "", f"`{table.title}`", ""]
         parts.append(_markdown_row(COLUMNS))

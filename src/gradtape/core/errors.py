@@ -1,4 +1,4 @@
-"""The two exceptions every layer shares."""
+"""The exceptions every layer shares."""
 
 from __future__ import annotations
 
@@ -18,6 +18,26 @@ class GradtapeError(TypeError):
     >>> try:
     ...     gt.grad(lambda x: float(x[0]))(np.array([1.0]))
     ... except gt.GradtapeError:
+    ...     print("refused")
+    refused
+    """
+
+
+class TracedAttributeError(GradtapeError, AttributeError):
+    """Code asked a traced value for an attribute only a plain ndarray has (`.flags`,
+    `.strides`, ...): a GradtapeError, and an AttributeError too, so `hasattr(x, "flags")` and
+    `getattr(x, "strides", None)` still answer as for any object without the attribute.
+
+    Functions without a gradtape rule that hand arrays to compiled code do this (SciPy's
+    LAPACK wrappers look at `.flags`); the message names the user's line and the library's.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gradtape as gt
+    >>> try:
+    ...     gt.grad(lambda x: x.strides)(np.ones(3))
+    ... except gt.TracedAttributeError:
     ...     print("refused")
     refused
     """

@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import routes
-from .errors import GradtapeError
+from .errors import GradtapeError, TracedAttributeError
 from .ir import Guard, Instruction, Released, Tape, Var
 
 _state = threading.local()
@@ -128,7 +128,7 @@ class Level:
         return copy
 
     def add_guard(self, var: Var, kind: str, answer) -> None:
-        self.tape.guards.append(Guard(var, kind, answer, _user_source_line()))
+        self.tape.guards.append(Guard(var, kind, answer, user_source_line()))
 
     def __repr__(self) -> str:
         return f"<Level {self.id} {self.kind.value}{'' if self.active else ' (closed)'}>"
@@ -226,7 +226,7 @@ def bind(prim, args: tuple, params: dict):
         if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
             # np.sign(z): zero derivative on the reals, not on the complex plane
             raise GradtapeError(
-                f"{_user_source_line()}: "
+                f"{user_source_line()}: "
                 + complex_refusal(prim.name, "taken as a constant, with zero derivative")
             )
         return out
@@ -378,7 +378,7 @@ def stack_members(prim, results: list):
     shapes = member_shapes(prim, results)
     if len(shapes) > 1:
         raise GradtapeError(
-            f"{_user_source_line()}: vmap: {prim.name} gives results of different shapes for "
+            f"{user_source_line()}: vmap: {prim.name} gives results of different shapes for "
             f"different members of the batch ({', '.join(map(str, sorted(shapes)))}); a batch "
             "needs one shape for all its members. Compute a fixed-size result instead (a "
             "mask with np.where rather than the selected elements, for instance)."
@@ -406,7 +406,7 @@ def _batch_answer(tracer, ask, kind: str):
     first = values[0]
     if not bool(np.all(values == first)):
         raise GradtapeError(
-            f"{_user_source_line()}: {kind}() of a value that differs across the batch of "
+            f"{user_source_line()}: {kind}() of a value that differs across the batch of "
             "vmap: the function takes a different path for different members. Write the "
             "branch with np.where (both sides computed), or use gradtape.while_loop / "
             "gradtape.fori_loop / gradtape.scan, which vmap runs for each member."
@@ -478,7 +478,7 @@ def user_frame(depth: int = 2) -> tuple | None:
     return None
 
 
-def _user_source_line() -> str:
+def user_source_line() -> str:
     """The first frame outside gradtape (and NumPy's dispatch): where the user asked for a
     value. When that frame is SciPy's, the user's line that called SciPy comes first and
     SciPy's line after it ("model.py:3: ...; inside SciPy at _cubic.py:865: ...")."""
@@ -532,7 +532,7 @@ def _traced_lists(t):
 
 
 def _no_float_message(what: str, tracer: Tracer | None = None) -> str:
-    where = _user_source_line()
+    where = user_source_line()
     if tracer is not None and tracer._level.kind is LevelKind.STAGE:
         # a value compile (or trace) records without differentiating it: a
         # Python number computed from it could not be checked when the code is replayed
@@ -584,7 +584,7 @@ def _guarded_value(x):
 
 def _as_array_message(dtype: np.dtype | None = None) -> str:
     """What to write instead, when NumPy's C code asks a Tracer for a plain array."""
-    where = _user_source_line()
+    where = user_source_line()
     if dtype is not None:
         return (
             f"NumPy was asked to convert a traced value into a plain array of {dtype} "
@@ -1002,7 +1002,7 @@ class Tracer:
             base, index, recompute = view_of
             if index is None:
                 raise GradtapeError(
-                    f"{_user_source_line()}: a write into the result of {recompute.__name__} "
+                    f"{user_source_line()}: a write into the result of {recompute.__name__} "
                     "(x.T, x.reshape, np.broadcast_to, ...): NumPy may or may not write through "
                     "to x there. Write into x itself (x[...] = ...), or take a copy first "
                     "(y = x.T.copy())."
@@ -1139,6 +1139,51 @@ class Tracer:
 
     def diagonal(self, offset=0, axis1=0, axis2=1):
         return np.diagonal(self, offset, axis1, axis2)
+
+    def compress(self, condition, axis=None, out=None):
+        return np.compress(condition, self, axis=axis, out=out)
+
+    def choose(self, choices, out=None, mode="raise"):
+        return np.choose(self, choices, out=out, mode=mode)
+
+    def searchsorted(self, v, side="left", sorter=None):
+        return np.searchsorted(self, v, side=side, sorter=sorter)
+
+    def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
+        """In place, as ndarray.sort: the sorted values are written into this array."""
+        self[...] = np.sort(self, axis=axis, kind=kind, order=order, stable=stable)
+
+    def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
+        """In place, as ndarray.partition."""
+        self[...] = np.partition(self, kth, axis=axis, kind=kind, order=order)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __getattr__(self, name: str):
+        # reached only for names a Tracer does not have: the memory of a plain ndarray
+        if name in _MEMORY_ATTRIBUTES:
+            raise TracedAttributeError(
+                f"{user_source_line()}: the code asked for .{name} of a traced value, the "
+                "memory of a plain ndarray, which a traced value does not have (gradtape records "
+                "operations, not memory). Functions gradtape has no rule for do this, typically "
+                "SciPy functions that hand arrays to compiled code. Give that computation a rule "
+                "with gradtape.custom_vjp, or, if it needs no gradient, pass its traced inputs "
+                "through gradtape.stop_gradient."
+            )
+        raise AttributeError(f"'Tracer' object has no attribute {name!r}")
+
+
+# ndarray attributes about memory that a Tracer cannot have (`Tracer.__getattr__`)
+_MEMORY_ATTRIBUTES = frozenset(
+    "flags strides ctypes data base view tobytes tostring resize byteswap setflags itemset "
+    "tofile dump dumps getfield setfield flat put device to_device".split()
+)
 
 
 def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):

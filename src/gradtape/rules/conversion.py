@@ -26,7 +26,7 @@ import numpy as np
 from ..core import routes
 from ..core.errors import GradtapeError
 from ..core.routes import implements, implements_module_function
-from ..core.tracing import Tracer, _user_source_line
+from ..core.tracing import Tracer, user_source_line
 from .shape import astype, concatenate, reshape, stack
 
 # NumPy's own functions, whatever the numpy module holds later (process.py replaces them)
@@ -199,7 +199,7 @@ def axis_concatenator_getitem(self, key):
         trick = "np.c_" if self is getattr(np, "c_", None) else "np.r_"
         directive = items[0] if items and items[0] in ("r", "c") else "r"
         raise GradtapeError(
-            f"{trick}[{directive!r}, ...] builds an np.matrix ({_user_source_line()}), which "
+            f"{trick}[{directive!r}, ...] builds an np.matrix ({user_source_line()}), which "
             "gradtape does not trace: write np.concatenate (or np.column_stack) of the traced "
             "arrays, as a plain 2-d array, instead."
         )
@@ -223,3 +223,48 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     x = np.where(np.isnan(x), nan, x)
     x = np.where(x == np.inf, big if posinf is None else posinf, x)
     return np.where(x == -np.inf, -big if neginf is None else neginf, x)
+
+
+@implements_module_function("numpy.lib._function_base_impl", "vectorize.__call__")
+def vectorize_call(self, *args, **kwargs):
+    """np.vectorize(f)(x) with traced arguments: f called on each element, as NumPy calls it
+    (so branches inside f see one number each), the results stacked to the broadcast shape.
+    `excluded` arguments are passed whole; `otypes` casts the results; `signature=` (gufunc
+    semantics) is refused."""
+    if self.signature is not None:
+        raise GradtapeError(
+            f"np.vectorize(..., signature=...) called on a traced value ({user_source_line()}) "
+            "has no rule; write the function with array operations, or loop over the core "
+            "dimensions yourself."
+        )
+    names = [k for k in kwargs if k not in self.excluded]
+    positions = [i for i in range(len(args)) if i not in self.excluded]
+    if not positions and not names:
+        return self.pyfunc(*args, **kwargs)
+    mapped = [to_array(args[i], name="np.vectorize") for i in positions]
+    mapped += [to_array(kwargs[k], name="np.vectorize") for k in names]
+    shape = np.broadcast_shapes(*(np.shape(a) for a in mapped))
+    mapped = [np.broadcast_to(a, shape) for a in mapped]
+    results = []
+    for index in np.ndindex(shape):
+        call_args, call_kwargs = list(args), dict(kwargs)
+        for slot, a in zip(positions + names, mapped):
+            if isinstance(slot, int):
+                call_args[slot] = a[index]
+            else:
+                call_kwargs[slot] = a[index]
+        results.append(self.pyfunc(*call_args, **call_kwargs))
+    if not results:
+        raise GradtapeError(
+            f"np.vectorize of empty traced arrays ({user_source_line()}) has no rule: NumPy "
+            "needs otypes= there, and nothing would be differentiated."
+        )
+    several = isinstance(results[0], tuple)
+    columns = list(zip(*results)) if several else [results]
+    outputs = []
+    for k, column in enumerate(columns):
+        out = np.reshape(np.stack([to_array(v, name="np.vectorize") for v in column]), shape)
+        if self.otypes:
+            out = out.astype(np.dtype(self.otypes[k]))
+        outputs.append(out)
+    return tuple(outputs) if several else outputs[0]

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from .. import config
 from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import SCIPY_UFUNCS, UFUNCS, implements
@@ -84,6 +85,8 @@ def _times_safe(g, partial, ans, args):
     `nan_safe_multiply` instruction otherwise, which makes the same test on every replay.
     """
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
+    if not config.nan_safe():  # GRADTAPE_NAN_SAFE=0: JAX's and autograd's plain product
+        return g * p
     traced_g = type(g) is Tracer
     traced_p = type(p) is Tracer
     if not traced_g and not traced_p:
@@ -856,6 +859,252 @@ bdtrc = _spec(
         lambda ans, k, n, p: -_bdtr_dp(ans, k, n, p),
     ),
 )
+
+
+# --- more of scipy.special: error-function relatives, exponential integrals, orthogonal
+# polynomials (in x; their degree is a count), hypergeometric functions (in their argument),
+# elliptic integrals, Box-Cox transforms, distribution functions in their continuous argument
+_DEGREE = "the degree of a polynomial is a count"
+_PARAMETER = "the derivative in a parameter of a hypergeometric function has no closed form"
+_DEG = math.pi / 180.0
+
+erfcx = _spec("erfcx", (lambda ans, x: 2.0 * x * ans - 2.0 / _SQRT_PI,))
+erfi = _spec("erfi", (lambda ans, x: (2.0 / _SQRT_PI) * np.exp(x * x),))
+dawsn = _spec("dawsn", (lambda ans, x: 1.0 - 2.0 * x * ans,))
+
+
+def _exprel_dx(ans, x):
+    """(e^x - exprel(x)) / x, by its series near 0 (1/2 + x/3 + x^2/8 + x^3/30 + x^4/144)."""
+    small = np.abs(x) < 1e-3
+    xs = np.where(small, x, 0.0)
+    xl = np.where(small, 1.0, x)
+    series = 0.5 + xs * (1.0 / 3.0 + xs * (1.0 / 8.0 + xs * (1.0 / 30.0 + xs / 144.0)))
+    return np.where(small, series, (np.exp(xl) - _sp().exprel(xl)) / xl)
+
+
+exprel = _spec("exprel", (_exprel_dx,))
+cosm1 = _spec("cosm1", (lambda ans, x: -np.sin(x),))
+powm1 = _spec(
+    "powm1",
+    (lambda ans, x, y: y * np.power(x, y - 1.0), lambda ans, x, y: (ans + 1.0) * np.log(x)),
+    safe=True,
+)
+expi = _spec("expi", (lambda ans, x: np.exp(x) / x,), safe=True)
+exp1 = _spec("exp1", (lambda ans, x: -np.exp(-x) / x,), safe=True)
+expn = _spec(
+    "expn",
+    (
+        _no_derivative("expn", "n (argument 0)", _DEGREE),
+        lambda ans, n, x: np.where(
+            n >= 1, -_sp().expn(np.maximum(n - 1, 0), x), -ans * (1.0 + 1.0 / x)
+        ),
+    ),
+    safe=True,
+)
+sindg = _spec("sindg", (lambda ans, x: _DEG * _sp().cosdg(x),))
+cosdg = _spec("cosdg", (lambda ans, x: -_DEG * _sp().sindg(x),))
+tandg = _spec("tandg", (lambda ans, x: _DEG * (1.0 + ans * ans),), safe=True)
+cotdg = _spec("cotdg", (lambda ans, x: -_DEG * (1.0 + ans * ans),), safe=True)
+radian = _spec(
+    "radian",
+    (lambda ans, d, m, s: _DEG, lambda ans, d, m, s: _DEG / 60.0, lambda ans, d, m, s: _DEG / 3600),
+)
+owens_t = _spec(
+    "owens_t",
+    (
+        lambda ans, h, a: (
+            -0.5 * np.exp(-0.5 * h * h - _LOG_SQRT_2PI) * _sp().erf(a * h / math.sqrt(2.0))
+        ),
+        lambda ans, h, a: np.exp(-0.5 * h * h * (1.0 + a * a)) / (2.0 * math.pi * (1.0 + a * a)),
+    ),
+)
+hyp0f1 = _spec(
+    "hyp0f1",
+    (
+        _no_derivative("hyp0f1", "v (argument 0)", _PARAMETER),
+        lambda ans, v, z: _sp().hyp0f1(v + 1.0, z) / v,
+    ),
+    safe=True,
+)
+hyp1f1 = _spec(
+    "hyp1f1",
+    (
+        _no_derivative("hyp1f1", "a (argument 0)", _PARAMETER),
+        _no_derivative("hyp1f1", "b (argument 1)", _PARAMETER),
+        lambda ans, a, b, x: (a / b) * _sp().hyp1f1(a + 1.0, b + 1.0, x),
+    ),
+    safe=True,
+)
+
+
+def _polynomial(name: str, dx, parameters: int = 0) -> Primitive:
+    """An orthogonal polynomial eval_<name>(n, [parameters,] x): no derivative in the degree
+    or the parameters; dx(n, *parameters, x) in x (0 for the degree-0 polynomial)."""
+    refusals = tuple(
+        _no_derivative(name, f"argument {i}", _DEGREE if i == 0 else _PARAMETER)
+        for i in range(parameters + 1)
+    )
+    return _spec(
+        name, (*refusals, lambda ans, n, *rest: np.where(n == 0, 0.0, dx(n, *rest))), safe=True
+    )
+
+
+def _lower(n):
+    """n - 1, and 0 for the degree-0 polynomial (whose derivative `_polynomial` makes 0)."""
+    return np.where(n == 0, 0, n - 1)
+
+
+eval_legendre = _polynomial("eval_legendre", lambda n, x: _sp().eval_gegenbauer(_lower(n), 1.5, x))
+eval_chebyt = _polynomial("eval_chebyt", lambda n, x: n * _sp().eval_chebyu(_lower(n), x))
+eval_chebyu = _polynomial(
+    "eval_chebyu", lambda n, x: 2.0 * _sp().eval_gegenbauer(_lower(n), 2.0, x)
+)
+eval_gegenbauer = _polynomial(
+    "eval_gegenbauer",
+    lambda n, alpha, x: 2.0 * alpha * _sp().eval_gegenbauer(_lower(n), alpha + 1.0, x),
+    parameters=1,
+)
+eval_laguerre = _polynomial(
+    "eval_laguerre", lambda n, x: -_sp().eval_genlaguerre(_lower(n), 1.0, x)
+)
+eval_genlaguerre = _polynomial(
+    "eval_genlaguerre",
+    lambda n, alpha, x: -_sp().eval_genlaguerre(_lower(n), alpha + 1.0, x),
+    parameters=1,
+)
+binom = _spec(
+    "binom",
+    (
+        lambda ans, n, k: ans * (_sp().digamma(n + 1.0) - _sp().digamma(n - k + 1.0)),
+        lambda ans, n, k: ans * (_sp().digamma(n - k + 1.0) - _sp().digamma(k + 1.0)),
+    ),
+    safe=True,
+)
+poch = _spec(
+    "poch",
+    (
+        lambda ans, z, m: ans * (_sp().digamma(z + m) - _sp().digamma(z)),
+        lambda ans, z, m: ans * _sp().digamma(z + m),
+    ),
+    safe=True,
+)
+loggamma = _spec("loggamma", (lambda ans, x: _sp().digamma(x),), safe=True)
+
+
+def _ellipk_dm(ans, m):
+    """(E(m) - (1 - m) K(m)) / (2 m (1 - m)), by its series near m = 0."""
+    small = np.abs(m) < 1e-4
+    ms = np.where(small, m, 0.0)
+    ml = np.where(small, 0.5, m)
+    series = (math.pi / 2) * (0.25 + ms * (9 / 32 + ms * (75 / 256 + ms * 1225 / 4096)))
+    exact = (_sp().ellipe(ml) - (1.0 - ml) * _sp().ellipk(ml)) / (2.0 * ml * (1.0 - ml))
+    return np.where(small, series, exact)
+
+
+def _ellipe_dm(ans, m):
+    """(E(m) - K(m)) / (2 m), by its series near m = 0."""
+    small = np.abs(m) < 1e-4
+    ms = np.where(small, m, 0.0)
+    ml = np.where(small, 0.5, m)
+    series = (math.pi / 2) * (-0.25 - ms * (3 / 32 + ms * (15 / 256 + ms * 175 / 4096)))
+    return np.where(small, series, (_sp().ellipe(ml) - _sp().ellipk(ml)) / (2.0 * ml))
+
+
+ellipk = _spec("ellipk", (_ellipk_dm,), safe=True)
+ellipe = _spec("ellipe", (_ellipe_dm,), safe=True)
+ellipkm1 = _spec(
+    "ellipkm1",  # K(1 - p), with E(1 - p) - p K(1 - p) over 2 (1 - p) p
+    (lambda ans, p: -(_sp().ellipe(1.0 - p) - p * ans) / (2.0 * (1.0 - p) * p),),
+    safe=True,
+)
+
+
+def _boxcox_dlmbda(log_x, lmbda, ans):
+    """d/dlmbda of (x^lmbda - 1) / lmbda: (x^lmbda log x - ans) / lmbda, by its series
+    L^2/2 + lmbda L^3/3 + lmbda^2 L^4/8 + lmbda^3 L^5/30 where |lmbda L| is small (L = log x)."""
+    t = lmbda * log_x
+    small = np.abs(t) < 1e-3
+    ls = np.where(small, lmbda, 0.0)
+    safe_l = np.where(small, 1.0, lmbda)
+    series = log_x * log_x * (0.5 + ls * log_x * (1 / 3 + ls * log_x * (1 / 8 + ls * log_x / 30)))
+    return np.where(small, series, (np.exp(t) * log_x - ans) / safe_l)
+
+
+boxcox = _spec(
+    "boxcox",
+    (
+        lambda ans, x, lmbda: np.power(x, lmbda - 1.0),
+        lambda ans, x, lmbda: _boxcox_dlmbda(np.log(x), lmbda, ans),
+    ),
+    safe=True,
+)
+boxcox1p = _spec(
+    "boxcox1p",
+    (
+        lambda ans, x, lmbda: np.power(1.0 + x, lmbda - 1.0),
+        lambda ans, x, lmbda: _boxcox_dlmbda(np.log1p(x), lmbda, ans),
+    ),
+    safe=True,
+)
+_INVERSE_LMBDA = "the inverse transform is differentiated in y only"
+inv_boxcox = _spec(
+    "inv_boxcox",
+    (
+        lambda ans, y, lmbda: ans / (1.0 + lmbda * y),
+        _no_derivative("inv_boxcox", "lmbda (argument 1)", _INVERSE_LMBDA),
+    ),
+    safe=True,
+)
+inv_boxcox1p = _spec(
+    "inv_boxcox1p",
+    (
+        lambda ans, y, lmbda: (1.0 + ans) / (1.0 + lmbda * y),
+        _no_derivative("inv_boxcox1p", "lmbda (argument 1)", _INVERSE_LMBDA),
+    ),
+    safe=True,
+)
+ndtri_exp = _spec(
+    "ndtri_exp", (lambda ans, y: np.exp(y + 0.5 * ans * ans + _LOG_SQRT_2PI),), safe=True
+)
+
+
+def _chdtr_dx(ans, v, x):
+    return 0.5 * np.exp(_sp().xlogy(0.5 * v - 1.0, 0.5 * x) - 0.5 * x - _sp().gammaln(0.5 * v))
+
+
+def _gdtr_density(a, b, x):
+    """The gamma density of rate a and shape b at x, over a: d/dx gdtr is a times this."""
+    return np.exp(_sp().xlogy(b - 1.0, a * x) - a * x - _sp().gammaln(b))
+
+
+chdtr = _spec("chdtr", (_no_derivative("chdtr", "v (argument 0)", _SHAPE), _chdtr_dx), safe=True)
+chdtrc = _spec(
+    "chdtrc",
+    (
+        _no_derivative("chdtrc", "v (argument 0)", _SHAPE),
+        lambda ans, v, x: -_chdtr_dx(ans, v, x),
+    ),
+    safe=True,
+)
+gdtr = _spec(
+    "gdtr",
+    (
+        lambda ans, a, b, x: x * _gdtr_density(a, b, x),
+        _no_derivative("gdtr", "b (argument 1)", _SHAPE),
+        lambda ans, a, b, x: a * _gdtr_density(a, b, x),
+    ),
+    safe=True,
+)
+gdtrc = _spec(
+    "gdtrc",
+    (
+        lambda ans, a, b, x: -x * _gdtr_density(a, b, x),
+        _no_derivative("gdtrc", "b (argument 1)", _SHAPE),
+        lambda ans, a, b, x: -a * _gdtr_density(a, b, x),
+    ),
+    safe=True,
+)
+round_ = _sp_nondiff("round")
 
 
 # --- ufuncs with two outputs, an integer argument, or complex meaning -----------------------------

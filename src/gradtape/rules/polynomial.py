@@ -47,6 +47,55 @@ def polyval(p, x):
     return y
 
 
+@implements(np.polyfit)
+def polyfit(x, y, deg, rcond=None, full=False, w=None, cov=False):
+    """np.polyfit as NumPy computes it (Vandermonde columns scaled to unit norm, least squares
+    with NumPy's cutoff), differentiable in x, y and w. With `full=True` it also returns
+    (residuals, rank, singular values, rcond); `cov=` has no rule."""
+    if cov:
+        raise GradtapeError(
+            "np.polyfit(cov=...) has no derivative rule; compute the fit's covariance from the "
+            "Vandermonde matrix (np.vander) and the residuals instead."
+        )
+    x, y = _array(x), _array(y)
+    _no_complex("polyfit", x, y, *(() if w is None else (w,)))
+    order = int(deg) + 1
+    if deg < 0:
+        raise ValueError("expected deg >= 0")
+    if ndim_of(x) != 1:
+        raise TypeError("expected 1D vector for x")
+    if shape_of(x)[0] == 0:
+        raise TypeError("expected non-empty vector for x")
+    if ndim_of(y) < 1 or ndim_of(y) > 2:
+        raise TypeError("expected 1D or 2D array for y")
+    if shape_of(x)[0] != shape_of(y)[0]:
+        raise TypeError("expected x and y to have same length")
+    dt = np.result_type(dtype_of(x), dtype_of(y), np.float64)
+    x = x.astype(dt) if dtype_of(x) != dt else x
+    if rcond is None:
+        rcond = shape_of(x)[0] * np.finfo(dt).eps
+    lhs = np.vander(x, order)
+    rhs = y
+    if w is not None:
+        w = _array(w)
+        if ndim_of(w) != 1:
+            raise TypeError("expected a 1-d array for weights")
+        if shape_of(w)[0] != shape_of(y)[0]:
+            raise TypeError("expected w and y to have the same length")
+        lhs = lhs * w[:, None]
+        rhs = rhs * (w if ndim_of(rhs) == 1 else w[:, None])
+    scale = np.sqrt(np.sum(lhs * lhs, axis=0))
+    c, residuals, rank, s = np.linalg.lstsq(lhs / scale, rhs, rcond=rcond)
+    c = (c.T / scale).T
+    if rank != order and not full:
+        import warnings
+
+        warnings.warn("Polyfit may be poorly conditioned", np.exceptions.RankWarning, stacklevel=2)
+    if full:
+        return c, residuals, rank, s, rcond
+    return c
+
+
 @implements(np.polyder)
 def polyder(p, m=1):
     """np.polyder: the coefficients times their powers."""

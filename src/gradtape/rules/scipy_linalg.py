@@ -1011,6 +1011,109 @@ def block_diag(*arrs):
     return np.concatenate(rows, axis=0)
 
 
+# --- SciPy's names for NumPy's factorizations ---------------------------------------------------
+def svd(
+    a,
+    full_matrices=True,
+    compute_uv=True,
+    overwrite_a=False,
+    check_finite=True,
+    lapack_driver="gesdd",
+):
+    """NumPy's svd rule: SciPy's drivers compute the same factorization."""
+    out = np.linalg.svd(_operand(a), full_matrices=full_matrices, compute_uv=compute_uv)
+    return tuple(out) if compute_uv else out
+
+
+def svdvals(a, overwrite_a=False, check_finite=True):
+    return np.linalg.svd(_operand(a), compute_uv=False)
+
+
+_QR_MODES = {"full": "complete", "economic": "reduced", "r": "r"}
+
+
+def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_finite=True):
+    """NumPy's qr rule under SciPy's mode names; mode="r" returns (R,) as SciPy does."""
+    if pivoting:
+        raise GradtapeError(
+            "scipy.linalg.qr(pivoting=True) has no derivative rule (the column permutation "
+            "changes with the values); use pivoting=False."
+        )
+    if mode not in _QR_MODES:
+        raise GradtapeError(
+            f"scipy.linalg.qr(mode={mode!r}) has no derivative rule; use mode='full', "
+            "'economic' or 'r'."
+        )
+    out = np.linalg.qr(_operand(a), mode=_QR_MODES[mode])
+    return (out,) if mode == "r" else tuple(out)
+
+
+def pinv(a, *, atol=None, rtol=None, return_rank=False, check_finite=True):
+    """NumPy's pinv rule with SciPy's cutoff: singular values below rtol * the largest (rtol
+    max(M, N) eps unless given) are dropped."""
+    if return_rank or (atol is not None and atol != 0):
+        raise GradtapeError(
+            "scipy.linalg.pinv with atol or return_rank has no derivative rule; use rtol."
+        )
+    a = _operand(a)
+    if rtol is None:
+        rtol = max(shape_of(a)[-2:]) * np.finfo(_real_dtype(dtype_of(a))).eps
+    return np.linalg.pinv(a, rtol=rtol)
+
+
+def lstsq(
+    a,
+    b,
+    cond=None,
+    overwrite_a=False,
+    overwrite_b=False,
+    check_finite=True,
+    lapack_driver=None,
+):
+    """NumPy's lstsq rule; cond=None is LAPACK's machine-precision cutoff, as in SciPy."""
+    a, b = _operand(a), _operand(b)
+    if cond is None:
+        cond = np.finfo(_real_dtype(dtype_of(a))).eps
+    x, residues, rank, s = np.linalg.lstsq(a, b, rcond=cond)
+    return x, residues, rank, s
+
+
+# --- structured matrices: an index table into the given values -----------------------------------
+def _vector(v, name: str):
+    v = _operand(v)
+    if ndim_of(v) > 1:
+        raise GradtapeError(
+            f"scipy.linalg.{name} of a batch of vectors has no rule; build each matrix from a "
+            "1-d vector."
+        )
+    return np.reshape(v, (-1,))
+
+
+def toeplitz(c, r=None):
+    """T[i, j] = c[i - j] below the diagonal, r[j - i] above (r[0] is ignored)."""
+    c = _vector(c, "toeplitz")
+    r = np.conjugate(c) if r is None else _vector(r, "toeplitz")
+    m, n = shape_of(c)[0], shape_of(r)[0]
+    values = np.concatenate((c[::-1], r[1:]))
+    return values[(m - 1) - np.arange(m)[:, None] + np.arange(n)[None, :]]
+
+
+def circulant(c):
+    """C[i, j] = c[(i - j) mod n]."""
+    c = _vector(c, "circulant")
+    n = shape_of(c)[0]
+    return c[(np.arange(n)[:, None] - np.arange(n)[None, :]) % n]
+
+
+def hankel(c, r=None):
+    """H[i, j] = c[i + j] within c, then r[i + j - len(c) + 1] (r[0] is ignored)."""
+    c = _vector(c, "hankel")
+    r = np.zeros_like(c) if r is None else _vector(r, "hankel")
+    m, n = shape_of(c)[0], shape_of(r)[0]
+    values = np.concatenate((c, r[1:]))
+    return values[np.arange(m)[:, None] + np.arange(n)[None, :]]
+
+
 # --- installation -------------------------------------------------------------------------------
 _RULES = {
     f.__name__: f
@@ -1036,6 +1139,14 @@ _RULES = {
         solve_discrete_lyapunov,
         solve_banded,
         block_diag,
+        svd,
+        svdvals,
+        qr,
+        pinv,
+        lstsq,
+        toeplitz,
+        circulant,
+        hankel,
     )
 }
 

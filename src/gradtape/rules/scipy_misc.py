@@ -16,6 +16,7 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import implements_module_function
+from ..core.tracing import Tracer
 from ._complex import complex_rules
 from ._util import dtype_of, ndim_of, shape_of
 from .linalg import _cj
@@ -185,3 +186,79 @@ def signal_correlate(in1, in2, mode="full", method="auto"):
 for _module in ("scipy.signal", "scipy.signal._signaltools"):
     implements_module_function(_module, "convolve")(signal_convolve)
     implements_module_function(_module, "correlate")(signal_correlate)
+
+
+# --- scipy.signal.lfilter -----------------------------------------------------------------------
+# y = lfilter(b, a, x): the causal filter B(z)/A(z) along one axis, linear in x. Its transpose is
+# the same filter run backwards (flip, filter, flip); in b and a: y depends on b_k through
+# z^-k / A applied to x, and on a_k through -z^-k / A applied to y.
+def _lfilter_raw(b, a, x, axis):
+    if type(b) is Tracer or type(a) is Tracer or type(x) is Tracer:  # recorded one level down
+        return lfilter_p(b, a, x, axis=axis)
+    return _signal_original("lfilter")(b, a, x, axis=axis)
+
+
+def _delayed_sums(g, u, taps: int, axis: int):
+    """[sum(g[k:] * u[:n - k]) over every element, for k < taps] (along `axis`)."""
+    g, u = np.moveaxis(g, axis, -1), np.moveaxis(u, axis, -1)
+    n = shape_of(g)[-1]
+    return np.stack([np.sum(g[..., k:] * u[..., : n - k]) for k in range(taps)])
+
+
+def _lfilter_vjp_b(g, ans, b, a, x, axis):
+    u = lfilter_p(np.ones(1, dtype=dtype_of(a)), a, x, axis=axis)
+    return _delayed_sums(g, u, shape_of(b)[0], axis).astype(dtype_of(b))
+
+
+def _lfilter_vjp_a(g, ans, b, a, x, axis):
+    v = lfilter_p(np.ones(1, dtype=dtype_of(a)), a, ans, axis=axis)
+    return -_delayed_sums(g, v, shape_of(a)[0], axis).astype(dtype_of(a))
+
+
+def _lfilter_vjp_x(g, ans, b, a, x, axis):
+    flipped = lfilter_p(b, a, np.flip(g, axis), axis=axis)
+    return np.flip(flipped, axis).astype(dtype_of(x))
+
+
+def _lfilter_jvp(ts, ans, b, a, x, axis):
+    tb, ta, tx = ts
+    out = None if tx is None else lfilter_p(b, a, tx, axis=axis)
+    if tb is not None:
+        t = lfilter_p(tb, a, x, axis=axis)
+        out = t if out is None else out + t
+    if ta is not None:
+        t = -lfilter_p(ta, a, ans, axis=axis)
+        out = t if out is None else out + t
+    return out
+
+
+lfilter_p = Primitive(
+    "signal_lfilter",
+    _lfilter_raw,
+    vjps=(_lfilter_vjp_b, _lfilter_vjp_a, _lfilter_vjp_x),
+    jvp=_lfilter_jvp,
+)
+
+
+def signal_lfilter(b, a, x, axis=-1, zi=None):
+    """scipy.signal.lfilter on traced values: in x, b and a (1-d coefficients, a[0] != 0), along
+    any axis; initial conditions (zi) have no rule."""
+    if zi is not None:
+        raise GradtapeError(
+            "scipy.signal.lfilter with initial conditions (zi=) has no derivative rule; prepend "
+            "the samples that set them to x instead, or filter without zi."
+        )
+    b, a, x = np.asarray(b), np.asarray(a), np.asarray(x)
+    if ndim_of(b) != 1 or ndim_of(a) != 1:
+        raise GradtapeError("scipy.signal.lfilter on traced values takes 1-d b and a")
+    if 0 in shape_of(x) or shape_of(a)[0] == 0 or shape_of(b)[0] == 0:
+        raise GradtapeError("scipy.signal.lfilter of an empty array has no derivative rule")
+    dt = np.result_type(dtype_of(b), dtype_of(a), dtype_of(x), np.float64)
+    if dt.kind == "c":
+        raise GradtapeError("scipy.signal.lfilter of complex values has no derivative rule")
+    b, a, x = (v if dtype_of(v) == dt else v.astype(dt) for v in (b, a, x))
+    return lfilter_p(b, a, x, axis=axis % max(ndim_of(x), 1))
+
+
+for _module in ("scipy.signal", "scipy.signal._signaltools"):
+    implements_module_function(_module, "lfilter")(signal_lfilter)

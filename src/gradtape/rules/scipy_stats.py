@@ -79,6 +79,11 @@ def _gamma_logpdf(z, a):
     return _sp().xlogy(a - 1, z) - z - _sp().gammaln(a)
 
 
+def _odds(y):
+    """y / (1 - y): a beta variable as a beta-prime one."""
+    return y / (1.0 - y)
+
+
 def _t_logcdf(z, df):
     return np.log(_sp().stdtr(df, z))
 
@@ -213,6 +218,129 @@ CONTINUOUS = {
         ppf=lambda q, b: np.power(1 - q, -1.0 / b),
         isf=lambda q, b: np.power(q, -1.0 / b),
         safe_shapes=(1.0,),
+    ),
+    "gumbel_r_gen": _Dist(
+        logpdf=lambda z: -z - np.exp(-z),
+        cdf=lambda z: np.exp(-np.exp(-z)),
+        sf=lambda z: -np.expm1(-np.exp(-z)),
+        logcdf=lambda z: -np.exp(-z),
+        logsf=lambda z: np.log(-np.expm1(-np.exp(-z))),
+        ppf=lambda q: -np.log(-np.log(q)),
+        isf=lambda q: -np.log(-np.log1p(-q)),
+    ),
+    "gumbel_l_gen": _Dist(
+        logpdf=lambda z: z - np.exp(z),
+        cdf=lambda z: -np.expm1(-np.exp(z)),
+        sf=lambda z: np.exp(-np.exp(z)),
+        logcdf=lambda z: np.log(-np.expm1(-np.exp(z))),
+        logsf=lambda z: -np.exp(z),
+        ppf=lambda q: np.log(-np.log1p(-q)),
+        isf=lambda q: np.log(-np.log(q)),
+    ),
+    "rayleigh_gen": _Dist(
+        logpdf=lambda z: np.log(z) - 0.5 * z * z,
+        cdf=lambda z: -np.expm1(-0.5 * z * z),
+        sf=lambda z: np.exp(-0.5 * z * z),
+        logcdf=lambda z: np.log(-np.expm1(-0.5 * z * z)),
+        logsf=lambda z: -0.5 * z * z,
+        ppf=lambda q: np.sqrt(-2.0 * np.log1p(-q)),
+        isf=lambda q: np.sqrt(-2.0 * np.log(q)),
+    ),
+    "maxwell_gen": _Dist(
+        logpdf=lambda z: 0.5 * math.log(2.0 / math.pi) + 2.0 * np.log(z) - 0.5 * z * z,
+        cdf=lambda z: _sp().gammainc(1.5, 0.5 * z * z),
+        sf=lambda z: _sp().gammaincc(1.5, 0.5 * z * z),
+        ppf=lambda q: np.sqrt(2.0 * _sp().gammaincinv(1.5, q)),
+        isf=lambda q: np.sqrt(2.0 * _sp().gammainccinv(1.5, q)),
+    ),
+    "halfcauchy_gen": _Dist(
+        logpdf=lambda z: math.log(2.0 / math.pi) - np.log1p(z * z),
+        cdf=lambda z: (2.0 / math.pi) * np.arctan(z),
+        ppf=lambda q: np.tan(0.5 * math.pi * q),
+        isf=lambda q: np.tan(0.5 * math.pi * (1.0 - q)),
+    ),
+    "halflogistic_gen": _Dist(
+        logpdf=lambda z: _LN2 - z - 2.0 * np.log1p(np.exp(-z)),
+        cdf=lambda z: np.tanh(0.5 * z),
+        sf=lambda z: 2.0 * _sp().expit(-z),
+        logsf=lambda z: _LN2 + _sp().log_expit(-z),
+        ppf=lambda q: 2.0 * np.arctanh(q),
+        isf=lambda q: 2.0 * np.arctanh(1.0 - q),
+    ),
+    "lomax_gen": _Dist(
+        logpdf=lambda z, c: np.log(c) - (c + 1) * np.log1p(z),
+        cdf=lambda z, c: -np.expm1(-c * np.log1p(z)),
+        sf=lambda z, c: np.exp(-c * np.log1p(z)),
+        logsf=lambda z, c: -c * np.log1p(z),
+        ppf=lambda q, c: np.expm1(-np.log1p(-q) / c),
+        isf=lambda q, c: np.expm1(-np.log(q) / c),
+        safe_shapes=(1.0,),
+    ),
+    "fisk_gen": _Dist(
+        logpdf=lambda z, c: np.log(c) + (c - 1) * np.log(z) - 2.0 * np.log1p(z**c),
+        cdf=lambda z, c: 1.0 / (1.0 + z ** (-c)),
+        sf=lambda z, c: 1.0 / (1.0 + z**c),
+        ppf=lambda q, c: (q / (1.0 - q)) ** (1.0 / c),
+        isf=lambda q, c: ((1.0 - q) / q) ** (1.0 / c),
+        safe_shapes=(1.0,),
+    ),
+    "powerlaw_gen": _Dist(
+        logpdf=lambda z, a: np.log(a) + _sp().xlogy(a - 1.0, z),
+        cdf=lambda z, a: z**a,
+        sf=lambda z, a: -np.expm1(a * np.log(z)),
+        logcdf=lambda z, a: a * np.log(z),
+        ppf=lambda q, a: q ** (1.0 / a),
+        isf=lambda q, a: (1.0 - q) ** (1.0 / a),
+        safe_shapes=(1.0,),
+    ),
+    "gompertz_gen": _Dist(
+        logpdf=lambda z, c: np.log(c) + z - c * np.expm1(z),
+        cdf=lambda z, c: -np.expm1(-c * np.expm1(z)),
+        sf=lambda z, c: np.exp(-c * np.expm1(z)),  # (log sf as SciPy's: the log of this)
+        ppf=lambda q, c: np.log1p(-np.log1p(-q) / c),
+        isf=lambda q, c: np.log1p(-np.log(q) / c),
+        safe_shapes=(1.0,),
+    ),
+    "invweibull_gen": _Dist(
+        logpdf=lambda z, c: np.log(c) - (c + 1) * np.log(z) - z ** (-c),
+        cdf=lambda z, c: np.exp(-(z ** (-c))),
+        sf=lambda z, c: -np.expm1(-(z ** (-c))),
+        logcdf=lambda z, c: -(z ** (-c)),
+        ppf=lambda q, c: (-np.log(q)) ** (-1.0 / c),
+        isf=lambda q, c: (-np.log1p(-q)) ** (-1.0 / c),
+        safe_shapes=(1.0,),
+    ),
+    "nakagami_gen": _Dist(
+        logpdf=lambda z, nu: (
+            _LN2 + _sp().xlogy(nu, nu) - _sp().gammaln(nu) + _sp().xlogy(2 * nu - 1, z) - nu * z * z
+        ),
+        cdf=lambda z, nu: _sp().gammainc(nu, nu * z * z),
+        sf=lambda z, nu: _sp().gammaincc(nu, nu * z * z),
+        ppf=lambda q, nu: np.sqrt(_sp().gammaincinv(nu, q) / nu),
+        isf=lambda q, nu: np.sqrt(_sp().gammainccinv(nu, q) / nu),
+        safe_shapes=(1.0,),
+    ),
+    "betaprime_gen": _Dist(
+        logpdf=lambda z, a, b: _sp().xlogy(a - 1.0, z) - (a + b) * np.log1p(z) - _sp().betaln(a, b),
+        cdf=lambda z, a, b: _sp().betainc(a, b, z / (1.0 + z)),
+        sf=lambda z, a, b: _sp().betaincc(a, b, z / (1.0 + z)),
+        ppf=lambda q, a, b: _odds(_sp().betaincinv(a, b, q)),
+        isf=lambda q, a, b: _odds(_sp().betainccinv(a, b, q)),
+        safe_shapes=(2.0, 2.0),
+    ),
+    "f_gen": _Dist(
+        logpdf=lambda z, n, m: (
+            0.5 * _sp().xlogy(m, m)
+            + 0.5 * _sp().xlogy(n, n)
+            + _sp().xlogy(0.5 * n - 1.0, z)
+            - 0.5 * (n + m) * np.log(m + n * z)
+            - _sp().betaln(0.5 * n, 0.5 * m)
+        ),
+        cdf=lambda z, n, m: _sp().betainc(0.5 * n, 0.5 * m, n * z / (m + n * z)),
+        sf=lambda z, n, m: _sp().betaincc(0.5 * n, 0.5 * m, n * z / (m + n * z)),
+        ppf=lambda q, n, m: (m / n) * _odds(_sp().betaincinv(0.5 * n, 0.5 * m, q)),
+        isf=lambda q, n, m: (m / n) * _odds(_sp().betainccinv(0.5 * n, 0.5 * m, q)),
+        safe_shapes=(2.0, 2.0),
     ),
 }
 

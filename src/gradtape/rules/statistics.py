@@ -11,6 +11,7 @@ as NumPy's piecewise definition implies.
 
 from __future__ import annotations
 
+import builtins
 import warnings
 
 import numpy as np
@@ -595,6 +596,65 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
         db = _astype(np.diff(edges), np.float64)
         return n / db / np.sum(n), edges
     return n, edges
+
+
+@implements(np.histogramdd)
+def histogramdd(sample, bins=10, range=None, density=None, weights=None):
+    """np.histogramdd: counts (no derivative), weighted sums (differentiable in the weights) and
+    each axis's edges (differentiable in the data where they come from its minimum and maximum).
+    """
+    if isinstance(sample, (list, tuple)) and not hasattr(sample, "_var"):
+        columns = [np.ravel(np.asarray(s)) for s in sample]
+    else:
+        sample = np.asarray(sample)
+        if ndim_of(sample) != 2:
+            sample = np.reshape(sample, (-1, 1)) if ndim_of(sample) < 2 else sample
+        columns = [sample[:, d] for d in builtins.range(shape_of(sample)[1])]
+    dims = len(columns)
+    per_axis = bins if isinstance(bins, (list, tuple)) or ndim_of(bins) == 1 else [bins] * dims
+    if isinstance(per_axis, (list, tuple)) and len(per_axis) != dims:
+        raise ValueError("The dimension of bins must be equal to the dimension of the sample x.")
+    ranges = [None] * dims if range is None else list(range)
+    if len(ranges) != dims:
+        raise ValueError("range argument must have one entry per dimension")
+    edges = [_bin_edges(c, b, r, None) for c, b, r in zip(columns, per_axis, ranges)]
+    sizes = [shape_of(e)[0] - 1 for e in edges]
+    flat = None
+    inside = None
+    stride = 1
+    for c, e, n in reversed(list(zip(columns, edges, sizes))):
+        idx = bind(_bin_index_p, (c, e), {})
+        flat = idx * stride if flat is None else flat + idx * stride
+        inside = idx >= 0 if inside is None else inside & (idx >= 0)
+        stride *= n
+    index = np.where(inside, flat, -1)
+    cells = stride
+    if weights is None:
+        counts = bind(_bincount_p, (index,), {"minlength": cells + 1})[1:]
+        hist = _astype(counts, np.float64)
+    else:
+        w = np.ravel(weights)
+        if shape_of(w)[0] != shape_of(columns[0])[0]:
+            raise ValueError("weights should have the same length as the sample.")
+        hist = materialize(SparseCotangent((cells + 1,), dtype_of(w), (index + 1,), w, False))[1:]
+    hist = np.reshape(hist, tuple(sizes))
+    if density:
+        total = np.sum(hist)
+        for d, e in enumerate(edges):
+            shape = [1] * dims
+            shape[d] = sizes[d]
+            hist = hist / np.reshape(np.diff(e), shape)
+        hist = hist / total
+    return hist, edges
+
+
+@implements(np.histogram2d)
+def histogram2d(x, y, bins=10, range=None, density=None, weights=None):
+    """np.histogram2d: np.histogramdd of (x, y) (x along the first axis of the counts)."""
+    if not isinstance(bins, (list, tuple)) and ndim_of(bins) == 1:
+        bins = [bins, bins]
+    hist, edges = histogramdd([x, y], bins, range, density, weights)
+    return hist, edges[0], edges[1]
 
 
 _bincount_p = _nondiff(

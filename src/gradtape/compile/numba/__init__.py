@@ -17,7 +17,8 @@ One job per module; the modules import one way, none in a circle:
 * `loops`: native drivers of loop primitives (scan, its backward loop, while_loop); it
   registers them in `drivers`, so the code generator never imports it.
 * `runtime`, `fastmath`: what the kernels import (helpers, vectorizable libm).
-* `cache`: the disk cache of kernel modules.
+* `cache`: the disk cache of kernel modules (`numba_cache`: Numba's own cache files of a
+  kernel, kept there and checksummed; the one cache module that imports Numba).
 * `export`: native handles (`CompiledFunction.as_native`): a variant's kernels behind a
   Numba function and a C entry point (`export_runtime`: what those entry points import).
 

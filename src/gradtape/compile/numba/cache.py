@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import inspect
-import io
 import os
-import pickle
 import stat
 import sys
 import tempfile
@@ -246,11 +243,13 @@ def _jit_namespace(numba, cache_path: Path | None) -> SimpleNamespace:
     """An object with Numba's `njit` whose `cache=True` caches in `cache_path` (KernelCache),
     never where Numba's own settings point."""
 
+    from .numba_cache import KernelCache
+
     def njit(cache: bool = False, **options):
         def decorate(function):
             dispatcher = numba.njit(cache=False, **options)(function)
             if cache and cache_path is not None:
-                dispatcher._cache = kernel_cache_class()(function, cache_path)
+                dispatcher._cache = KernelCache(function, cache_path)
             return dispatcher
 
         return decorate
@@ -300,108 +299,6 @@ def _read_verified(path: str) -> bytes:
         "from another version); it was deleted and the kernel is compiled again",
     )
     raise FileNotFoundError(path)
-
-
-_kernel_cache: list[type] = []
-
-
-def kernel_cache_class() -> type:
-    """`KernelCache`, a Numba FunctionCache whose files live in a directory gradtape chose and
-    carry checksums (defined on first use: it needs Numba)."""
-    if _kernel_cache:
-        return _kernel_cache[0]
-    from numba.core import caching
-
-    class KernelLocator(caching._CacheLocator):
-        """The cache directory given, whatever Numba's settings say; the source stamp is a
-        hash of the module's text (as Numba's own locators)."""
-
-        def __init__(self, py_func, py_file: str, cache_path: Path):
-            self._py_file = py_file
-            self._lineno = py_func.__code__.co_firstlineno
-            self._cache_path = str(cache_path)
-
-        def ensure_cache_path(self) -> None:
-            path = Path(self._cache_path)
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _check_private(path)
-
-        def get_cache_path(self) -> str:
-            return self._cache_path
-
-        def get_source_stamp(self):
-            with open(self._py_file, "rb") as f:
-                return hashlib.sha256(f.read()).digest()
-
-        def get_disambiguator(self) -> str:
-            return str(self._lineno)
-
-    class KernelCacheImpl(caching.CompileResultCacheImpl):
-        def __init__(self, py_func, cache_path: Path):  # (no search through Numba's locators)
-            self._lineno = py_func.__code__.co_firstlineno
-            source = inspect.getfile(py_func)
-            self._locator = KernelLocator(py_func, source, cache_path)
-            module = os.path.splitext(os.path.basename(source))[0]
-            abiflags = getattr(sys, "abiflags", "")
-            self._filename_base = self.get_filename_base(
-                f"{module}.{py_func.__qualname__}", abiflags
-            )
-
-    class ChecksummedCacheFile(caching.IndexDataCacheFile):
-        """Numba's index and data files, each behind a checksum verified before unpickling."""
-
-        def _load_index(self):
-            try:
-                payload = _read_verified(self._index_path)
-            except FileNotFoundError:
-                return {}
-            stream = io.BytesIO(payload)
-            if pickle.load(stream) != self._version:
-                return {}
-            stamp, overloads = pickle.loads(stream.read())
-            return overloads if stamp == self._source_stamp else {}
-
-        def _save_index(self, overloads) -> None:
-            payload = pickle.dumps(self._version, protocol=-1)
-            payload += self._dump((self._source_stamp, overloads))
-            with self._open_for_write(self._index_path) as f:
-                f.write(frame(payload))
-
-        def _load_data(self, name):
-            return pickle.loads(_read_verified(self._data_path(name)))
-
-        def _save_data(self, name, data) -> None:
-            with self._open_for_write(self._data_path(name)) as f:
-                f.write(frame(self._dump(data)))
-
-    class KernelCache(caching.FunctionCache):
-        """Numba's cache of one kernel function, in gradtape's directory, checksummed; a cache
-        write that fails (full disk) leaves the compiled kernel in memory, with a warning."""
-
-        def __init__(self, py_func, cache_path: Path):
-            self._name = repr(py_func)
-            self._py_func = py_func
-            self._impl = KernelCacheImpl(py_func, cache_path)
-            self._cache_path = str(cache_path)
-            self._cache_file = ChecksummedCacheFile(
-                cache_path=self._cache_path,
-                filename_base=self._impl.filename_base,
-                source_stamp=self._impl.locator.get_source_stamp(),
-            )
-            self.enable()
-
-        def save_overload(self, sig, data) -> None:
-            try:
-                super().save_overload(sig, data)
-            except OSError as exc:
-                _warn_once(
-                    "write",
-                    f"gradtape: writing to the kernel cache failed ({exc}); native kernels "
-                    "are compiled in memory instead",
-                )
-
-    _kernel_cache.append(KernelCache)
-    return KernelCache
 
 
 # --- pruning and clearing --------------------------------------------------------------------
