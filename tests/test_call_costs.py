@@ -69,7 +69,11 @@ def test_the_vjp_of_a_whole_sum_filled_or_broadcast(monkeypatch, n):
     x = np.linspace(-1.0, 1.0, n)
     grad = gt.grad(lambda x: np.sum(x) * 3.0)(x)
     np.testing.assert_array_equal(grad, np.full(n, 3.0))
-    assert bool(broadcasts) == (n > reductions._SMALL)  # small: filled, without NumPy's Python
+    assert not broadcasts  # filled when small, else a view made without NumPy's Python
+    assert grad.flags.writeable
+    vjp = reductions._sum_vjp(np.array(2.0), None, x, (0,), False)
+    np.testing.assert_array_equal(vjp, np.full(n, 2.0))
+    assert vjp.flags.writeable == (n <= reductions._SMALL)
     grad32 = gt.grad(lambda x: np.sum(x))(x.astype(np.float32))
     assert grad32.dtype == np.float32
 
@@ -85,6 +89,23 @@ def test_sum_over_some_axes_still_broadcasts_back():
 
         want = np.broadcast_to(weights.reshape(np.sum(x, axis=axis, keepdims=True).shape), x.shape)
         np.testing.assert_array_equal(gt.grad(f)(x), want)
+
+
+def test_a_broadcast_cotangent_with_a_zero_still_masks():
+    """The short path of the eager product (one repeated nonzero cotangent) is not taken for
+    a repeated zero."""
+
+    def f(x):
+        return np.sum(np.sqrt(x)) * 0.0
+
+    x = np.array([0.0, 4.0])
+    grad = gt.grad(f)(x)
+    np.testing.assert_array_equal(grad, [0.0, 0.0])
+    big = np.zeros(reductions._SMALL + 10)
+    np.testing.assert_array_equal(gt.grad(f)(big), np.zeros_like(big))
+    np.testing.assert_array_equal(
+        gt.grad(lambda x: np.sum(np.sqrt(x)))(np.array([1.0, 0.0])), [0.5, np.inf]
+    )
 
 
 def test_a_zero_cotangent_still_masks_an_infinite_partial():

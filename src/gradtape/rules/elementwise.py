@@ -91,6 +91,8 @@ def _times_safe(g, partial, ans, args):
     traced_p = type(p) is Tracer
     if not traced_g and not traced_p:
         d = g * p
+        if type(g) is np.ndarray and g.size > 1 and not any(g.strides) and g.item(0) != 0:
+            return d  # one nonzero value broadcast (a sum's cotangent): nothing to mask
         total = _add_reduce(d, axis=None) if type(d) is np.ndarray else d
         if total == total:  # not NaN (a NumPy scalar compared: no ufunc call)
             return d

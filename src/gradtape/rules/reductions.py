@@ -27,7 +27,7 @@ def _no_out(out, name):
 
 
 # --- sum ------------------------------------------------------------------------------
-_SMALL = 4096  # elements: a filled array costs less than np.broadcast_to's Python below this
+_SMALL = 4096  # elements: filling an array costs less than making a broadcast view below this
 _add_reduce = np.add.reduce  # (np.sum's Python wrapper costs more than the sum at small sizes)
 _ndarray = np.ndarray
 
@@ -43,6 +43,12 @@ def _sum_vjp(g, ans, x, axes, keepdims):
             out = np.empty(shape, g.dtype)
             out[...] = g
             return out
+        # larger: a read-only view repeating the value, as np.broadcast_to makes, without
+        # its Python
+        one = g if type(g) is _ndarray else np.asarray(g)
+        out = _ndarray(shape, one.dtype, buffer=one, strides=(0,) * len(shape))
+        out.flags.writeable = False
+        return out
     return np.broadcast_to(expand_reduced(g, shape, axes, keepdims), shape)
 
 
