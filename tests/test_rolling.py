@@ -406,3 +406,44 @@ def test_backends_with_native_loops_roll_shorter_programs(monkeypatch):
         assert not rolled_loops(prog)
     finally:
         del BACKENDS["record-native-loops"]
+
+
+def test_the_collector_pause_is_shared_by_searches_and_leaves_the_users_setting():
+    import gc
+
+    from gradtape.compile import rolling
+
+    assert gc.isenabled()
+    with rolling._collector_paused():
+        assert not gc.isenabled()
+        with rolling._collector_paused():  # a second search (another thread) ends first
+            pass
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with rolling._collector_paused():
+            pass
+        assert not gc.isenabled()  # the user's choice stands
+    finally:
+        gc.enable()
+    # a forked child has none of the parent's searching threads: it resumes the collector
+    rolling._pauses, rolling._resume_collector = 1, True  # as another thread's search left it
+    gc.disable()
+    rolling.renew_locks_after_fork()
+    assert gc.isenabled() and rolling._pauses == 0
+
+
+def test_a_forked_child_gets_a_new_lock_for_every_native_loop():
+    from gradtape.compile.numba import loops
+    from gradtape.core.primitive import Primitive
+
+    loop = loops.NativeLoop(Primitive("a_loop", lambda x: x))
+    held = loop._lock
+    held.acquire()
+    try:
+        loops.renew_locks_after_fork()
+        assert loop._lock is not held and loop._lock.acquire(blocking=False)
+        loop._lock.release()
+    finally:
+        held.release()

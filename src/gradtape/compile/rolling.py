@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -1383,20 +1384,43 @@ def roll_tape(tape: Tape, capture=lambda ins: ins, min_length: int | None = None
         return _roll_long_tape(tape, capture)
 
 
+_pause_lock = threading.Lock()
+_pauses = 0  # searches running now (threads may search at once)
+_resume_collector = False  # whether the first of them found the collector running
+
+
 @contextlib.contextmanager
 def _collector_paused():
     """Python's cyclic garbage collector paused while a long tape is searched, and resumed
-    (if it was running) after. The search allocates a few small objects per instruction
-    while the tape's hundreds of thousands of instructions are alive, and each full
-    collection traverses them all: measured on a time-stepping tape of 98,000 instructions,
-    the collections took 40% of the search (about 11 s with them, 6 s without). Nothing the
-    search allocates forms a cycle that must be freed before it ends."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    (if it was running) when the last search running ends. The search allocates a few small
+    objects per instruction while the tape's hundreds of thousands of instructions are alive,
+    and each full collection traverses them all: measured on a time-stepping tape of 98,000
+    instructions, the collections took 40% of the search (about 11 s with them, 6 s without).
+    Nothing the search allocates forms a cycle that must be freed before it ends. Searches in
+    several threads share one pause (counted), so none resumes the collector under another."""
+    global _pauses, _resume_collector
+    with _pause_lock:
+        if _pauses == 0:
+            _resume_collector = gc.isenabled()
+            gc.disable()
+        _pauses += 1
     try:
         yield
     finally:
-        if was_enabled:
+        with _pause_lock:
+            if _pauses:  # (0 in a forked child that renewed the count under this search)
+                _pauses -= 1
+                if _pauses == 0 and _resume_collector:
+                    gc.enable()
+
+
+def renew_locks_after_fork() -> None:
+    """In a child created by os.fork: the searches that paused the collector ran in threads the
+    child does not have; resume it as the last of them would have."""
+    global _pauses
+    if _pauses:
+        _pauses = 0
+        if _resume_collector:
             gc.enable()
 
 

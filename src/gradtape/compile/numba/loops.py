@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,6 +103,16 @@ class LoopSpec:
         return tuple(outs)
 
 
+_LIVE_LOOPS: weakref.WeakSet = weakref.WeakSet()  # every NativeLoop not yet freed
+
+
+def renew_locks_after_fork() -> None:
+    """In a child created by os.fork: a new lock for every native loop (another thread of the
+    parent may have been recording a step of it at the fork, holding the lock)."""
+    for loop in list(_LIVE_LOOPS):
+        loop._lock = threading.Lock()
+
+
 class NativeLoop:
     """A loop primitive's native driver, built on the first call (see the module docstring).
 
@@ -120,6 +131,7 @@ class NativeLoop:
         self.failures = 0
         self.reason: str | None = None
         self._lock = threading.Lock()
+        _LIVE_LOOPS.add(self)  # (a forked child renews the lock: renew_locks_after_fork)
 
     @property
     def native(self) -> bool:
