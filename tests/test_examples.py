@@ -99,13 +99,13 @@ def test_hmc_peer_backends_agree_with_the_hand_gradient(backend: str) -> None:
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-10)
 
 
-def test_rnn_training_brings_the_loss_down(capsys: pytest.CaptureFixture) -> None:
+def test_rnn_training_brings_the_loss_down(capfd: pytest.CaptureFixture) -> None:
     example = load("rnn_scan")
     out = example["main"](n_steps=150, sequence_length=40, print_every=50)
     history = out["history"]
     assert np.mean(history[-20:]) < 0.1 * history[0]
     assert out["test_loss"] < 0.5 * out["persistence_loss"]
-    assert "step  149: training loss" in capsys.readouterr().out
+    assert "step  149: training loss" in capfd.readouterr().out
 
     # the gradient the training used, against central differences along a random direction
     rng = np.random.default_rng(1)

@@ -466,14 +466,19 @@ _fork_import_handler: list[bool] = []  # [True] once its handlers are registered
 last_fork_import_wait = [0.0]  # seconds the last fork of this process waited for an import
 
 
+_fork_pending = [False]  # a fork is waiting for `_import_lock` (Numba work must not start)
+
+
 def _before_fork_wait_for_import() -> None:
     start = time.perf_counter()
+    _fork_pending[0] = True
     got = _import_lock.acquire(timeout=FORK_IMPORT_WAIT)
     last_fork_import_wait[0] = time.perf_counter() - start
     _fork_import_held[:] = [got]
 
 
 def _after_fork_import_in_parent() -> None:
+    _fork_pending[0] = False
     if _fork_import_held and _fork_import_held[0]:
         _import_lock.release()
     _fork_import_held.clear()
@@ -481,6 +486,7 @@ def _after_fork_import_in_parent() -> None:
 
 def _after_fork_import_in_child() -> None:
     global _import_lock
+    _fork_pending[0] = False
     if _fork_import_held and not _fork_import_held[0]:
         # the wait timed out: an import is still half done here; Numba is never called
         _forked_during_numba_work[:] = [True]
@@ -526,9 +532,13 @@ class _numba_work:
         self.gate = not holding_import_lock
 
     def __enter__(self):
-        if self.gate:
-            with _import_lock:
-                pass
+        while self.gate:  # (the count changes under the import lock, when no fork is pending:
+            with _import_lock:  # a lock released by an import may go back to this thread
+                if not _fork_pending[0]:  # before the fork waiting for it wakes up)
+                    with _numba_work_lock:
+                        _numba_work_count[0] += 1
+                    return
+            time.sleep(0.001)
         with _numba_work_lock:
             _numba_work_count[0] += 1
 
