@@ -67,9 +67,11 @@ def fresh_function(scale: float):
 
 def test_an_exception_inside_numba_midway_leaves_the_right_numbers(private_cache, monkeypatch):
     monkeypatch.setenv("GRADTAPE_LLVM", "0")  # Numba's path (not the llvmlite generator)
+    from gradtape.compile.numba import numba_cache
+
     f, exact = fresh_function(1.25)
     x = np.linspace(-1.0, 1.0, 9)
-    real_jit = cache._jit_namespace
+    real_jit = numba_cache._jit_namespace
     calls = []
 
     def failing_namespace(numba, path):
@@ -94,14 +96,14 @@ def test_an_exception_inside_numba_midway_leaves_the_right_numbers(private_cache
         namespace.njit = broken_njit
         return namespace
 
-    monkeypatch.setattr(cache, "_jit_namespace", failing_namespace)
+    monkeypatch.setattr(numba_cache, "_jit_namespace", failing_namespace)
     compiled = gt.compile(gt.grad(f), backend="numba")
     with pytest.warns(numba_backend.NativeFallbackWarning, match="injected"):
         got = compiled(x)
     np.testing.assert_allclose(got, exact(x), rtol=1e-12)
     assert calls and compiled.lowered(x).tier == "numpy"
     # the process stays usable: with Numba working again, a new function compiles natively
-    monkeypatch.setattr(cache, "_jit_namespace", real_jit)
+    monkeypatch.setattr(numba_cache, "_jit_namespace", real_jit)
 
     def g(x):  # (another program: kernels that differ only in a constant are shared)
         return np.sum(np.sinh(x) * x)

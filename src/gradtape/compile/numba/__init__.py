@@ -18,7 +18,9 @@ One job per module; the modules import one way, none in a circle:
   registers them in `drivers`, so the code generator never imports it.
 * `runtime`, `fastmath`: what the kernels import (helpers, vectorizable libm).
 * `cache`: the disk cache of kernel modules (`numba_cache`: Numba's own cache files of a
-  kernel, kept there and checksummed; the one cache module that imports Numba).
+  kernel, kept there and checksummed, and building a module's kernels through them; the one
+  cache module that imports Numba).
+* `handle_status`: the status codes of native handles (a leaf).
 * `export`: native handles (`CompiledFunction.as_native`): a variant's kernels behind a
   Numba function and a C entry point (`export_runtime`: the entry points, written as LLVM IR).
 

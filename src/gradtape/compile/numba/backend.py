@@ -687,10 +687,10 @@ def _build_with_llvm(nk: NativeKernels) -> tuple[tuple, bool] | None:
 
 def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
     """Compile (or load) every kernel of a module; returns (entry points, loaded from cache).
-    The cache decides where the module lives and how Numba caches it (cache.build_kernels)."""
-    from . import fastmath  # noqa: F401  (registers the fast functions with Numba)
+    The cache decides where the module lives and how Numba caches it (numba_cache.build_kernels)."""
+    from . import fastmath, numba_cache  # noqa: F401  (fastmath registers the fast functions)
 
-    return cache.build_kernels(
+    return numba_cache.build_kernels(
         nk.key, nk.module_text, lambda jit, module, use_cache: _jit_all(jit, module, nk, use_cache)
     )
 

@@ -42,7 +42,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 from ... import config
 
@@ -198,63 +198,6 @@ def discard(directory: Path, key: str) -> None:
             f.unlink()
         except OSError:
             pass
-
-
-# --- building a module's kernels through the cache ---------------------------------------------
-def build_kernels(key: str, module_text: str, jit_all) -> tuple[tuple, bool]:
-    """Compile (or load from the cache) the kernels of one generated module.
-
-    `jit_all(jit, module, use_cache)` compiles the module's functions with `jit.njit(...)`
-    (Numba's signature) and returns (entry points, whether they came from the cache). With a
-    usable cache directory, `jit.njit(cache=True)` caches in it (`KernelCache`); without one
-    (disabled, refused, read-only, full) the module is compiled in memory.
-    """
-    import numba
-
-    directory = kernel_dir()
-    name = module_name(key)
-    if directory is not None:
-        try:
-            path = module_file(directory, key, module_text)
-        except OSError as exc:  # a full disk, a directory made read-only since
-            _warn_once(
-                "write",
-                f"gradtape: writing to the kernel cache failed ({exc}); native kernels are "
-                "compiled in memory instead",
-            )
-            directory = None
-    if directory is None:
-        module = import_source(module_text, name)
-        return jit_all(_jit_namespace(numba, None), module, False)
-    jit = _jit_namespace(numba, directory / "__pycache__")
-    module = import_file(path, name)
-    try:
-        built = jit_all(jit, module, True)
-    except Exception:
-        # Numba's cache files of this module failed to load: delete them, compile again
-        discard(directory, key)
-        module = import_file(path, name)
-        built = jit_all(jit, module, True)
-    prune_once(directory)  # if this process wrote a new entry; here, off the call path
-    return built
-
-
-def _jit_namespace(numba, cache_path: Path | None) -> SimpleNamespace:
-    """An object with Numba's `njit` whose `cache=True` caches in `cache_path` (KernelCache),
-    never where Numba's own settings point."""
-
-    from .numba_cache import KernelCache
-
-    def njit(cache: bool = False, **options):
-        def decorate(function):
-            dispatcher = numba.njit(cache=False, **options)(function)
-            if cache and cache_path is not None:
-                dispatcher._cache = KernelCache(function, cache_path)
-            return dispatcher
-
-        return decorate
-
-    return SimpleNamespace(njit=njit)
 
 
 # A checksummed cache file: MAGIC, the SHA-256 of the payload, then the payload (what Numba

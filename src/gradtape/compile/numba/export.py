@@ -4,7 +4,7 @@
 array), generates the program's kernels (codegen.generate, one thread) and plans the entry
 points around them (`_EntryPlan`: where each kernel argument comes from, where each result
 goes). On first use the kernels are compiled once, with their signatures, through the kernel
-cache (cache.build_kernels), and export_runtime writes the entry points directly as LLVM IR
+cache (numba_cache.build_kernels), and export_runtime writes the entry points directly as LLVM IR
 that calls each kernel through its native address: nothing is typed again, and the entry
 points cost milliseconds on top of the kernels' compile. They are:
 
@@ -67,14 +67,15 @@ from ..program import Program
 from . import cache, codegen
 from .fusion import PYTHON
 from .generator import Generated
-
-STATUS_OK = 0
-STATUS_NONFINITE = 3
-STATUS_WRONG_SIZE = -1
-STATUS_OTHER_PATH = -2
-STATUS_BAD_DATA = -3
-STATUS_LAYOUT = -4
-STATUS_RAISED = -5
+from .handle_status import (  # (the codes a handle returns; export_runtime writes them)
+    STATUS_BAD_DATA,
+    STATUS_LAYOUT,
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_OTHER_PATH,
+    STATUS_RAISED,
+    STATUS_WRONG_SIZE,
+)
 
 _MESSAGES = {
     STATUS_OK: "done",
@@ -299,7 +300,11 @@ class _EntryModule:
             _numba_startup()
             with _numba_work():
                 start = time.perf_counter()
-                kernels, self.from_cache = cache.build_kernels(self.key, self.text, self._jit_all)
+                from . import numba_cache
+
+                kernels, self.from_cache = numba_cache.build_kernels(
+                    self.key, self.text, self._jit_all
+                )
                 self.kernel_seconds = time.perf_counter() - start
                 start = time.perf_counter()
                 from . import export_runtime

@@ -4,7 +4,7 @@ An entry point turns C arguments (a length, pointers, a data descriptor) into th
 arguments, calls each already-compiled kernel by its symbol (Numba's calling convention, the
 call Numba itself would emit; the JIT links the symbol to the kernel's machine code in this
 process), hands the values one kernel returns to the next, writes the results and checks
-them. Nothing is typed again: the kernels were compiled once (cache.build_kernels, with the
+them. Nothing is typed again: the kernels were compiled once (numba_cache.build_kernels, with the
 disk cache), and the entry points are a few hundred LLVM instructions that LLVM compiles in
 milliseconds; their object code refers to the kernels by name only, so it can be cached
 (`EntryLibrary.serialize`, `load_entries`). Numba-compiled callers (`@njit` code) reach the
@@ -183,7 +183,7 @@ class _Body:
 
     # the body
     def write(self):
-        from .export import (
+        from .handle_status import (
             STATUS_BAD_DATA,
             STATUS_LAYOUT,
             STATUS_NONFINITE,
@@ -297,7 +297,7 @@ def build_entries(plan, kernels: dict, keep_alive: tuple) -> EntryLibrary:
     """Compile the entry points of `plan` (export._EntryPlan) calling `kernels` (name ->
     (symbol, return type, argument types), each compiled in this process): "c_entry",
     "nutpie_logp", "nutpie_expand" (a function of one result) and "nutpie_copy"."""
-    from .export import STATUS_BAD_DATA, STATUS_WRONG_SIZE
+    from .handle_status import STATUS_BAD_DATA, STATUS_WRONG_SIZE
 
     context = cpu_target.target_context.subtarget(enable_nrt=True)
     codegen = context.codegen()
@@ -425,7 +425,7 @@ def build_elementwise_expand(n: int, segments: list[tuple]) -> EntryLibrary:
     element by element: each segment (kind, start, size, lower, width) maps x[start:start +
     size] onto out[start:start + size] by "copy", "exp" (positive) or "interval" (lower +
     width * expit(x), the logistic function computed without overflow). No kernel, no data."""
-    from .export import STATUS_WRONG_SIZE
+    from .handle_status import STATUS_WRONG_SIZE
 
     context = cpu_target.target_context
     library = context.codegen().create_library(_unique("gradtape_expand"))

@@ -1,7 +1,8 @@
-"""Numba's cache of a kernel function, in gradtape's cache directory and checksummed.
+"""Numba's cache of a kernel function, in gradtape's cache directory and checksummed, and
+the building of a module's kernels through it (`build_kernels`).
 
 This module imports Numba (cache.py, which the `gradtape cache` command uses, does not):
-`KernelCache` replaces a kernel dispatcher's own cache (see `cache._jit_namespace`), so Numba's
+`KernelCache` replaces a kernel dispatcher's own cache (see `_jit_namespace` below), so Numba's
 index and data files live where gradtape chose, whatever `NUMBA_CACHE_DIR` says, and each is
 verified against its checksum before it is unpickled.
 """
@@ -15,10 +16,24 @@ import os
 import pickle
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numba
 from numba.core import caching
 
-from .cache import _check_private, _read_verified, _warn_once, frame
+from .cache import (
+    _check_private,
+    _read_verified,
+    _warn_once,
+    discard,
+    frame,
+    import_file,
+    import_source,
+    kernel_dir,
+    module_file,
+    module_name,
+    prune_once,
+)
 
 
 class KernelLocator(caching._CacheLocator):
@@ -109,3 +124,56 @@ class KernelCache(caching.FunctionCache):
                 f"gradtape: writing to the kernel cache failed ({exc}); native kernels "
                 "are compiled in memory instead",
             )
+
+
+# --- building a module's kernels through the cache ---------------------------------------------
+def build_kernels(key: str, module_text: str, jit_all) -> tuple[tuple, bool]:
+    """Compile (or load from the cache) the kernels of one generated module.
+
+    `jit_all(jit, module, use_cache)` compiles the module's functions with `jit.njit(...)`
+    (Numba's signature) and returns (entry points, whether they came from the cache). With a
+    usable cache directory, `jit.njit(cache=True)` caches in it (`KernelCache`); without one
+    (disabled, refused, read-only, full) the module is compiled in memory.
+    """
+    directory = kernel_dir()
+    name = module_name(key)
+    if directory is not None:
+        try:
+            path = module_file(directory, key, module_text)
+        except OSError as exc:  # a full disk, a directory made read-only since
+            _warn_once(
+                "write",
+                f"gradtape: writing to the kernel cache failed ({exc}); native kernels are "
+                "compiled in memory instead",
+            )
+            directory = None
+    if directory is None:
+        module = import_source(module_text, name)
+        return jit_all(_jit_namespace(numba, None), module, False)
+    jit = _jit_namespace(numba, directory / "__pycache__")
+    module = import_file(path, name)
+    try:
+        built = jit_all(jit, module, True)
+    except Exception:
+        # Numba's cache files of this module failed to load: delete them, compile again
+        discard(directory, key)
+        module = import_file(path, name)
+        built = jit_all(jit, module, True)
+    prune_once(directory)  # if this process wrote a new entry; here, off the call path
+    return built
+
+
+def _jit_namespace(numba, cache_path: Path | None) -> SimpleNamespace:
+    """An object with Numba's `njit` whose `cache=True` caches in `cache_path` (KernelCache),
+    never where Numba's own settings point."""
+
+    def njit(cache: bool = False, **options):
+        def decorate(function):
+            dispatcher = numba.njit(cache=False, **options)(function)
+            if cache and cache_path is not None:
+                dispatcher._cache = KernelCache(function, cache_path)
+            return dispatcher
+
+        return decorate
+
+    return SimpleNamespace(njit=njit)
