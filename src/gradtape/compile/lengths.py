@@ -250,6 +250,21 @@ def same_program(x: Program, y: Program, old: int, new: int) -> bool:
 
 
 # --- writing the program for another length ---------------------------------------------------
+def equal_constants(x, y) -> bool:
+    """Whether two constants of a lowering are the same value (arrays by shape, dtype and
+    bytes): a rebound lowering is checked against one built in full with this."""
+    if x is y:
+        return True
+    if type(x) is not type(y):
+        return False
+    if type(x) is np.ndarray:
+        return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    try:
+        return bool(x == y)
+    except Exception:  # (an object whose == is not a truth value)
+        return False
+
+
 def replaced(value, old: int, new: int):
     """`value` with every integer equal to `old` replaced by `new` (in tuples, lists, slices
     and dicts; other values as they are)."""

@@ -25,7 +25,7 @@ from ..core.ir import Instruction, Var
 from ..core.primitive import Primitive
 from ..rules import elementwise, indexing, reductions, shape
 from ..rules.indexing import is_basic
-from .lengths import rebinding, remember_lowering, replaced
+from .lengths import equal_constants, rebinding, remember_lowering, replaced
 from .program import Program, tree_expr
 
 BUFFER, VIEW, VALUE = "buffer", "view", "value"  # how an emitter produces its output
@@ -627,7 +627,7 @@ class NumpyLowered:
             and [(replaced(s, old, new), d) for s, d in self._slots] == other._slots
             and self._consts.keys() == other._consts.keys()
             and all(
-                _same_constant(replaced(v, old, new), other._consts[k])
+                equal_constants(replaced(v, old, new), other._consts[k])
                 for k, v in self._consts.items()
             )
         )
@@ -727,19 +727,6 @@ class NumpyLowered:
 
 def _same_at_length(template: NumpyLowered, old: int, new: int, lowered: NumpyLowered) -> bool:
     return template.same_at_length(old, new, lowered)
-
-
-def _same_constant(x, y) -> bool:
-    if x is y:
-        return True
-    if type(x) is not type(y):
-        return False
-    if type(x) is np.ndarray:
-        return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
-    try:
-        return bool(x == y)
-    except Exception:  # (an object whose == is not a truth value)
-        return False
 
 
 def lower(program: Program) -> NumpyLowered:

@@ -20,9 +20,7 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from ..lengths import rebinding, remember_lowering, replaced
+from ..lengths import equal_constants, rebinding, remember_lowering, replaced
 from ..program import Program
 from . import drivers, fusion
 from .fusion import OP, PYTHON
@@ -92,24 +90,11 @@ def _same_at_length(template: Generated, old: int, new: int, generated: Generate
     ):
         return False
     if not all(
-        _same_constant(replaced(a, old, new), b) for a, b in zip(template.consts, generated.consts)
+        equal_constants(replaced(a, old, new), b) for a, b in zip(template.consts, generated.consts)
     ):
         return False
     rebound = _wrapper_consts_at(template, old, new)
-    return all(_same_constant(v, generated.wrapper_consts[k]) for k, v in rebound.items())
-
-
-def _same_constant(x, y) -> bool:
-    if x is y:
-        return True
-    if type(x) is not type(y):
-        return False
-    if type(x) is np.ndarray:
-        return x.shape == y.shape and x.dtype == y.dtype and x.tobytes() == y.tobytes()
-    try:
-        return bool(x == y)
-    except Exception:  # (an object whose == is not a truth value)
-        return False
+    return all(equal_constants(v, generated.wrapper_consts[k]) for k, v in rebound.items())
 
 
 def _generate(program: Program, threads: int) -> Generated:
