@@ -9,8 +9,11 @@ tape of ordinary primitives: the backends fuse it like any other.
 The categories: elementwise ufuncs (every ufunc without a core signature, scipy.special's
 ufuncs, where, astype), reductions with axes, cumulative reductions, shape operations, static
 indexing, matmul and einsum, and the linear-algebra functions that broadcast over leading
-axes. A primitive in none of them runs once per member of the batch (`tracing.loop_batch`);
-tests/test_registry.py lists those primitives, so a gap stays visible.
+axes. batching_search.py (predicates, sorts, searches, counts, traced-integer indexing) and
+batching_linalg.py (SciPy's linear algebra, the FFT, convolutions, padding) give the others
+theirs. A primitive with none runs once per member of the batch (`tracing.loop_batch`): those
+whose output's shape depends on each member's values, and a few more; tests/test_registry.py
+lists them with the reason for each, so a gap stays visible.
 """
 
 from __future__ import annotations

@@ -1,0 +1,421 @@
+"""Batching rules of the predicates, sorts, searches, counts, traced-integer indexing, SciPy's
+linear algebra, the FFT, convolutions and padding.
+
+The reference of every batched result is the definition of vmap: the function applied to each
+member in a Python loop (plain NumPy, no gradtape) and the results stacked. Hypothesis draws
+the batch size, which arguments are batched and along which axis; gradients through vmap
+(vmap of grad and grad of vmap) are compared with gradtape's gradient of each member alone,
+compiled programs with the eager result, and, where JAX is installed and has the function,
+jax.vmap is a second oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gradtape as gt
+from gradtape.core.primitive import REGISTRY
+
+sl = pytest.importorskip("scipy.linalg")
+signal = pytest.importorskip("scipy.signal")
+stats = pytest.importorskip("scipy.stats")
+
+
+def _spd(rng, n):
+    a = rng.normal(size=(n, n))
+    return a @ a.T + n * np.eye(n)
+
+
+def _with_ties(rng, shape):
+    return np.round(rng.normal(size=shape), 1)
+
+
+def _with_nans(rng, shape):
+    x = rng.normal(size=shape)
+    x.flat[::3] = np.nan
+    x.flat[1] = 0.5  # never a slice of NaNs only
+    return x
+
+
+@dataclass
+class Case:
+    """f(*member) for members drawn by `draw(rng)`; `diff`: differentiable in argument 0."""
+
+    f: object
+    draw: object
+    primitives: tuple
+    diff: bool = False
+    tol: float = 1e-12
+    jax: object = None
+    kwargs: dict = field(default_factory=dict)
+
+
+def _pair(shape, gen=None):
+    gen = gen or (lambda rng, s: rng.normal(size=s))
+    return lambda rng: (gen(rng, shape), gen(rng, shape))
+
+
+def _close_pair(rng):
+    x = rng.normal(size=(3, 4))
+    y = x + rng.choice([0.0, 1e-9, 1e-3], size=x.shape)
+    return x, y
+
+
+def _equal_pair(rng):
+    x = _with_nans(rng, (2, 3))
+    return x, x.copy() if rng.random() < 0.6 else x + 1
+
+
+def _sorted_and_values(rng):
+    return np.sort(_with_ties(rng, (7,))), _with_ties(rng, (2, 3))
+
+
+def _counts(rng):
+    x = rng.integers(0, 6, size=(9,))
+    x[rng.integers(9)] = 6  # every member has the same largest value
+    return (x,)
+
+
+def _traced_index(x):
+    return x[np.argmax(x)] + x[np.argmin(x)] ** 2
+
+
+def _traced_write(x):
+    y = np.zeros_like(x)
+    y[np.argmax(np.abs(x))] = x[0]
+    return y * x
+
+
+def _traced_rows(x):
+    return x[np.argmax(x[:, 0]), :] * np.sum(x[:, np.argmin(x[0])])
+
+
+def _cho(a, b):
+    return sl.cho_solve(sl.cho_factor(a), b)
+
+
+def _lu_solve(a, b):
+    factors = sl.lu_factor(a)
+    return sl.lu_solve(factors, b) + sl.lu_solve(factors, b, trans=1)
+
+
+def _lu_parts(a):
+    perm, low, up = sl.lu(a, p_indices=True)
+    permuted_low, up2 = sl.lu(a, permute_l=True)
+    return (low @ up)[perm] + permuted_low @ up2
+
+
+def _eigh(a):
+    w, v = sl.eigh(a)
+    return w[:, None] * np.abs(v)
+
+
+def _eigh_general(a, b):
+    w, v = sl.eigh(a, b)
+    return w[:, None] * np.abs(v)
+
+
+def _spectral_product(a, x):
+    return np.fft.irfft(np.fft.rfft(a * x), n=4)
+
+
+CASES = {
+    "argmax axis None": Case(
+        lambda x: np.argmax(x), lambda r: (_with_ties(r, (3, 4)),), ("argmax",)
+    ),
+    "argmin axis 0 keepdims": Case(
+        lambda x: np.argmin(x, axis=0, keepdims=True),
+        lambda r: (_with_ties(r, (3, 4)),),
+        ("argmin",),
+    ),
+    "argmax keepdims None": Case(
+        lambda x: np.argmax(x, keepdims=True), lambda r: (_with_ties(r, (3, 4)),), ("argmax",)
+    ),
+    "nanargmax": Case(
+        lambda x: np.nanargmax(x, axis=-1), lambda r: (_with_nans(r, (3, 4)),), ("nanargmax",)
+    ),
+    "nanargmin": Case(
+        lambda x: np.nanargmin(x), lambda r: (_with_nans(r, (3, 4)),), ("nanargmin",)
+    ),
+    "any": Case(lambda x: np.any(x > 1.0, axis=1), lambda r: (r.normal(size=(3, 4)),), ("any",)),
+    "all keepdims": Case(
+        lambda x: np.all(x > -1.5, axis=(0, 1), keepdims=True),
+        lambda r: (r.normal(size=(3, 4)),),
+        ("all",),
+    ),
+    "all where": Case(
+        lambda x: np.all(x > -0.5, where=np.array([True, False, True, True])),
+        lambda r: (r.normal(size=(3, 4)),),
+        ("all",),
+    ),
+    "count_nonzero": Case(
+        lambda x: np.count_nonzero(x > 0) + np.count_nonzero(x > 0, axis=0),
+        lambda r: (r.normal(size=(3, 4)),),
+        ("count_nonzero",),
+    ),
+    "isclose": Case(lambda x, y: np.isclose(x, y), _close_pair, ("isclose",)),
+    "allclose": Case(lambda x, y: np.allclose(x, y, atol=1e-6), _close_pair, ("allclose",)),
+    "array_equal": Case(
+        lambda x, y: np.array_equal(x, y, equal_nan=True), _equal_pair, ("array_equal",)
+    ),
+    "argsort": Case(
+        lambda x: np.argsort(x, kind="stable"), lambda r: (_with_ties(r, (3, 4)),), ("argsort",)
+    ),
+    "argsort axis None": Case(
+        lambda x: np.argsort(x, axis=None, kind="stable"),
+        lambda r: (_with_ties(r, (3, 4)),),
+        ("argsort",),
+    ),
+    "argpartition": Case(
+        lambda x: np.take_along_axis(x, np.argpartition(x, 2, axis=0), axis=0),
+        lambda r: (r.normal(size=(5, 3)),),
+        ("argpartition",),
+    ),
+    "partition": Case(
+        lambda x: np.partition(x, (1, 3), axis=-1) * x,
+        lambda r: (r.normal(size=(3, 5)),),
+        ("partition_index",),
+        diff=True,
+    ),
+    "lexsort": Case(lambda x, y: np.lexsort((x, y)), _pair((6,), _with_ties), ("lexsort",)),
+    "searchsorted": Case(
+        lambda a, v: np.searchsorted(a, v, side="right"), _sorted_and_values, ("searchsorted",)
+    ),
+    "digitize": Case(lambda a, v: np.digitize(v, a), _sorted_and_values, ("digitize",)),
+    "histogram": Case(
+        lambda x: np.histogram(x, bins=np.linspace(-2, 2, 6))[0],
+        lambda r: (r.normal(size=(20,)),),
+        ("histogram_bin_index", "bincount_shifted"),
+    ),
+    "bincount": Case(lambda x: np.bincount(x, minlength=4), _counts, ("bincount",)),
+    "traced index": Case(
+        _traced_index, lambda r: (r.normal(size=(6,)),), ("dyn_getitem",), diff=True
+    ),
+    "traced write": Case(_traced_write, lambda r: (r.normal(size=(6,)),), ("dyn_setitem",)),
+    "traced rows": Case(
+        _traced_rows, lambda r: (r.normal(size=(3, 4)),), ("dyn_getitem",), diff=True
+    ),
+    "cho_solve": Case(
+        _cho, lambda r: (_spd(r, 4), r.normal(size=(4, 2))), ("cho_solve",), diff=True, tol=1e-10
+    ),
+    "solve pos": Case(
+        lambda a, b: sl.solve(a, b, assume_a="pos"),
+        lambda r: (_spd(r, 4), r.normal(size=(4,))),
+        ("pos_solve", "cho_factors"),
+        diff=True,
+        tol=1e-10,
+    ),
+    "lu_solve": Case(
+        _lu_solve,
+        lambda r: (r.normal(size=(4, 4)) + 4 * np.eye(4), r.normal(size=(4, 3))),
+        ("lu", "lu_solve_factors"),
+        diff=True,
+        tol=1e-10,
+    ),
+    "lu": Case(_lu_parts, lambda r: (r.normal(size=(3, 4)),), ("lu", "lu_permutation"), diff=True),
+    "eigh": Case(_eigh, lambda r: (_spd(r, 3),), ("scipy_eigh",), diff=True, tol=1e-9),
+    "eigh general": Case(
+        _eigh_general,
+        lambda r: (_spd(r, 3), _spd(r, 3)),
+        ("scipy_eigh_general",),
+        diff=True,
+        tol=1e-9,
+    ),
+    "expm": Case(
+        lambda a: sl.expm(a), lambda r: (0.5 * r.normal(size=(3, 3)),), ("expm",), diff=True
+    ),
+    "sqrtm": Case(lambda a: sl.sqrtm(a), lambda r: (_spd(r, 3),), ("sqrtm",), diff=True, tol=1e-9),
+    "logm": Case(lambda a: sl.logm(a), lambda r: (_spd(r, 3),), ("logm",), diff=True, tol=1e-9),
+    "solve_sylvester": Case(
+        lambda a, b: sl.solve_sylvester(a, b, a @ b),
+        lambda r: (_spd(r, 3), _spd(r, 3)),
+        ("solve_sylvester",),
+        diff=True,
+        tol=1e-9,
+    ),
+    "lyapunov": Case(
+        lambda a, q: (
+            sl.solve_continuous_lyapunov(a - 6 * np.eye(3), q)
+            + sl.solve_discrete_lyapunov(0.2 * a / np.abs(a).sum(), q)
+        ),
+        lambda r: (r.normal(size=(3, 3)), _spd(r, 3)),
+        ("solve_continuous_lyapunov", "solve_discrete_lyapunov"),
+        diff=True,
+        tol=1e-9,
+    ),
+    "fft": Case(
+        lambda x: np.abs(np.fft.fft(x, axis=0)) + np.real(np.fft.ifft(x, n=6, axis=0)[:4]),
+        lambda r: (r.normal(size=(4, 3)),),
+        ("fft", "real"),
+        diff=True,
+    ),
+    "rfft irfft": Case(
+        _spectral_product, lambda r: (r.normal(size=(6,)), r.normal(size=(6,))), ("fft",), diff=True
+    ),
+    "imag": Case(
+        lambda x: np.imag(np.fft.fft(x)) * x, lambda r: (r.normal(size=(5,)),), ("imag",), diff=True
+    ),
+    "convolve": Case(
+        lambda a, v: np.convolve(a, v) + np.convolve(a, v, "same")[:1].sum(),
+        lambda r: (r.normal(size=(5,)), r.normal(size=(3,))),
+        ("convolution",),
+        diff=True,
+    ),
+    "correlate valid": Case(
+        lambda a, v: np.correlate(a, v, "valid") + np.correlate(v, a, "same").sum(),
+        lambda r: (r.normal(size=(6,)), r.normal(size=(3,))),
+        ("convolution",),
+        diff=True,
+    ),
+    "signal convolve": Case(
+        lambda a, b: signal.convolve(a, b, mode="same", method="direct"),
+        lambda r: (r.normal(size=(5, 3)), r.normal(size=(2, 2))),
+        ("signal_convolve",),
+        diff=True,
+    ),
+    "signal convolve full": Case(
+        lambda a, b: signal.convolve(a, b, method="direct"),
+        lambda r: (r.normal(size=(5,)), r.normal(size=(3,))),
+        ("signal_convolve",),
+        diff=True,
+    ),
+    "lfilter": Case(
+        lambda x, b: signal.lfilter(b, [1.0, -0.5], x, axis=0),
+        lambda r: (r.normal(size=(6, 2)), r.normal(size=(3,))),
+        ("signal_lfilter",),
+        diff=True,
+    ),
+    "pad": Case(
+        lambda x: np.pad(x, ((1, 0), (2, 1)), constant_values=0.5) ** 2,
+        lambda r: (r.normal(size=(2, 3)),),
+        ("pad",),
+        diff=True,
+    ),
+    "logaddexp reduce": Case(
+        lambda x: np.logaddexp.reduce(x, axis=0) + np.logaddexp2.reduce(x, axis=None),
+        lambda r: (r.normal(size=(3, 4)),),
+        ("logaddexp_reduce",),
+        diff=True,
+    ),
+    "running maximum": Case(
+        lambda x: np.maximum.accumulate(x, axis=1) * np.minimum.accumulate(x, axis=0),
+        lambda r: (r.normal(size=(3, 4)),),
+        ("running_extreme",),
+        diff=True,
+    ),
+    "matvec": Case(
+        lambda a, v: np.matvec(a, v) + np.vecmat(v, a) + np.vecdot(v, v),
+        lambda r: (r.normal(size=(3, 3)), r.normal(size=(3,))),
+        ("matvec", "vecmat", "vecdot"),
+        diff=True,
+    ),
+    "discrete ppf": Case(
+        lambda q, mu: stats.poisson.ppf(q, mu),
+        lambda r: (r.uniform(0.05, 0.95, size=(4,)), r.uniform(1, 5, size=(4,))),
+        ("discrete_ppf",),
+    ),
+}
+
+
+def _stack(members, axis):
+    return np.stack(members, axis=axis)
+
+
+def _loop(f, members_per_arg, batched):
+    """The definition of vmap: f on each member (plain NumPy), the results stacked."""
+    size = len(next(m for m, b in zip(members_per_arg, batched) if b))
+    outs = [
+        f(*(m[i] if b else m[0] for m, b in zip(members_per_arg, batched))) for i in range(size)
+    ]
+    return np.stack([np.asarray(o) for o in outs])
+
+
+def _assert_same(got, want, tol):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if want.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def _batch(case, size, batched, axes, seed):
+    rng = np.random.default_rng(seed)
+    members = [case.draw(rng) for _ in range(size)]
+    per_arg = [[m[k] for m in members] for k in range(len(members[0]))]
+    args, in_axes = [], []
+    for k, (ms, b) in enumerate(zip(per_arg, batched)):
+        if b:
+            axis = axes[k] % (np.ndim(ms[0]) + 1)
+            args.append(_stack(ms, axis))
+            in_axes.append(axis)
+        else:
+            args.append(ms[0])
+            in_axes.append(None)
+    return per_arg, args, tuple(in_axes)
+
+
+@st.composite
+def _draws(draw):
+    name = draw(st.sampled_from(sorted(CASES)))
+    nargs = len(CASES[name].draw(np.random.default_rng(0)))
+    batched = draw(st.lists(st.booleans(), min_size=nargs, max_size=nargs).filter(any))
+    axes = draw(st.lists(st.integers(-3, 3), min_size=nargs, max_size=nargs))
+    return name, draw(st.integers(1, 4)), tuple(batched), axes, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_draws())
+def test_batched_equals_the_per_member_loop(drawn):
+    name, size, batched, axes, seed = drawn
+    case = CASES[name]
+    per_arg, args, in_axes = _batch(case, size, batched, axes, seed)
+    want = _loop(case.f, per_arg, batched)
+    _assert_same(gt.vmap(case.f, in_axes=in_axes)(*args), want, case.tol)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_case_uses_a_batching_rule(name):
+    """Each primitive a case exercises has its own batching rule (not the per-member loop)."""
+    for prim in CASES[name].primitives:
+        assert REGISTRY[prim].batch is not None, prim
+
+
+DIFF = sorted(n for n, c in CASES.items() if c.diff)
+
+
+def _member_grad(case, per_arg, batched, i):
+    member = [m[i] if b else m[0] for m, b in zip(per_arg, batched)]
+    return gt.grad(lambda *a: np.sum(case.f(*a)))(*member)
+
+
+@pytest.mark.parametrize("name", DIFF)
+@pytest.mark.parametrize("batched_rest", [True, False])
+def test_vmap_of_grad_and_grad_of_vmap(name, batched_rest):
+    case = CASES[name]
+    nargs = len(case.draw(np.random.default_rng(0)))
+    batched = (True,) + (batched_rest,) * (nargs - 1)
+    per_arg, args, in_axes = _batch(case, 3, batched, [1] * nargs, seed=7)
+    want = np.stack([_member_grad(case, per_arg, batched, i) for i in range(3)])
+    loss = lambda *a: np.sum(case.f(*a))  # noqa: E731
+    per_example = gt.vmap(gt.grad(loss), in_axes=in_axes)(*args)
+    _assert_same(per_example, want, max(case.tol, 1e-10))
+    # grad of vmap: the batch's total, differentiated in the batched first argument
+    total = gt.grad(lambda *a: np.sum(gt.vmap(case.f, in_axes=in_axes)(*a)))(*args)
+    _assert_same(np.moveaxis(total, in_axes[0], 0), want, max(case.tol, 1e-10))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_compiled_batch_equals_the_loop(name):
+    case = CASES[name]
+    nargs = len(case.draw(np.random.default_rng(0)))
+    batched = (True,) * nargs
+    compiled = gt.compile(gt.vmap(case.f), backend="numpy")
+    for seed in (1, 2):
+        per_arg, args, _ = _batch(case, 3, batched, [0] * nargs, seed)
+        _assert_same(compiled(*args), _loop(case.f, per_arg, batched), case.tol)
