@@ -11,7 +11,7 @@ jax.vmap is a second oracle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -44,40 +44,39 @@ def _with_nans(rng, shape):
 
 @dataclass
 class Case:
-    """f(*member) for members drawn by `draw(rng)`; `diff`: differentiable in argument 0."""
+    """f(*member) for members drawn by `draw(rng, n)` (n: a size, 2 to 5); `diff`:
+    differentiable in argument 0."""
 
     f: object
     draw: object
     primitives: tuple
     diff: bool = False
     tol: float = 1e-12
-    jax: object = None
-    kwargs: dict = field(default_factory=dict)
+    once: tuple = ()  # the arguments batched in the recording test (all when empty)
 
 
-def _pair(shape, gen=None):
-    gen = gen or (lambda rng, s: rng.normal(size=s))
-    return lambda rng: (gen(rng, shape), gen(rng, shape))
+def _pair(gen):
+    return lambda rng, n: (gen(rng, (n + 2,)), gen(rng, (n + 2,)))
 
 
-def _close_pair(rng):
-    x = rng.normal(size=(3, 4))
+def _close_pair(rng, n):
+    x = rng.normal(size=(3, n))
     y = x + rng.choice([0.0, 1e-9, 1e-3], size=x.shape)
     return x, y
 
 
-def _equal_pair(rng):
-    x = _with_nans(rng, (2, 3))
+def _equal_pair(rng, n):
+    x = _with_nans(rng, (2, n))
     return x, x.copy() if rng.random() < 0.6 else x + 1
 
 
-def _sorted_and_values(rng):
-    return np.sort(_with_ties(rng, (7,))), _with_ties(rng, (2, 3))
+def _sorted_and_values(rng, n):
+    return np.sort(_with_ties(rng, (n + 3,))), _with_ties(rng, (2, n))
 
 
-def _counts(rng):
-    x = rng.integers(0, 6, size=(9,))
-    x[rng.integers(9)] = 6  # every member has the same largest value
+def _counts(rng, n):
+    x = rng.integers(0, 6, size=(n + 5,))
+    x[rng.integers(n + 5)] = 6  # every member has the same largest value
     return (x,)
 
 
@@ -93,6 +92,40 @@ def _traced_write(x):
 
 def _traced_rows(x):
     return x[np.argmax(x[:, 0]), :] * np.sum(x[:, np.argmin(x[0])])
+
+
+def _traced_columns(x):
+    y = x * 1.0
+    y[1:, np.argmax(x[0])] = x[0, :1]
+    return x[:, np.argsort(x[0])] * x + y[::-1, np.argsort(x[1])[:2]].sum()
+
+
+def _traced_pairs(x):
+    return x[np.argmax(x, axis=0), np.arange(shape(x)[1])] + x[np.argsort(x[:, 0])][0]
+
+
+def _traced_apart(x):
+    y = np.stack([x, 2 * x, x * x])  # (3, 3, n)
+    return y[np.argmin(x[:, 0]), :, np.argmax(x[0])]
+
+
+def _traced_add_at(x):
+    y = np.zeros_like(x)
+    np.add.at(y, np.argsort(x[0]) % 3, x[0] * x[1])
+    return y
+
+
+def _masked_write(x):
+    y = x * 1.0
+    y[x > 0.3] = x[0] * 2
+    z = np.stack([x, x])
+    z[x[:2] > 0] = 1.5  # a mask of the leading axis: whole rows
+    np.add.at(y, x < 0, 1.0)
+    return y * z[0]
+
+
+def shape(x):
+    return np.shape(x) if not hasattr(x, "shape") else x.shape
 
 
 def _cho(a, b):
@@ -126,36 +159,36 @@ def _spectral_product(a, x):
 
 CASES = {
     "argmax axis None": Case(
-        lambda x: np.argmax(x), lambda r: (_with_ties(r, (3, 4)),), ("argmax",)
+        lambda x: np.argmax(x), lambda r, n: (_with_ties(r, (3, n)),), ("argmax",)
     ),
     "argmin axis 0 keepdims": Case(
         lambda x: np.argmin(x, axis=0, keepdims=True),
-        lambda r: (_with_ties(r, (3, 4)),),
+        lambda r, n: (_with_ties(r, (3, n)),),
         ("argmin",),
     ),
     "argmax keepdims None": Case(
-        lambda x: np.argmax(x, keepdims=True), lambda r: (_with_ties(r, (3, 4)),), ("argmax",)
+        lambda x: np.argmax(x, keepdims=True), lambda r, n: (_with_ties(r, (3, n)),), ("argmax",)
     ),
     "nanargmax": Case(
-        lambda x: np.nanargmax(x, axis=-1), lambda r: (_with_nans(r, (3, 4)),), ("nanargmax",)
+        lambda x: np.nanargmax(x, axis=-1), lambda r, n: (_with_nans(r, (3, n)),), ("nanargmax",)
     ),
     "nanargmin": Case(
-        lambda x: np.nanargmin(x), lambda r: (_with_nans(r, (3, 4)),), ("nanargmin",)
+        lambda x: np.nanargmin(x), lambda r, n: (_with_nans(r, (3, n)),), ("nanargmin",)
     ),
-    "any": Case(lambda x: np.any(x > 1.0, axis=1), lambda r: (r.normal(size=(3, 4)),), ("any",)),
+    "any": Case(lambda x: np.any(x > 1.0, axis=1), lambda r, n: (r.normal(size=(3, n)),), ("any",)),
     "all keepdims": Case(
         lambda x: np.all(x > -1.5, axis=(0, 1), keepdims=True),
-        lambda r: (r.normal(size=(3, 4)),),
+        lambda r, n: (r.normal(size=(3, n)),),
         ("all",),
     ),
     "all where": Case(
-        lambda x: np.all(x > -0.5, where=np.array([True, False, True, True])),
-        lambda r: (r.normal(size=(3, 4)),),
+        lambda x: np.all(x > -0.5, where=np.arange(x.shape[-1]) % 3 != 1),
+        lambda r, n: (r.normal(size=(3, n)),),
         ("all",),
     ),
     "count_nonzero": Case(
         lambda x: np.count_nonzero(x > 0) + np.count_nonzero(x > 0, axis=0),
-        lambda r: (r.normal(size=(3, 4)),),
+        lambda r, n: (r.normal(size=(3, n)),),
         ("count_nonzero",),
     ),
     "isclose": Case(lambda x, y: np.isclose(x, y), _close_pair, ("isclose",)),
@@ -164,159 +197,190 @@ CASES = {
         lambda x, y: np.array_equal(x, y, equal_nan=True), _equal_pair, ("array_equal",)
     ),
     "argsort": Case(
-        lambda x: np.argsort(x, kind="stable"), lambda r: (_with_ties(r, (3, 4)),), ("argsort",)
+        lambda x: np.argsort(x, kind="stable"), lambda r, n: (_with_ties(r, (3, n)),), ("argsort",)
     ),
     "argsort axis None": Case(
         lambda x: np.argsort(x, axis=None, kind="stable"),
-        lambda r: (_with_ties(r, (3, 4)),),
+        lambda r, n: (_with_ties(r, (3, n)),),
         ("argsort",),
     ),
     "argpartition": Case(
         lambda x: np.take_along_axis(x, np.argpartition(x, 2, axis=0), axis=0),
-        lambda r: (r.normal(size=(5, 3)),),
+        lambda r, n: (r.normal(size=(n + 1, 3)),),
         ("argpartition",),
     ),
     "partition": Case(
         lambda x: np.partition(x, (1, 3), axis=-1) * x,
-        lambda r: (r.normal(size=(3, 5)),),
+        lambda r, n: (r.normal(size=(3, n + 2)),),
         ("partition_index",),
         diff=True,
     ),
-    "lexsort": Case(lambda x, y: np.lexsort((x, y)), _pair((6,), _with_ties), ("lexsort",)),
+    "lexsort": Case(lambda x, y: np.lexsort((x, y)), _pair(_with_ties), ("lexsort",)),
     "searchsorted": Case(
-        lambda a, v: np.searchsorted(a, v, side="right"), _sorted_and_values, ("searchsorted",)
+        lambda a, v: np.searchsorted(a, v, side="right"),
+        _sorted_and_values,
+        ("searchsorted",),
+        once=(False, True),
     ),
-    "digitize": Case(lambda a, v: np.digitize(v, a), _sorted_and_values, ("digitize",)),
+    "digitize": Case(
+        lambda a, v: np.digitize(v, a), _sorted_and_values, ("digitize",), once=(False, True)
+    ),
     "histogram": Case(
         lambda x: np.histogram(x, bins=np.linspace(-2, 2, 6))[0],
-        lambda r: (r.normal(size=(20,)),),
+        lambda r, n: (r.normal(size=(5 * n,)),),
         ("histogram_bin_index", "bincount_shifted"),
     ),
     "bincount": Case(lambda x: np.bincount(x, minlength=4), _counts, ("bincount",)),
     "traced index": Case(
-        _traced_index, lambda r: (r.normal(size=(6,)),), ("dyn_getitem",), diff=True
+        _traced_index, lambda r, n: (r.normal(size=(n + 2,)),), ("dyn_getitem",), diff=True
     ),
-    "traced write": Case(_traced_write, lambda r: (r.normal(size=(6,)),), ("dyn_setitem",)),
+    "traced write": Case(_traced_write, lambda r, n: (r.normal(size=(n + 2,)),), ("dyn_setitem",)),
     "traced rows": Case(
-        _traced_rows, lambda r: (r.normal(size=(3, 4)),), ("dyn_getitem",), diff=True
+        _traced_rows, lambda r, n: (r.normal(size=(3, n)),), ("dyn_getitem",), diff=True
     ),
+    "traced columns": Case(
+        _traced_columns, lambda r, n: (r.normal(size=(3, n)),), ("dyn_getitem",), diff=True
+    ),
+    "traced pairs": Case(
+        _traced_pairs, lambda r, n: (r.normal(size=(3, n)),), ("dyn_getitem",), diff=True
+    ),
+    "traced apart": Case(
+        _traced_apart, lambda r, n: (r.normal(size=(3, n)),), ("dyn_getitem",), diff=True
+    ),
+    "traced add.at": Case(
+        _traced_add_at, lambda r, n: (r.normal(size=(3, n)),), ("dyn_scatter_add",)
+    ),
+    "masked write": Case(_masked_write, lambda r, n: (r.normal(size=(n,)),), ("where",)),
     "cho_solve": Case(
-        _cho, lambda r: (_spd(r, 4), r.normal(size=(4, 2))), ("cho_solve",), diff=True, tol=1e-10
+        _cho, lambda r, n: (_spd(r, n), r.normal(size=(n, 2))), ("cho_solve",), diff=True, tol=1e-10
     ),
     "solve pos": Case(
         lambda a, b: sl.solve(a, b, assume_a="pos"),
-        lambda r: (_spd(r, 4), r.normal(size=(4,))),
+        lambda r, n: (_spd(r, n), r.normal(size=(n,))),
         ("pos_solve", "cho_factors"),
         diff=True,
         tol=1e-10,
     ),
     "lu_solve": Case(
         _lu_solve,
-        lambda r: (r.normal(size=(4, 4)) + 4 * np.eye(4), r.normal(size=(4, 3))),
+        lambda r, n: (r.normal(size=(n, n)) + n * np.eye(n), r.normal(size=(n, 3))),
         ("lu", "lu_solve_factors"),
         diff=True,
         tol=1e-10,
     ),
-    "lu": Case(_lu_parts, lambda r: (r.normal(size=(3, 4)),), ("lu", "lu_permutation"), diff=True),
-    "eigh": Case(_eigh, lambda r: (_spd(r, 3),), ("scipy_eigh",), diff=True, tol=1e-9),
+    "lu": Case(
+        _lu_parts, lambda r, n: (r.normal(size=(3, n)),), ("lu", "lu_permutation"), diff=True
+    ),
+    "eigh": Case(_eigh, lambda r, n: (_spd(r, n),), ("scipy_eigh",), diff=True, tol=1e-9),
     "eigh general": Case(
         _eigh_general,
-        lambda r: (_spd(r, 3), _spd(r, 3)),
+        lambda r, n: (_spd(r, n), _spd(r, n)),
         ("scipy_eigh_general",),
         diff=True,
         tol=1e-9,
     ),
     "expm": Case(
-        lambda a: sl.expm(a), lambda r: (0.5 * r.normal(size=(3, 3)),), ("expm",), diff=True
+        lambda a: sl.expm(a), lambda r, n: (0.5 * r.normal(size=(n, n)),), ("expm",), diff=True
     ),
-    "sqrtm": Case(lambda a: sl.sqrtm(a), lambda r: (_spd(r, 3),), ("sqrtm",), diff=True, tol=1e-9),
-    "logm": Case(lambda a: sl.logm(a), lambda r: (_spd(r, 3),), ("logm",), diff=True, tol=1e-9),
+    "sqrtm": Case(
+        lambda a: sl.sqrtm(a), lambda r, n: (_spd(r, n),), ("sqrtm",), diff=True, tol=1e-9
+    ),
+    "logm": Case(lambda a: sl.logm(a), lambda r, n: (_spd(r, n),), ("logm",), diff=True, tol=1e-9),
     "solve_sylvester": Case(
         lambda a, b: sl.solve_sylvester(a, b, a @ b),
-        lambda r: (_spd(r, 3), _spd(r, 3)),
+        lambda r, n: (_spd(r, n), _spd(r, n)),
         ("solve_sylvester",),
         diff=True,
         tol=1e-9,
     ),
     "lyapunov": Case(
         lambda a, q: (
-            sl.solve_continuous_lyapunov(a - 6 * np.eye(3), q)
+            sl.solve_continuous_lyapunov(a - 6 * np.eye(len(a)), q)
             + sl.solve_discrete_lyapunov(0.2 * a / np.abs(a).sum(), q)
         ),
-        lambda r: (r.normal(size=(3, 3)), _spd(r, 3)),
+        lambda r, n: (r.normal(size=(n, n)), _spd(r, n)),
         ("solve_continuous_lyapunov", "solve_discrete_lyapunov"),
         diff=True,
         tol=1e-9,
     ),
     "fft": Case(
         lambda x: np.abs(np.fft.fft(x, axis=0)) + np.real(np.fft.ifft(x, n=6, axis=0)[:4]),
-        lambda r: (r.normal(size=(4, 3)),),
+        lambda r, n: (r.normal(size=(4, 3)),),
         ("fft", "real"),
         diff=True,
     ),
     "rfft irfft": Case(
-        _spectral_product, lambda r: (r.normal(size=(6,)), r.normal(size=(6,))), ("fft",), diff=True
+        _spectral_product,
+        lambda r, n: (r.normal(size=(n + 2,)), r.normal(size=(n + 2,))),
+        ("fft",),
+        diff=True,
     ),
     "imag": Case(
-        lambda x: np.imag(np.fft.fft(x)) * x, lambda r: (r.normal(size=(5,)),), ("imag",), diff=True
+        lambda x: np.imag(np.fft.fft(x)) * x,
+        lambda r, n: (r.normal(size=(5,)),),
+        ("imag",),
+        diff=True,
     ),
     "convolve": Case(
         lambda a, v: np.convolve(a, v) + np.convolve(a, v, "same")[:1].sum(),
-        lambda r: (r.normal(size=(5,)), r.normal(size=(3,))),
+        lambda r, n: (r.normal(size=(n,)), r.normal(size=(7 - n,))),
         ("convolution",),
         diff=True,
     ),
     "correlate valid": Case(
         lambda a, v: np.correlate(a, v, "valid") + np.correlate(v, a, "same").sum(),
-        lambda r: (r.normal(size=(6,)), r.normal(size=(3,))),
+        lambda r, n: (r.normal(size=(n + 2,)), r.normal(size=(n,))),
         ("convolution",),
         diff=True,
     ),
     "signal convolve": Case(
         lambda a, b: signal.convolve(a, b, mode="same", method="direct"),
-        lambda r: (r.normal(size=(5, 3)), r.normal(size=(2, 2))),
+        lambda r, n: (r.normal(size=(n + 1, 3)), r.normal(size=(2, 2))),
         ("signal_convolve",),
         diff=True,
+        once=(True, False),
     ),
     "signal convolve full": Case(
         lambda a, b: signal.convolve(a, b, method="direct"),
-        lambda r: (r.normal(size=(5,)), r.normal(size=(3,))),
+        lambda r, n: (r.normal(size=(n,)), r.normal(size=(7 - n,))),
         ("signal_convolve",),
         diff=True,
+        once=(True, False),
     ),
     "lfilter": Case(
         lambda x, b: signal.lfilter(b, [1.0, -0.5], x, axis=0),
-        lambda r: (r.normal(size=(6, 2)), r.normal(size=(3,))),
+        lambda r, n: (r.normal(size=(n + 2, 2)), r.normal(size=(3,))),
         ("signal_lfilter",),
         diff=True,
+        once=(True, False),
     ),
     "pad": Case(
         lambda x: np.pad(x, ((1, 0), (2, 1)), constant_values=0.5) ** 2,
-        lambda r: (r.normal(size=(2, 3)),),
+        lambda r, n: (r.normal(size=(2, n)),),
         ("pad",),
         diff=True,
     ),
     "logaddexp reduce": Case(
         lambda x: np.logaddexp.reduce(x, axis=0) + np.logaddexp2.reduce(x, axis=None),
-        lambda r: (r.normal(size=(3, 4)),),
+        lambda r, n: (r.normal(size=(3, n)),),
         ("logaddexp_reduce",),
         diff=True,
     ),
     "running maximum": Case(
         lambda x: np.maximum.accumulate(x, axis=1) * np.minimum.accumulate(x, axis=0),
-        lambda r: (r.normal(size=(3, 4)),),
+        lambda r, n: (r.normal(size=(3, n)),),
         ("running_extreme",),
         diff=True,
     ),
     "matvec": Case(
         lambda a, v: np.matvec(a, v) + np.vecmat(v, a) + np.vecdot(v, v),
-        lambda r: (r.normal(size=(3, 3)), r.normal(size=(3,))),
+        lambda r, n: (r.normal(size=(n, n)), r.normal(size=(n,))),
         ("matvec", "vecmat", "vecdot"),
         diff=True,
     ),
     "discrete ppf": Case(
         lambda q, mu: stats.poisson.ppf(q, mu),
-        lambda r: (r.uniform(0.05, 0.95, size=(4,)), r.uniform(1, 5, size=(4,))),
+        lambda r, n: (r.uniform(0.05, 0.95, size=(n,)), r.uniform(1, 5, size=(n,))),
         ("discrete_ppf",),
     ),
 }
@@ -344,9 +408,9 @@ def _assert_same(got, want, tol):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
-def _batch(case, size, batched, axes, seed):
+def _batch(case, size, batched, axes, seed, n=4):
     rng = np.random.default_rng(seed)
-    members = [case.draw(rng) for _ in range(size)]
+    members = [case.draw(rng, n) for _ in range(size)]
     per_arg = [[m[k] for m in members] for k in range(len(members[0]))]
     args, in_axes = [], []
     for k, (ms, b) in enumerate(zip(per_arg, batched)):
@@ -363,18 +427,19 @@ def _batch(case, size, batched, axes, seed):
 @st.composite
 def _draws(draw):
     name = draw(st.sampled_from(sorted(CASES)))
-    nargs = len(CASES[name].draw(np.random.default_rng(0)))
+    nargs = len(CASES[name].draw(np.random.default_rng(0), 4))
     batched = draw(st.lists(st.booleans(), min_size=nargs, max_size=nargs).filter(any))
     axes = draw(st.lists(st.integers(-3, 3), min_size=nargs, max_size=nargs))
-    return name, draw(st.integers(1, 4)), tuple(batched), axes, draw(st.integers(0, 2**16))
+    size, n, seed = draw(st.integers(1, 4)), draw(st.integers(2, 5)), draw(st.integers(0, 2**16))
+    return name, size, tuple(batched), axes, seed, n
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_draws())
 def test_batched_equals_the_per_member_loop(drawn):
-    name, size, batched, axes, seed = drawn
+    name, size, batched, axes, seed, n = drawn
     case = CASES[name]
-    per_arg, args, in_axes = _batch(case, size, batched, axes, seed)
+    per_arg, args, in_axes = _batch(case, size, batched, axes, seed, n)
     want = _loop(case.f, per_arg, batched)
     _assert_same(gt.vmap(case.f, in_axes=in_axes)(*args), want, case.tol)
 
@@ -398,7 +463,7 @@ def _member_grad(case, per_arg, batched, i):
 @pytest.mark.parametrize("batched_rest", [True, False])
 def test_vmap_of_grad_and_grad_of_vmap(name, batched_rest):
     case = CASES[name]
-    nargs = len(case.draw(np.random.default_rng(0)))
+    nargs = len(case.draw(np.random.default_rng(0), 4))
     batched = (True,) + (batched_rest,) * (nargs - 1)
     per_arg, args, in_axes = _batch(case, 3, batched, [1] * nargs, seed=7)
     want = np.stack([_member_grad(case, per_arg, batched, i) for i in range(3)])
@@ -413,9 +478,50 @@ def test_vmap_of_grad_and_grad_of_vmap(name, batched_rest):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiled_batch_equals_the_loop(name):
     case = CASES[name]
-    nargs = len(case.draw(np.random.default_rng(0)))
+    nargs = len(case.draw(np.random.default_rng(0), 4))
     batched = (True,) * nargs
     compiled = gt.compile(gt.vmap(case.f), backend="numpy")
     for seed in (1, 2):
         per_arg, args, _ = _batch(case, 3, batched, [0] * nargs, seed)
         _assert_same(compiled(*args), _loop(case.f, per_arg, batched), case.tol)
+
+
+# rules that rewrite their primitive as others (so it is not in the recorded program)
+REWRITTEN = {"allclose", "array_equal", "convolution", "lu_solve_factors"}
+
+
+def _recorded(case, size):
+    nargs = len(case.draw(np.random.default_rng(0), 4))
+    batched = case.once or (True,) * nargs
+    _, args, in_axes = _batch(case, size, batched, [0] * nargs, seed=3)
+    tape = gt.trace(gt.vmap(case.f, in_axes=in_axes), *args)
+    return [ins.prim.name for ins in tape.instructions]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_batch_is_recorded_once_whatever_its_size(name):
+    """No primitive runs once per member: the recorded program of a batch of 2 and of 5 is
+    the same list of primitives, and it holds each primitive the case is about."""
+    case = CASES[name]
+    small, large = _recorded(case, 2), _recorded(case, 5)
+    assert small == large
+    for prim in set(case.primitives) - REWRITTEN:
+        assert prim in small, (prim, small)
+
+
+def test_a_mask_that_differs_per_member_is_refused_clearly():
+    """x[mask] has as many elements as the member's mask selects: vmap refuses it with the
+    user's line and the np.where spelling (it once took the whole batch's mask as one
+    member's index)."""
+    x = np.random.default_rng(5).normal(size=(3, 4))
+    with pytest.raises(gt.GradtapeError, match=r"test_batching.py.*x\[mask\].*np.where"):
+        gt.vmap(lambda m: np.sum(m[m > 0]))(x)
+
+
+def test_grad_of_vmap_through_masked_writes():
+    """y[mask] = value under vmap is np.where of each member's mask: differentiable (the
+    gradient of each member's write, as gradtape gives it for the member alone)."""
+    x = np.random.default_rng(6).normal(size=(4, 5))
+    total = gt.grad(lambda xs: np.sum(gt.vmap(_masked_write)(xs) ** 2))(x)
+    member = gt.grad(lambda m: np.sum(_masked_write(m) ** 2))
+    _assert_same(total, np.stack([member(m) for m in x]), 1e-12)

@@ -14,11 +14,21 @@ import inspect
 
 import numpy as np
 
+from ..core import tracing
+from ..core.errors import GradtapeError
 from ..core.primitive import REGISTRY
 from ..core.tracing import loop_batch
 from . import indexing, statistics
 from ._util import dtype_of, ndim_of, shape_of
-from .batching import _advanced_apart, _axis, _batch_size, _full_batch, _lift
+from .batching import (
+    _advanced_apart,
+    _axis,
+    _batch_size,
+    _full_batch,
+    _getitem_batch,
+    _lift,
+    _write_batch,
+)
 
 _SIGNATURES: dict = {}
 
@@ -150,11 +160,14 @@ def lexsort_batch(prim, args, batched, axis):
 def partition_index_batch(prim, args, batched, kth, axis):
     """The positions of np.partition's arrangement: np.argpartition's, for each member whose
     arrangement is np.partition's (the primitive falls back to a matching of sorted orders
-    for a member whose is not; such a batch, or one of traced values, runs per member)."""
+    for a member whose is not: such a batch runs per member). Traced values (a compiled
+    program) are one call on the batch: where the whole batch's check fails, each member's
+    positions come from the matching of sorted orders, which picks the same values (a tie
+    may send its gradient to another of the equal elements)."""
     (a,) = args
+    moved = _axis(axis, ndim_of(a) - 1)
     if type(a) is not np.ndarray:
-        return loop_batch(prim, args, batched, kth=kth, axis=axis)
-    moved = _axis(axis, a.ndim - 1)
+        return prim(a, kth=kth, axis=moved)
     index = np.argpartition(a, kth, axis=moved)
     got = np.take_along_axis(a, index, axis=moved)
     expected = np.partition(a, kth, axis=moved)
@@ -166,12 +179,46 @@ def partition_index_batch(prim, args, batched, kth, axis):
 
 # --- searchsorted, digitize, histogram bins ---------------------------------------------------
 def searchsorted_batch(prim, args, batched, **params):
-    """np.searchsorted(a, v): one sorted `a` for the whole batch of values `v` (a batched `a`
-    runs per member)."""
+    """np.searchsorted(a, v): one sorted `a` for the whole batch of values `v` is one call; a
+    batched `a` is searched by a binary search of every member's values at once."""
     call, names = _named_call(prim, args, batched, params)
-    if names != {"v"}:
+    if names == {"v"}:
+        return prim(call.pop("a"), call.pop("v"), **call)
+    if "sorter" in names:
         return loop_batch(prim, args, batched, **params)
-    return prim(call.pop("a"), call.pop("v"), **call)
+    a, v = call["a"], call["v"]
+    if ndim_of(a) != 2 or dtype_of(a).kind not in "iubf" or dtype_of(v).kind not in "iubf":
+        return loop_batch(prim, args, batched, **params)
+    if call.get("sorter") is not None:
+        a = np.take_along_axis(a, _full_batch(call["sorter"], False, shape_of(a)[0]), axis=1)
+    return _binary_search(a, v, "v" in names, call.get("side", "left") == "right")
+
+
+def _before(x, y):
+    """x < y in NumPy's sort order (NaN after every number)."""
+    if dtype_of(x).kind != "f" and dtype_of(y).kind != "f":
+        return x < y
+    return (x < y) | (np.isnan(y) & ~np.isnan(x))
+
+
+def _binary_search(a, v, v_batched: bool, right: bool):
+    """NumPy's binary search (the first index whose element is not before v, or, for the
+    right side, after v) in each member's sorted row of `a` (batch, n), for each of the
+    member's values `v`, all members at once: ceil(log2(n + 1)) steps of gathers."""
+    size, n = shape_of(a)
+    values = np.reshape(v, (size, -1)) if v_batched else np.reshape(v, (1, -1))
+    values = np.broadcast_to(values, (size, shape_of(values)[1]))
+    lo = np.zeros(shape_of(values), np.intp)
+    hi = np.full(shape_of(values), n, np.intp)
+    for _ in range(int(n).bit_length()):
+        mid = (lo + hi) // 2
+        probe = np.take_along_axis(a, np.minimum(mid, max(n - 1, 0)), axis=1)
+        go_right = ~_before(values, probe) if right else _before(probe, values)
+        open_ = lo < hi
+        lo = np.where(open_ & go_right, mid + 1, lo)
+        hi = np.where(open_ & ~go_right, mid, hi)
+    member = shape_of(v)[1:] if v_batched else shape_of(v)
+    return np.reshape(lo, (size,) + tuple(member))
 
 
 def digitize_batch(prim, args, batched, **params):
@@ -189,35 +236,47 @@ def bin_index_batch(prim, args, batched):
     return prim(*args)
 
 
+def _row_offsets(x, width: int):
+    """Each member's row number times `width`, shaped to broadcast against x (batch first)."""
+    size = shape_of(x)[0]
+    return np.reshape(np.arange(size) * width, (size,) + (1,) * (ndim_of(x) - 1))
+
+
 def bincount_batch(prim, args, batched, minlength):
-    """np.bincount(x, weights, minlength) of each member's x, with one length for all: the
-    members' values shifted into disjoint ranges and counted at once (each bin adds the same
-    weights in the same order as the member alone)."""
+    """np.bincount(x, weights, minlength) of each member's x, with one length for all (the
+    function that binds it makes minlength exceed every value): the members' values shifted
+    into disjoint ranges and counted at once (each bin adds the same weights in the same
+    order as the member alone)."""
     x, weights = args
-    if type(x) is not np.ndarray or batched[1] or (x.size and x.max() >= minlength):
+    concrete = type(x) is np.ndarray
+    if batched[1] or (concrete and x.size and (x.max() >= minlength or x.min() < 0)):
         return loop_batch(prim, args, batched, minlength=minlength)
-    size = x.shape[0]
-    shifted = x + np.arange(size).reshape((size,) + (1,) * (x.ndim - 1)) * minlength
-    w = None if weights is None else np.broadcast_to(weights, x.shape).ravel()
-    counts = np.bincount(shifted.ravel(), w, minlength=size * minlength)
-    return counts.reshape(size, minlength)
+    size = shape_of(x)[0]
+    shifted = np.ravel(x + _row_offsets(x, minlength))
+    w = None if weights is None else np.ravel(np.broadcast_to(weights, shape_of(x)))
+    return np.reshape(prim(shifted, w, minlength=size * minlength), (size, minlength))
 
 
 def bincount_shifted_batch(prim, args, batched, minlength):
-    """Counts of idx + 1 below minlength (idx >= -1), each member's in its own row."""
+    """Counts of idx + 1 below minlength (the histograms' bin indices, -1 outside every bin),
+    each member's in its own row: what a member drops (idx + 1 >= minlength) goes to one
+    more column of its row, cut off at the end."""
     (idx,) = args
-    if type(idx) is not np.ndarray or (idx.size and idx.min() < -1):
+    if type(idx) is np.ndarray and idx.size and idx.min() < -1:
         return loop_batch(prim, args, batched, minlength=minlength)
-    size, width = idx.shape[0], minlength + 1  # the last column takes what the member drops
-    shifted = np.minimum(idx + 1, minlength)
-    shifted = shifted + np.arange(size).reshape((size,) + (1,) * (idx.ndim - 1)) * width
-    counts = np.bincount(shifted.ravel(), minlength=size * width).astype(np.intp)
-    return counts.reshape(size, width)[:, :minlength]
+    size, width = shape_of(idx)[0], minlength + 1
+    shifted = np.minimum(idx + 1, minlength) + _row_offsets(idx, width)
+    counts = prim(np.ravel(shifted) - 1, minlength=size * width)
+    return np.reshape(counts, (size, width))[:, :minlength]
 
 
 # --- indexing with traced integers ------------------------------------------------------------
-def _probe_index(template, positions) -> tuple:
-    return indexing._fill(template, positions, [0] * len(positions))
+def _probe_index(template, positions, iv, iv_batched) -> tuple:
+    """A member's index with zeros of each traced integer's shape: its arrangement."""
+    probes = [
+        np.zeros(shape_of(v)[1:] if b else shape_of(v), np.intp) for v, b in zip(iv, iv_batched)
+    ]
+    return indexing._fill(template, positions, [int(p) if not p.ndim else p for p in probes])
 
 
 def _gather(template, positions, iv, iv_batched, size: int) -> tuple:
@@ -226,15 +285,45 @@ def _gather(template, positions, iv, iv_batched, size: int) -> tuple:
     common number of axes and the arange to one more, so that each member's integers
     broadcast as they would alone; NumPy puts the broadcast axes (the batch first) in front."""
     nd = max(ndim_of(v) - b for v, b in zip(iv, iv_batched))
+    nd = max([nd] + [p.ndim for p in template if isinstance(p, np.ndarray)])
     rows = np.arange(size).reshape((size,) + (1,) * nd)
     lifted = tuple(_lift(v, nd) if b else v for v, b in zip(iv, iv_batched))
     return (rows,) + tuple(template), tuple(p + 1 for p in positions), lifted
 
 
-def _mixed_index(template) -> bool:
-    """Whether a template holds array indices (then a per-member integer index changes where
-    NumPy puts the indexed axes)."""
-    return any(isinstance(p, np.ndarray) for p in template)
+def _gather_reorders(template, positions, iv, iv_batched) -> bool:
+    """Whether a leading per-member index would move the indexed axes elsewhere than behind
+    the batch axis: NumPy puts the axes of a member's array indices where the first of them
+    is when they are adjacent, and in front otherwise. So the gather keeps each member's
+    arrangement when its array indices are apart or start the index (a boolean mask, which
+    stands for several index arrays, is not handled)."""
+    parts = _probe_index(template, positions, iv, iv_batched)
+    if not any(isinstance(p, np.ndarray) for p in parts):
+        return False
+    if any(isinstance(p, np.ndarray) and p.dtype == bool for p in parts):
+        return True
+    return not _advanced_apart(parts) and not _is_advanced(parts[0])
+
+
+def _leading_slices_as_ranges(template, positions, iv, iv_batched, member_shape):
+    """The template with the slices before its (adjacent) array indices spelled as ranges
+    over their axes, shaped to broadcast in front of the arrays' axes: the member's result
+    is the same, and the index then starts with an array (None: the index has a None or
+    an Ellipsis there, or no slices only before its arrays)."""
+    parts = _probe_index(template, positions, iv, iv_batched)
+    first = next(k for k, p in enumerate(parts) if _is_advanced(p))
+    if not all(isinstance(p, slice) for p in parts[:first]) or first > len(member_shape):
+        return None
+    k = max(np.ndim(p) for p in parts if _is_advanced(p))
+    ranges = tuple(
+        np.arange(*parts[a].indices(member_shape[a])).reshape((-1,) + (1,) * (first - a - 1 + k))
+        for a in range(first)
+    )
+    return ranges + tuple(template)[first:]
+
+
+def _is_advanced(part) -> bool:
+    return isinstance(part, (np.ndarray, int, np.integer)) and not isinstance(part, bool)
 
 
 def dyn_getitem_batch(prim, args, batched, template, positions):
@@ -243,21 +332,24 @@ def dyn_getitem_batch(prim, args, batched, template, positions):
     size = _batch_size(args, batched)
     x, iv = args[0], args[1:]
     if not any(batched[1:]):
-        if _advanced_apart(_probe_index(template, positions)):
+        if _advanced_apart(_probe_index(template, positions, iv, batched[1:])):
             return loop_batch(prim, args, batched, template=template, positions=positions)
         shifted = tuple(p + 1 for p in positions)
         return prim(x, *iv, template=(slice(None),) + tuple(template), positions=shifted)
-    if _mixed_index(template):
-        return loop_batch(prim, args, batched, template=template, positions=positions)
+    if _gather_reorders(template, positions, iv, batched[1:]):
+        member_shape = shape_of(x)[1:] if batched[0] else shape_of(x)
+        spelled = _leading_slices_as_ranges(template, positions, iv, batched[1:], member_shape)
+        if spelled is None:
+            return loop_batch(prim, args, batched, template=template, positions=positions)
+        template = spelled
     gather, shifted, iv = _gather(template, positions, iv, batched[1:], size)
     return prim(_full_batch(x, batched[0], size), *iv, template=gather, positions=shifted)
 
 
-def _target_ndim(member_shape: tuple, template, positions) -> int | None:
-    """The number of axes of a member's x[idx] (None: the index does not fit)."""
+def _target_ndim(member_shape: tuple, index: tuple) -> int | None:
+    """The number of axes of a member's x[index] (None: the index does not fit)."""
     try:
-        probe = np.broadcast_to(np.zeros((), np.int8), member_shape)
-        return probe[_probe_index(template, positions)].ndim
+        return np.broadcast_to(np.zeros((), np.int8), member_shape)[index].ndim
     except IndexError:
         return None
 
@@ -269,13 +361,14 @@ def dyn_write_batch(prim, args, batched, template, positions):
     x, v, iv = args[0], args[1], args[2:]
     member_shape = shape_of(x)[1:] if batched[0] else shape_of(x)
     iv_batched = any(batched[2:])
-    nd = _target_ndim(member_shape, template, positions)
-    if (
-        nd is None
-        or (not iv_batched and _advanced_apart(_probe_index(template, positions)))
-        or (iv_batched and _mixed_index(template))
-    ):
+    probe = _probe_index(template, positions, iv, batched[2:])
+    nd = _target_ndim(member_shape, probe)
+    spelled = template
+    if iv_batched and nd is not None and _gather_reorders(template, positions, iv, batched[2:]):
+        spelled = _leading_slices_as_ranges(template, positions, iv, batched[2:], member_shape)
+    if nd is None or spelled is None or (not iv_batched and _advanced_apart(probe)):
         return loop_batch(prim, args, batched, template=template, positions=positions)
+    template = spelled
     x = _full_batch(x, batched[0], size)
     v = _lift(v, nd) if batched[1] else v
     if iv_batched:
@@ -283,6 +376,106 @@ def dyn_write_batch(prim, args, batched, template, positions):
     else:
         full, shifted = (slice(None),) + tuple(template), tuple(p + 1 for p in positions)
     return prim(x, v, *iv, template=full, positions=shifted)
+
+
+def _members_in(idx, level) -> list:
+    """Which parts of a static index are members of the batch being mapped."""
+    return [type(p) is tracing.Tracer and p._level is level for p in idx]
+
+
+def _mask_refusal(what: str) -> GradtapeError:
+    return GradtapeError(
+        f"{tracing.user_source_line()}: vmap: {what} with a boolean mask that is a member of "
+        "the batch: the number of elements it selects may differ between members, and a "
+        "batch needs one shape. Write np.where(mask, value, x) for x[mask] = value, or "
+        "np.sum(np.where(mask, x, 0)) for a sum over x[mask]."
+    )
+
+
+def _integer_index(idx, level, mine: list):
+    """(template, positions, integers, batched) of a static index holding traced integers
+    (a derivative rule's write at the index it was given; np.add.at's indices)."""
+    positions = tuple(k for k, p in enumerate(idx) if type(p) is tracing.Tracer)
+    template = tuple(indexing._SLOT if k in positions else p for k, p in enumerate(idx))
+    values = [idx[k]._value if mine[k] else idx[k] for k in positions]
+    return template, positions, values, [mine[k] for k in positions]
+
+
+def _mask_write(prim, args, batched, mask):
+    """x[mask] = v (x[mask] += v) with one value v per member: np.where of the mask."""
+    x, v = args
+    size = _batch_size(args, batched)
+    x = _full_batch(x, batched[0], size)
+    nd = ndim_of(x) - 1
+    # a mask of the leading axes selects whole sub-arrays: its axes first, ones after
+    m = np.reshape(mask, shape_of(mask) + (1,) * (nd + 1 - ndim_of(mask)))
+    v = _lift(v, nd) if batched[1] else v
+    written = x + v if prim is indexing.scatter_add_p else v
+    return np.where(m, written, x)
+
+
+def _static_write_batch(dynamic_prim):
+    """The rule of x[idx] = v (x[idx] += v) whose static index may hold members of the batch
+    (derivative rules write at the index they were given; np.add.at's indices): traced
+    integers go to the rule of the primitive with traced integers, a boolean mask written
+    with one value per member to np.where; other indices to the rule of static indexing."""
+
+    def rule(prim, args, batched, idx):
+        level = tracing.batching_level()
+        mine = _members_in(idx, level)
+        if not any(mine):
+            return _write_batch(prim, args, batched, idx=idx)
+        kinds = {dtype_of(p).kind for p, m in zip(idx, mine) if m}
+        if "b" in kinds:
+            value_ndim = ndim_of(args[1]) - batched[1]
+            if len(idx) != 1 or value_ndim:
+                raise _mask_refusal("a write x[mask] = values")
+            return _mask_write(prim, args, batched, idx[0]._value)
+        template, positions, values, flags = _integer_index(idx, level, mine)
+        return dyn_write_batch(
+            dynamic_prim,
+            (*args, *values),
+            (*batched, *flags),
+            template=template,
+            positions=positions,
+        )
+
+    return rule
+
+
+def _masked_read_per_member(prim, args, batched, idx, mine):
+    """x[mask] for each member with its own mask: members that select as many elements
+    stack; otherwise the batch has no shape, which is refused clearly."""
+    (x,) = args
+    size = _batch_size(args, batched) if batched[0] else shape_of(idx[mine.index(True)]._value)[0]
+    results = [
+        prim(
+            x[i] if batched[0] else x, idx=tuple(p._value[i] if m else p for p, m in zip(idx, mine))
+        )
+        for i in range(size)
+    ]
+    if len({shape_of(r) for r in results}) > 1:
+        raise _mask_refusal("x[mask]")
+    return np.stack(results)
+
+
+def _static_read_batch(prim, args, batched, idx):
+    """x[idx] whose static index may hold members of the batch: traced integers go to the
+    rule of dyn_getitem; a boolean mask is refused (its selection's length is the member's)."""
+    level = tracing.batching_level()
+    mine = _members_in(idx, level)
+    if not any(mine):
+        return _getitem_batch(prim, args, batched, idx=idx)
+    if any(dtype_of(p).kind == "b" for p, m in zip(idx, mine) if m):
+        return _masked_read_per_member(prim, args, batched, idx, mine)
+    template, positions, values, flags = _integer_index(idx, level, mine)
+    return dyn_getitem_batch(
+        indexing.dyn_getitem_p,
+        (args[0], *values),
+        (batched[0], *flags),
+        template=template,
+        positions=positions,
+    )
 
 
 def linalg_all_real_batch(prim, args, batched):
@@ -314,3 +507,6 @@ def declare() -> None:
     statistics._bincount_p.batch = bincount_shifted_batch
     indexing.dyn_getitem_p.batch = dyn_getitem_batch
     indexing.dyn_setitem_p.batch = indexing.dyn_scatter_add_p.batch = dyn_write_batch
+    indexing.getitem_p.batch = _static_read_batch
+    indexing.setitem_p.batch = _static_write_batch(indexing.dyn_setitem_p)
+    indexing.scatter_add_p.batch = _static_write_batch(indexing.dyn_scatter_add_p)
