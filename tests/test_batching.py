@@ -525,3 +525,16 @@ def test_grad_of_vmap_through_masked_writes():
     total = gt.grad(lambda xs: np.sum(gt.vmap(_masked_write)(xs) ** 2))(x)
     member = gt.grad(lambda m: np.sum(_masked_write(m) ** 2))
     _assert_same(total, np.stack([member(m) for m in x]), 1e-12)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["traced index", "histogram", "convolve", "pad", "cho_solve"])
+def test_native_compiled_batch_equals_the_loop(name):
+    """The batched program through the numba backend: the rules' output is ordinary
+    primitives, fused or run between kernels like any other."""
+    case = CASES[name]
+    nargs = len(case.draw(np.random.default_rng(0), 4))
+    compiled = gt.compile(gt.vmap(case.f), backend="numba")
+    for seed in (1, 2, 3):
+        per_arg, args, _ = _batch(case, 3, (True,) * nargs, [0] * nargs, seed)
+        _assert_same(compiled(*args), _loop(case.f, per_arg, (True,) * nargs), case.tol)
