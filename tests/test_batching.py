@@ -11,6 +11,7 @@ jax.vmap is a second oracle.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from gradtape.core.primitive import REGISTRY
 sl = pytest.importorskip("scipy.linalg")
 signal = pytest.importorskip("scipy.signal")
 stats = pytest.importorskip("scipy.stats")
+special = pytest.importorskip("scipy.special")
 
 
 def _spd(rng, n):
@@ -378,6 +380,18 @@ CASES = {
         ("matvec", "vecmat", "vecdot"),
         diff=True,
     ),
+    "spence": Case(
+        lambda x: special.spence(x) * x,
+        lambda r, n: (np.where(r.random(n) < 0.3, 1.0, r.uniform(0.5, 2.0, n)),),
+        ("spence",),
+        diff=True,
+    ),
+    "eig of a symmetric matrix": Case(
+        lambda a: np.sort(np.linalg.eig(a).eigenvalues),
+        lambda r, n: (_spd(r, n),),
+        ("eig", "linalg_all_real"),
+        tol=1e-9,
+    ),
     "discrete ppf": Case(
         lambda q, mu: stats.poisson.ppf(q, mu),
         lambda r, n: (r.uniform(0.05, 0.95, size=(n,)), r.uniform(1, 5, size=(n,))),
@@ -424,6 +438,18 @@ def _batch(case, size, batched, axes, seed, n=4):
     return per_arg, args, tuple(in_axes)
 
 
+@contextlib.contextmanager
+def _without_rules(names):
+    saved = {n: REGISTRY[n].batch for n in names}
+    try:
+        for n in names:
+            REGISTRY[n].batch = None
+        yield
+    finally:
+        for n, rule in saved.items():
+            REGISTRY[n].batch = rule
+
+
 @st.composite
 def _draws(draw):
     name = draw(st.sampled_from(sorted(CASES)))
@@ -441,7 +467,10 @@ def test_batched_equals_the_per_member_loop(drawn):
     case = CASES[name]
     per_arg, args, in_axes = _batch(case, size, batched, axes, seed, n)
     want = _loop(case.f, per_arg, batched)
-    _assert_same(gt.vmap(case.f, in_axes=in_axes)(*args), want, case.tol)
+    got = gt.vmap(case.f, in_axes=in_axes)(*args)
+    _assert_same(got, want, case.tol)
+    with _without_rules(case.primitives):  # the fallback: each primitive once per member
+        _assert_same(got, gt.vmap(case.f, in_axes=in_axes)(*args), case.tol)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -487,7 +516,7 @@ def test_compiled_batch_equals_the_loop(name):
 
 
 # rules that rewrite their primitive as others (so it is not in the recorded program)
-REWRITTEN = {"allclose", "array_equal", "convolution", "lu_solve_factors"}
+REWRITTEN = {"allclose", "array_equal", "convolution", "lu_solve_factors", "linalg_all_real"}
 
 
 def _recorded(case, size):
