@@ -567,3 +567,20 @@ def test_native_compiled_batch_equals_the_loop(name):
     for seed in (1, 2, 3):
         per_arg, args, _ = _batch(case, 3, (True,) * nargs, [0] * nargs, seed)
         _assert_same(compiled(*args), _loop(case.f, per_arg, (True,) * nargs), case.tol)
+
+
+@pytest.mark.parametrize(
+    "name", ["traced pairs", "searchsorted", "cho_solve", "convolve", "argsort", "histogram"]
+)
+def test_vmap_of_vmap_is_a_grid_of_members(name):
+    """Nested maps: each level's rule batches its own axis (the inner level's integers and
+    indices are constants of the outer level's rule)."""
+    case = CASES[name]
+    nargs = len(case.draw(np.random.default_rng(0), 4))
+    rng = np.random.default_rng(21)
+    grid = [[case.draw(rng, 4) for _ in range(3)] for _ in range(2)]
+    args = [
+        np.stack([np.stack([row[j][k] for j in range(3)]) for row in grid]) for k in range(nargs)
+    ]
+    want = np.stack([np.stack([np.asarray(case.f(*member)) for member in row]) for row in grid])
+    _assert_same(gt.vmap(gt.vmap(case.f))(*args), want, case.tol)

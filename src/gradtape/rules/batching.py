@@ -241,8 +241,8 @@ def declare() -> None:
     shape.broadcast_p.batch = _broadcast_batch
     shape.concatenate_p.batch = _concatenate_batch
     shape.full_like_p.batch = _full_like_batch
-    indexing.getitem_p.batch = _getitem_batch
-    indexing.setitem_p.batch = indexing.scatter_add_p.batch = _write_batch
+    # static indexing and writes (_getitem_batch, _write_batch) are given by batching_search,
+    # whose rules first take out the index's parts that are members of the batch
     linalg.matmul_p.batch = _matmul_batch
     linalg.einsum_p.batch = _einsum_batch
     linalg.solve_p.batch = _solve_batch
