@@ -227,6 +227,12 @@ CASES = {
     "digitize": Case(
         lambda a, v: np.digitize(v, a), _sorted_and_values, ("digitize",), once=(False, True)
     ),
+    "digitize decreasing": Case(
+        lambda a, v: np.digitize(v, a[::-1], right=True),
+        _sorted_and_values,
+        ("digitize",),
+        once=(False, True),
+    ),
     "histogram": Case(
         lambda x: np.histogram(x, bins=np.linspace(-2, 2, 6))[0],
         lambda r, n: (r.normal(size=(5 * n,)),),
@@ -584,3 +590,37 @@ def test_vmap_of_vmap_is_a_grid_of_members(name):
     ]
     want = np.stack([np.stack([np.asarray(case.f(*member)) for member in row]) for row in grid])
     _assert_same(gt.vmap(gt.vmap(case.f))(*args), want, case.tol)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(0, 8),
+    st.integers(0, 5),
+    st.sampled_from(["float", "int", "nan"]),
+    st.integers(0, 2**16),
+)
+def test_searches_of_batched_sorted_arrays(size, n, m, kind, seed):
+    """np.searchsorted and np.digitize of each member's own sorted array: NumPy's binary
+    search (ties, NaN sorted last, integers, empty arrays), both sides, both directions."""
+    rng = np.random.default_rng(seed)
+    a = np.round(rng.normal(size=(size, n)), 1)
+    if kind == "int":
+        a = rng.integers(-3, 3, size=(size, n))
+    elif kind == "nan" and n:
+        a[:, -1] = np.nan
+    a = np.sort(a, axis=1)
+    v = np.round(rng.normal(size=(size, m)), 1)
+    if m > 1 and n:
+        v[:, 0], v[:, 1] = a[:, 0], np.nan
+    for side in ("left", "right"):
+        got = gt.vmap(lambda a, v: np.searchsorted(a, v, side=side))(a, v)
+        want = [np.searchsorted(a[i], v[i], side=side) for i in range(size)]
+        _assert_same(got, np.stack(want), 0)
+    if kind == "nan" or not n:
+        return  # np.digitize wants monotonic bins
+    for bins in (a, a[:, ::-1]):
+        for right in (False, True):
+            got = gt.vmap(lambda b: np.digitize(v[0], b, right=right))(bins)
+            want = [np.digitize(v[0], bins[i], right=right) for i in range(size)]
+            _assert_same(got, np.stack(want), 0)

@@ -222,11 +222,26 @@ def _binary_search(a, v, v_batched: bool, right: bool):
 
 
 def digitize_batch(prim, args, batched, **params):
-    """np.digitize(x, bins): one `bins` for the whole batch of `x` (batched bins: per member)."""
+    """np.digitize(x, bins): one `bins` for the whole batch of `x` is one call; batched
+    increasing (decreasing) bins are NumPy's search of each member's bins (reversed), all
+    members at once. Bins whose direction differs between members run per member."""
     call, names = _named_call(prim, args, batched, params)
-    if names != {"x"}:
+    if names == {"x"}:
+        return prim(call.pop("x"), call.pop("bins"), **call)
+    bins, x = call["bins"], call["x"]
+    kinds = dtype_of(bins).kind + dtype_of(x).kind
+    if type(bins) is not np.ndarray or bins.ndim != 2 or set(kinds) - set("iubf"):
         return loop_batch(prim, args, batched, **params)
-    return prim(call.pop("x"), call.pop("bins"), **call)
+    steps = np.diff(bins, axis=1)
+    right = bool(call.get("right", False))
+    increasing = np.all(steps >= 0, axis=1)  # (NumPy counts constant bins as increasing)
+    if np.all(increasing):  # NumPy: searchsorted(bins, x, side="left" if right else "right")
+        return _binary_search(bins, x, "x" in names, not right)
+    if not np.any(increasing) and np.all(steps <= 0):
+        # NumPy: len(bins) - searchsorted(bins[::-1], x, side=...)
+        found = _binary_search(bins[:, ::-1], x, "x" in names, not right)
+        return bins.shape[1] - found
+    return loop_batch(prim, args, batched, **params)
 
 
 def bin_index_batch(prim, args, batched):
