@@ -624,3 +624,16 @@ def test_searches_of_batched_sorted_arrays(size, n, m, kind, seed):
             got = gt.vmap(lambda b: np.digitize(v[0], b, right=right))(bins)
             want = [np.digitize(v[0], bins[i], right=right) for i in range(size)]
             _assert_same(got, np.stack(want), 0)
+
+
+def test_an_index_argument_of_each_member_is_never_the_whole_batch():
+    """A NumPy function that needs a concrete index (np.delete's positions, np.partition's
+    kth) given a member of the batch: the members' common value, or a clear error when they
+    differ (it once took the whole batch's values as one member's index: wrong numbers)."""
+    x = np.array([[3.0, 1.0, 2.0, 0.0], [0.0, 5.0, 1.0, 2.0], [1.0, 0.0, 4.0, 3.0]])
+    kth_of_all = lambda r: np.partition(r, np.argmax(r * 0) + 2)  # noqa: E731
+    _assert_same(gt.vmap(kth_of_all)(x), _loop(kth_of_all, [list(x)], [True]), 0)
+    with pytest.raises(gt.GradtapeError, match="differs across the batch"):
+        gt.vmap(lambda r: np.delete(r, np.argmax(r)))(x)
+    with pytest.raises(gt.GradtapeError, match="differs across the batch"):
+        gt.vmap(lambda r: np.partition(r, np.argmax(r) % 2 + 1))(x)

@@ -40,8 +40,8 @@ def _concrete(x, kind="value"):
     while type(x) is trace.Tracer:
         if x._level.batch_size is not None:
             # a member of a vmap batch: one value for every member (or a clear error), never
-            # the whole batch's values taken as one member's index
-            return np.asarray(x)
+            # the whole batch's values taken as one member's
+            return np.asarray(x.tolist(), dtype=x.dtype)
         x._level.add_guard(x._var, kind, np.array(_innermost(x)))
         x = x._value
     return x
@@ -64,6 +64,9 @@ def normalize_index(idx) -> tuple:
                 raise IndexError(
                     f"arrays used as indices must be of integer or boolean type, not {i.dtype}"
                 )
+            if i._level.batch_size is not None:  # each member's own: the batching rules
+                out.append(i)  # of indexing take it out of the index
+                continue
             i = _concrete(i)
         if isinstance(i, (bool, np.bool_)):
             out.append(np.asarray(i))
