@@ -55,6 +55,9 @@ class Method:
     """Tolerance of the check against the hand gradient (relative to the largest entry)."""
     needs_variant: str | None = None
     """Run only on workloads with a variant for this system (a comparison meaningless elsewhere)."""
+    interleaved_with: str | None = None
+    """Another method this one is compared with: where both run, their samples are taken in
+    turn (one of each, repeated), so the machine's drift falls on both alike."""
 
     def applies_to(self, workload: Workload) -> bool:
         """Whether this method is measured on ``workload`` at all."""
@@ -284,6 +287,7 @@ METHODS: dict[str, Method] = {
             "(gradtape_numba / this = what the NaN-safe products cost)",
             prepare_gradtape_plain_products,
             systems=("gradtape", "numba"),
+            interleaved_with="gradtape_numba",
         ),
         Method(
             "gradtape_unrolled",
