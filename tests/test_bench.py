@@ -15,7 +15,7 @@ import pytest
 import gradtape as gt
 from gradtape.bench import display
 from gradtape.bench.cli import main
-from gradtape.bench.methods import METHODS, Method, complex_step, require
+from gradtape.bench.methods import METHODS, Absent, Method, complex_step, require
 from gradtape.bench.report import (
     RunContext,
     build_tables,
@@ -353,7 +353,11 @@ def test_the_nan_safe_cost_is_the_interleaved_ratio_of_the_two_numba_builds():
     assert nan_safe_cost_lines(run) == []  # nor were the two timed in turn
     run.measurements[-1].interleaved_ratio = 1.03  # not the ratio of the medians (1.05)
     (line,) = [text for text in nan_safe_cost_lines(run) if text]
-    assert line.endswith("eam N=10: 1.03×.")
+    assert "numba backend" in line and line.endswith("eam N=10: 1.03×.")
+    run.measurements.append(measured("gradtape_compiled_plain", 10, 1e-5, 0.98))
+    numpy_line, numba_line = [text for text in nan_safe_cost_lines(run) if text]
+    assert "numpy backend (gradtape_compiled / gradtape_compiled_plain" in numpy_line
+    assert numpy_line.endswith("eam N=10: 0.98×.") and numba_line == line
 
 
 def test_paired_methods_are_timed_in_turn(monkeypatch):
@@ -392,15 +396,20 @@ def test_paired_methods_are_timed_in_turn(monkeypatch):
     assert row[1].samples_s == samples
 
 
-@pytest.mark.native
-def test_the_plain_build_restores_the_setting(monkeypatch):
+NATIVE = pytest.mark.native
+
+
+@pytest.mark.parametrize(
+    "method", ["gradtape_compiled_plain", pytest.param("gradtape_numba_plain", marks=NATIVE)]
+)
+def test_the_plain_build_restores_the_setting(monkeypatch, method):
     monkeypatch.setenv("GRADTAPE_NAN_SAFE", "1")
-    prepare = METHODS["gradtape_numba_plain"].prepare
+    prepare = METHODS[method].prepare
     workload = WORKLOADS["normal_logpdf"]
     problem = workload.problem(10)
     try:
         call = prepare(workload, problem)
-    except Exception as exc:  # without Numba the method is absent
+    except Absent as exc:  # without Numba the method is absent
         pytest.skip(f"numba backend: {exc}")
     value, grad = call()
     _, expected = gt.value_and_grad(workload.numpy_function(problem))(problem.x)
