@@ -181,6 +181,36 @@ def test_a_product_takes_over_ps_buffer_and_still_masks():
     assert body[at - 1].strip().endswith(", b0, b0)")
 
 
+@pytest.mark.parametrize(
+    "g_shape, p_shape, test",
+    [
+        ((), (6,), "== 0"),
+        ((3, 1), (3, 4), "all"),
+        ((6,), (), "isfinite"),
+        ((1, 4), (3, 1), "isfinite"),  # the smaller factor
+        ((2, 3), (2, 3), "smallest"),  # neither is smaller: the product
+    ],
+)
+def test_a_broadcast_factor_is_tested_instead_of_the_product(g_shape, p_shape, test):
+    """A g smaller than the product needs no mask unless it holds a zero; a smaller p none
+    unless it is not finite; the numbers are the masked product's either way."""
+
+    def f(g, p):
+        return nan_safe_multiply(g * 1.0, p * 1.0) * 2.0
+
+    compiled = gt.compile(f, backend="numpy")
+    rng = np.random.default_rng(1)
+    compiled(np.ones(g_shape), np.ones(p_shape))
+    body = compiled.lowered(np.ones(g_shape), np.ones(p_shape)).source.split("def run")[1]
+    (line,) = [line for line in body.splitlines() if "zero_nan_products" in line]
+    assert test in line and ("smallest" in line) == (test == "smallest")
+    for _ in range(20):
+        g = rng.choice(np.array([0.0, -0.0, 1.5, np.nan, np.inf]), g_shape)
+        p = rng.choice(np.array([0.0, 2.0, np.inf, -np.inf, np.nan]), p_shape)
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(compiled(g, p), masked_product(g, p) * 2.0)
+
+
 @pytest.mark.parametrize("argnum", [0, 1])
 def test_its_derivatives_are_those_of_the_masked_product(argnum):
     """At points where both are finite it is g * p; where the mask holds, no derivative."""

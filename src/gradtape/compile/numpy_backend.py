@@ -319,8 +319,10 @@ def _shape_of(ins: Instruction, i: int) -> tuple:
 
 def _tests_the_product(ins: Instruction) -> bool:
     """Whether the NaN test of a product looks at the product itself (a NaN in it), rather than
-    at a finite p broadcast against a larger g (a scalar, say), which is cheaper to test."""
-    return 2 * math.prod(_shape_of(ins, 1)) > math.prod(ins.outvars[0].shape)
+    at a factor broadcast against the other (a scalar, say), which is cheaper to test: a g
+    with no zero, or a finite p, needs no mask."""
+    size = math.prod(ins.outvars[0].shape)
+    return all(2 * math.prod(_shape_of(ins, i)) > size for i in (0, 1))
 
 
 def _nan_test(gen, value: str, shape: tuple) -> str:
@@ -333,19 +335,20 @@ def _nan_test(gen, value: str, shape: tuple) -> str:
 
 
 def _emit_nan_safe_multiply(gen, ins, out, args):
-    """d = g * p, then the mask only when it changes something, tested inline: a finite p
-    broadcast against a larger g (a scalar, say) is tested itself; otherwise a zero times an
-    infinite or NaN p is a NaN of the product, so a product whose minimum is not NaN needs none."""
-    if _tests_the_product(ins):
-        test = _nan_test(gen, out, ins.outvars[0].shape)
-    elif _shape_of(ins, 1) == ():
-        test = f"not {gen.const(np.isfinite, 'isfinite')}({args[1]})"
+    """d = g * p, then the mask only when it changes something, tested inline on the smallest
+    of: a g broadcast against a larger p (a zero in it?), a p broadcast against a larger g (all
+    finite?), or the product (a zero times an infinite or NaN p is a NaN of the product, so a
+    product whose minimum is not NaN needs none)."""
+    size = math.prod(ins.outvars[0].shape)
+    g_shape, p_shape = _shape_of(ins, 0), _shape_of(ins, 1)
+    if 2 * math.prod(g_shape) <= size and math.prod(g_shape) <= math.prod(p_shape):
+        test = f"{args[0]} == 0" if g_shape == () else f"not {gen.const(np.all, 'all')}({args[0]})"
+    elif 2 * math.prod(p_shape) <= size:
+        finite = f"{gen.const(np.isfinite, 'isfinite')}({args[1]})"
+        test = f"not {finite}" if p_shape == () else f"not {finite}.all()"
     else:
-        test = f"not {gen.const(np.isfinite, 'isfinite')}({args[1]}).all()"
-    return [
-        *_emit_plain_product(gen, ins, out, args),
-        f"if {test}: {_zero_call(gen, out, args)}",
-    ]
+        test = _nan_test(gen, out, ins.outvars[0].shape)
+    return [*_emit_plain_product(gen, ins, out, args), f"if {test}: {_zero_call(gen, out, args)}"]
 
 
 def _zero_call(gen, out: str, args: list[str]) -> str:
