@@ -109,6 +109,7 @@ NATIVE_GAPS = {
     "erfcinv",
     "frexp",
     "gammainc",
+    "gammainc_da",
     "gammaincc",
     "gammainccinv",
     "gammaincinv",
@@ -275,6 +276,7 @@ NUMPY_FALLBACKS = {
     "discrete_ppf",
     "divmod",
     "frexp",
+    "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",
     "histogram_bin_count",
     "histogram_bin_index",

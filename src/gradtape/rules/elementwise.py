@@ -511,8 +511,9 @@ SCIPY_UFUNCS["exp10"] = _spec("exp10", (lambda ans, x: ans * _LN10,))
 
 # --- scipy.special, the long tail -----------------------------------------------------------------
 # Bessel functions are differentiated in their argument (the recurrences below); their order
-# has no closed-form derivative, and gammainc/betainc have none in their shape parameters:
-# differentiating those arguments raises an error naming them.
+# has no closed-form derivative, and betainc has none in its shape parameters: differentiating
+# those arguments raises an error naming them. gammainc's derivative in its shape parameter is
+# computed by its series and continued fraction (rules/incomplete_gamma.py).
 def _no_derivative(name: str, argument: str, why: str):
     """A partial that refuses: the derivative in `argument` of scipy.special.`name` is unknown."""
 
@@ -585,15 +586,39 @@ def _betainc_dx(ans, a, b, x):
     return np.exp(_sp().xlogy(a - 1, x) + _sp().xlog1py(b - 1, -x) - _sp().betaln(a, b))
 
 
-gammainc = _spec(
-    "gammainc", (_no_derivative("gammainc", "a (argument 0)", _SHAPE), _gammainc_dx), safe=True
+def _no_second_derivative(ans, *args):
+    raise GradtapeError(
+        "scipy.special.gammainc/gammaincc: a second derivative involving the shape parameter a "
+        "is not available (its first derivative in a is computed by a series, which has no "
+        "rule of its own). If a is a constant, pass it through gradtape.stop_gradient; "
+        "otherwise give the function a rule with gradtape.custom_vjp."
+    )
+
+
+def _incomplete_gamma_da(a, x):
+    from . import incomplete_gamma
+
+    return incomplete_gamma.gammainc_da(a, x)
+
+
+# d/da gammainc(a, x): the series or continued fraction of gammainc differentiated term by term
+# (rules/incomplete_gamma.py); its own derivatives are not known
+gammainc_da = elementwise(
+    "gammainc_da",
+    _incomplete_gamma_da,
+    (_no_second_derivative, _no_second_derivative),
+    safe=True,
 )
+
+
+def _gammainc_da(ans, a, x):
+    return bind(gammainc_da, (a, x), {})
+
+
+gammainc = _spec("gammainc", (_gammainc_da, _gammainc_dx), safe=True)
 gammaincc = _spec(
     "gammaincc",
-    (
-        _no_derivative("gammaincc", "a (argument 0)", _SHAPE),
-        lambda ans, a, x: -_gammainc_dx(ans, a, x),
-    ),
+    (lambda ans, a, x: -_gammainc_da(ans, a, x), lambda ans, a, x: -_gammainc_dx(ans, a, x)),
     safe=True,
 )
 betainc = _spec(
@@ -741,22 +766,21 @@ lambertw_real = elementwise(
 
 # --- the scipy.special functions behind scipy.stats' cdfs and ppfs ------------------------------
 # An inverse's derivative in its probability is 1 / (the forward function's derivative at the
-# answer); in the shape parameters there is no closed form.
+# answer), and in a shape parameter -(the forward function's derivative in it) / (its derivative
+# in x), both at the answer.
 def _gammainc_inv_dq(ans, a, q):
     return np.exp(_sp().gammaln(a) + ans - _sp().xlogy(a - 1, ans))
 
 
-gammaincinv = _spec(
-    "gammaincinv",
-    (_no_derivative("gammaincinv", "a (argument 0)", _SHAPE), _gammainc_inv_dq),
-    safe=True,
-)
+def _gammainc_inv_da(ans, a, q):
+    # gammainc(a, ans) = q: d ans/da = -(dP/da) / (dP/dx) at x = ans
+    return -_gammainc_da(None, a, ans) * _gammainc_inv_dq(ans, a, q)
+
+
+gammaincinv = _spec("gammaincinv", (_gammainc_inv_da, _gammainc_inv_dq), safe=True)
 gammainccinv = _spec(
     "gammainccinv",
-    (
-        _no_derivative("gammainccinv", "a (argument 0)", _SHAPE),
-        lambda ans, a, q: -_gammainc_inv_dq(ans, a, q),
-    ),
+    (_gammainc_inv_da, lambda ans, a, q: -_gammainc_inv_dq(ans, a, q)),
     safe=True,
 )
 betaincinv = _spec(
