@@ -95,6 +95,8 @@ NATIVE_GAPS = {
     "bdtrc",
     "beta",
     "betainc",
+    "betainc_da",
+    "betainc_db",
     "betaincc",
     "betainccinv",
     "betaincinv",
@@ -275,6 +277,8 @@ NUMPY_FALLBACKS = {
     "digitize",
     "discrete_ppf",
     "divmod",
+    "betainc_da",  # a continued fraction in NumPy (rules/incomplete_beta.py)
+    "betainc_db",
     "frexp",
     "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",

@@ -72,7 +72,9 @@ def _by_series(a, x, log_ax):
         dtotal += dc
         c *= ratio
         total += c
-        done = (c <= _EPS * total) & (np.abs(dc) <= _EPS * np.abs(dtotal))
+        # (the derivative's change is also measured against the value: where the derivative
+        # is 0 its rounding noise never settles relative to itself)
+        done = (c <= _EPS * total) & (np.abs(dc) <= _EPS * (np.abs(dtotal) + total))
         if done.any():
             at = left[done]
             dlog = np.log(x[done]) - _sp().digamma(a[done] + 1.0)
@@ -116,7 +118,7 @@ def _by_continued_fraction(a, x, log_ax):
         converged = (
             nonzero
             & (np.abs(new_value - value) <= _EPS * np.abs(new_value))
-            & (np.abs(new_dvalue - dvalue) <= _EPS * np.abs(new_dvalue))
+            & (np.abs(new_dvalue - dvalue) <= _EPS * (np.abs(new_dvalue) + np.abs(new_value)))
         )
         value, dvalue = new_value, new_dvalue
         p_prev, q_prev, p, q = p, q, p_next, q_next
