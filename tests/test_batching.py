@@ -242,7 +242,9 @@ CASES = {
     "traced index": Case(
         _traced_index, lambda r, n: (r.normal(size=(n + 2,)),), ("dyn_getitem",), diff=True
     ),
-    "traced write": Case(_traced_write, lambda r, n: (r.normal(size=(n + 2,)),), ("dyn_setitem",)),
+    "traced write": Case(
+        _traced_write, lambda r, n: (r.normal(size=(n + 2,)),), ("dyn_setitem",), diff=True
+    ),
     "traced rows": Case(
         _traced_rows, lambda r, n: (r.normal(size=(3, n)),), ("dyn_getitem",), diff=True
     ),
