@@ -77,6 +77,7 @@ NATIVE_GAPS = {
     "lu_solve_factors",
     "pinv",
     "pos_solve",
+    "eigh_subset_signs",
     "scipy_eigh",
     "scipy_eigh_general",
     "solve_banded",
@@ -279,6 +280,7 @@ NUMPY_FALLBACKS = {
     "divmod",
     "betainc_da",  # a continued fraction in NumPy (rules/incomplete_beta.py)
     "betainc_db",
+    "eigh_subset_signs",  # SciPy's subset driver, for its eigenvectors' signs
     "frexp",
     "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",
@@ -455,6 +457,7 @@ LOOP_BATCHED = {
     "dyn_getitem",
     "dyn_scatter_add",
     "dyn_setitem",
+    "eigh_subset_signs",  # SciPy's subset driver on each matrix
     "expm",
     "fft",
     "flatnonzero",
