@@ -374,7 +374,7 @@ DOMAINS: dict[str, Domain] = {
     "minimum": _d(*_APART, analytic=False),
     "fmax": _d(*_APART, analytic=False),
     "fmin": _d(*_APART, analytic=False),
-    "copysign": _d(_NONZERO, _NONZERO, diff=(0,), analytic=False),
+    "copysign": _d(_NONZERO, _NONZERO, analytic=False),
     "hypot": _d(_R, (0.3, 3.0)),
     "arctan2": _d(_R, (0.3, 3.0)),
     "logaddexp": _d(_R, _R),

@@ -77,6 +77,7 @@ NATIVE_GAPS = {
     "lu_solve_factors",
     "pinv",
     "pos_solve",
+    "eigh_subset_signs",
     "scipy_eigh",
     "scipy_eigh_general",
     "solve_banded",
@@ -279,6 +280,7 @@ NUMPY_FALLBACKS = {
     "divmod",
     "betainc_da",  # a continued fraction in NumPy (rules/incomplete_beta.py)
     "betainc_db",
+    "eigh_subset_signs",  # SciPy's subset driver, for its eigenvectors' signs
     "frexp",
     "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",
@@ -446,6 +448,8 @@ LOOP_BATCHED = {
     "histogram_bin_count",
     # LAPACK's banded solver takes one banded matrix, and SciPy has no stacked form of it
     "solve_banded",
+    # SciPy's subset driver on each matrix (the sign test is written for one matrix)
+    "eigh_subset_signs",
     "rolled_loop",  # made by compile after every transform: never batched
 }
 

@@ -393,3 +393,34 @@ def test_refused(case):
     with pytest.raises(gt.GradtapeError, match=phrase):
         gt.grad(f)(x)
     assert current_levels() == []
+
+
+# scipy.stats functions written with SciPy's array-API helpers (which ask a value for its
+# .device and __array_namespace__, and write through xpx.at)
+ARRAY_API_HELPERS = {
+    "zscore": (lambda x: st.zscore(x), (np.array([0.3, -1.2, 2.0, 0.7, 1.1]),)),
+    "zscore axis": (lambda x: st.zscore(x, axis=1, ddof=1), (np.arange(8.0).reshape(2, 4) ** 1.5,)),
+    "skew": (lambda x: st.skew(x), (np.array([0.3, -1.2, 2.0, 0.7, 1.1, 4.0]),)),
+    "kurtosis": (lambda x: st.kurtosis(x, fisher=False), (np.array([0.3, -1.2, 2.0, 0.7, 1.1]),)),
+    "moment": (lambda x: st.moment(x, order=3), (np.array([0.3, -1.2, 2.0, 0.7, 1.1]),)),
+    "variation": (lambda x: st.variation(x), (np.array([1.3, 2.2, 2.0, 0.7, 1.1]),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAY_API_HELPERS))
+def test_scipy_stats_functions_on_array_api_helpers(name):
+    from breadth import check_rule
+
+    f, args = ARRAY_API_HELPERS[name]
+    check_rule(f, *args, rtol=1e-6)
+
+
+def test_a_traced_value_answers_the_array_api_questions_as_an_ndarray():
+    def f(x):
+        assert x.device == "cpu" and x.to_device("cpu") is x
+        assert x.__array_namespace__() is np
+        with pytest.raises(ValueError, match="cpu"):
+            x.to_device("cuda")
+        return np.sum(x**2)
+
+    np.testing.assert_allclose(gt.grad(f)(np.array([1.0, 2.0])), [2.0, 4.0])

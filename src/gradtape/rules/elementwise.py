@@ -374,9 +374,8 @@ maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)), native
 minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)), native="np.minimum")
 fmax = _np("fmax", (_fmax_dx, lambda ans, x, y: _fmax_dx(ans, y, x)), native="np.fmax")
 fmin = _np("fmin", (_fmin_dx, lambda ans, x, y: _fmin_dx(ans, y, x)), native="np.fmin")
-copysign = _np(
-    "copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None), native="np.copysign"
-)
+# in y a step function (the sign it takes): zero derivative, as np.sign's and JAX's
+copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), 0), native="np.copysign")
 hypot = _np(
     "hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True, native="np.hypot"
 )
