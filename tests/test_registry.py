@@ -448,8 +448,6 @@ LOOP_BATCHED = {
     "histogram_bin_count",
     # LAPACK's banded solver takes one banded matrix, and SciPy has no stacked form of it
     "solve_banded",
-    # SciPy's subset driver on each matrix (the sign test is written for one matrix)
-    "eigh_subset_signs",
     "rolled_loop",  # made by compile after every transform: never batched
 }
 

@@ -63,6 +63,22 @@ def lu_solve_factors_batch(prim, args, batched, trans):
     return scipy_linalg._rows(z, np.argsort(perm, axis=-1))
 
 
+def eigh_subset_signs_batch(prim, args, batched, lower, index):
+    """The signs SciPy's subset driver gives each member's eigenvectors: SciPy's eigh of the
+    stack (one driver call per matrix, as for the member alone), each column's sign test
+    within its own matrix. Traced matrices (a compiled program) run per member."""
+    a, v, b = args
+    if any(x is not None and type(x) is not np.ndarray for x in args) or ndim_of(v) - 1 != 2:
+        return loop_batch(prim, args, batched, lower=lower, index=index)
+    import scipy.linalg  # (SciPy is optional: this primitive exists only for its eigh)
+
+    size = _batch_size(args, batched)
+    a, v = _full_batch(a, batched[0], size), _full_batch(v, batched[1], size)
+    b = None if b is None else _full_batch(b, batched[2], size)
+    expected = scipy.linalg.eigh(a, b, lower=lower, subset_by_index=list(index))[1]
+    return np.where(np.sum(v * expected, axis=-2) < 0, -1.0, 1.0)
+
+
 def _gufunc_batch(core: tuple):
     """The rule of a generalized ufunc whose arguments have `core` trailing axes each: the
     batched ones lifted so that the members' stack axes line up."""
@@ -166,6 +182,7 @@ def declare() -> None:
     ):
         REGISTRY[name].batch = common_stack_batch
     scipy_linalg.lu_solve_factors_p.batch = lu_solve_factors_batch
+    scipy_linalg._subset_signs_p.batch = eigh_subset_signs_batch
     for name, core in (("matvec", (2, 1)), ("vecmat", (1, 2)), ("vecdot", (1, 1))):
         if name in REGISTRY:  # NumPy 2.2 and later
             REGISTRY[name].batch = _gufunc_batch(core)
