@@ -345,6 +345,11 @@ def batch_bind(level: Level, prim, args: tuple, params: dict):
     return tracer
 
 
+def batching_level() -> Level | None:
+    """The BATCH level whose batching rule is running (None outside a batching rule)."""
+    return getattr(_state, "batch_level", None)
+
+
 def read_above(level: Level | None = None) -> bool:
     """Whether a level above the BATCH level whose rule is running (or `level`) records what
     the rule returns (a grad inside vmap: its rules read the primitive's outputs)."""
