@@ -151,7 +151,7 @@ def small_column_step(
     columns = w.const_array(columns_of(w.gen, product))
     g = reads.access(ins.invars[product.vector])
     index = reads.flat_index()
-    reads.pre.append(f"a{vid} = np.empty({product.k}, {numpy_type(dtype)})")
+    reads.pre.append(f"a{vid} = np.empty(({product.k}, ), {numpy_type(dtype)})")
     lines = []
     for j in range(product.k):
         acc = f"r{vid}_{j}"
