@@ -45,15 +45,13 @@ compile/numba/loops.py), from NATIVE_MIN_TAPE_LENGTH on. `GRADTAPE_ROLL=0` turns
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..core import collector
 from ..core.ir import Guard, Instruction, Tape, Var
 from ..core.primitive import Primitive
 from ..rules import indexing, shape
@@ -754,6 +752,9 @@ def _param_signature(value):
 
 
 def _signature(ins: Instruction):
+    """What must be equal between two instructions for them to be the same body step (None:
+    never: a shape computed from data, a trip count, a user's rule). `_Signatures.code` gives
+    equal codes exactly to the instructions whose signatures are equal, faster."""
     prim = ins.prim
     if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
         return None
@@ -773,7 +774,139 @@ def _signature(ins: Instruction):
     return tuple(parts)
 
 
+_PYTHON_FLOAT = ("c", "float", (), np.dtype(float).str)
+
+
+def _structure(value):
+    """A hashable key of a param made of ints, None, bools, slices and tuples of them, equal
+    for two values exactly when their `_param_signature`s are (None for other values)."""
+    kind = type(value)
+    if kind is int:
+        return "i"
+    if value is None:
+        return "n"
+    if kind is bool:
+        return value
+    if kind is tuple:
+        parts = []
+        for x in value:
+            key = _structure(x)
+            if key is None:
+                return None
+            parts.append(key)
+        return tuple(parts)
+    if kind is slice:
+        parts = []
+        for x in (value.start, value.stop, value.step):
+            if type(x) is int:
+                parts.append("i")
+            elif x is None or type(x) is bool:
+                parts.append(x)
+            else:
+                return None
+        return ("s", *parts)
+    return None
+
+
+class _Signatures:
+    """Each instruction's code: equal codes for equal signatures (`_signature`), None for an
+    instruction that is never a body step. Computed once per instruction for all the passes
+    over one tape, with the parts that recur (operand types, param structures) memoized:
+    the signature is the search's largest cost per instruction."""
+
+    def __init__(self):
+        self.codes: dict[int, tuple] = {}  # id(instruction) -> (instruction, code)
+        self.interned: dict = {}  # signature -> code
+        self.operands: dict = {}  # (shape, dtype) -> an operand's part of the signature
+        self.params: dict = {}  # structure -> a param's signature
+        self.computed = 0  # signatures computed (for the tests: once per instruction)
+
+    def code(self, ins: Instruction):
+        known = self.codes.get(id(ins))
+        if known is not None and known[0] is ins:
+            return known[1]
+        self.computed += 1
+        sig = self.signature(ins)
+        code = None
+        if sig is not None:
+            try:
+                code = self.interned.setdefault(sig, len(self.interned))
+            except TypeError:  # an unhashable part: never a body step
+                code = None
+        self.codes[id(ins)] = (ins, code)
+        return code
+
+    def signature(self, ins: Instruction):
+        """A tuple equal to another instruction's exactly when their `_signature`s are."""
+        prim = ins.prim
+        if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
+            return None
+        parts = [id(prim)]
+        operands = self.operands
+        for v, a in zip(ins.invars, ins.args):
+            if v is not None:
+                key = (v.shape, v.dtype)
+                part = operands.get(key)
+                if part is None:
+                    part = operands[key] = ("v", v.shape, v.dtype.str)
+                parts.append(part)
+            elif type(a) is float:
+                parts.append(_PYTHON_FLOAT)
+            elif type(a) is np.ndarray:
+                parts.append(("c", "ndarray", a.shape, a.dtype.str))
+            else:
+                parts.append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
+        params = ins.params
+        if params:
+            for k in sorted(params) if len(params) > 1 else params:
+                parts.append((k, self.param(params[k])))
+        outs = []
+        for v in ins.outvars:
+            key = (v.shape, v.dtype)
+            part = operands.get(key)
+            if part is None:
+                part = operands[key] = ("v", v.shape, v.dtype.str)
+            outs.append(part)
+        parts.append(tuple(outs))
+        return tuple(parts)
+
+    def param(self, value):
+        structure = _structure(value)
+        if structure is None:
+            return _param_signature(value)
+        known = self.params.get(structure)
+        if known is None:
+            known = self.params[structure] = _param_signature(value)
+        return known
+
+
 # --- the search -----------------------------------------------------------------------------------
+def _index(instructions: list) -> tuple[dict, dict, dict, list]:
+    """(var id -> (position, output index) of the instruction computing it, var id -> first
+    position reading it, var id -> last position reading it, positions of concatenates),
+    in one walk over the instructions."""
+    defpos: dict[int, tuple[int, int]] = {}
+    first_reader: dict[int, int] = {}
+    last_reader: dict[int, int] = {}
+    concatenations = []
+    concatenate = shape.concatenate_p
+    first_of = first_reader.setdefault
+    for pos, ins in enumerate(instructions):
+        for v in ins.invars:
+            if v is not None:
+                first_of(v.id, pos)
+                last_reader[v.id] = pos
+        outvars = ins.outvars
+        if len(outvars) == 1:
+            defpos[outvars[0].id] = (pos, 0)
+        else:
+            for j, v in enumerate(outvars):
+                defpos[v.id] = (pos, j)
+        if ins.prim is concatenate:
+            concatenations.append(pos)
+    return defpos, first_reader, last_reader, concatenations
+
+
 class _Roller:
     """One pass over a tape's instructions (see roll_tape)."""
 
@@ -784,27 +917,20 @@ class _Roller:
         capture,
         max_period: int,
         gathers: bool,
-        signatures: dict | None = None,
+        signatures: _Signatures | None = None,
     ):
         self.tape = tape
-        # id(instruction) -> (instruction, signature): shared by the passes over one tape
-        self.signatures = {} if signatures is None else signatures
+        # each instruction's code: shared by the passes over one tape
+        self.signatures = _Signatures() if signatures is None else signatures
         self.max_period = max_period
         self.gathers = gathers
         self.ins = tape.instructions
         self.next_id = next_id
         self.capture = capture
         self.work = 0
-        self.defpos: dict[int, tuple[int, int]] = {}
-        for pos, ins in enumerate(self.ins):
-            for j, v in enumerate(ins.outvars):
-                self.defpos[v.id] = (pos, j)
-        # readers: var id -> positions of instructions reading it; guards; outputs
-        self.readers: dict[int, list[int]] = {}
-        for pos, ins in enumerate(self.ins):
-            for v in ins.invars:
-                if v is not None:
-                    self.readers.setdefault(v.id, []).append(pos)
+        # where each var is computed (position, output index); the first and last positions
+        # reading it; the guards of each var; outputs
+        self.defpos, self.first_reader, self.last_reader, concatenations = _index(self.ins)
         self.guarded: dict[int, list[int]] = {}
         for gi, g in enumerate(tape.guards):
             self.guarded.setdefault(g.var.id, []).append(gi)
@@ -813,30 +939,34 @@ class _Roller:
         # stacks of lists (see stacked): the lists' var ids -> (position, Var, value); a list
         # read one item per iteration by several loops is stacked once
         self.stacks: dict[tuple, tuple] = {}
-        reshapes = shape.reshape_p
-        for pos, ins in enumerate(self.ins):
-            if ins.prim is not shape.concatenate_p or ins.params.get("axis") != 0:
-                continue
-            sources = []
-            for v in ins.invars:
-                at = self.defpos.get(v.id) if v is not None else None
-                row = self.ins[at[0]] if at is not None else None
-                if (
-                    row is None
-                    or row.prim is not reshapes
-                    or row.invars[0] is None
-                    or row.outvars[0].shape != (1, *row.invars[0].shape)
-                ):
-                    break
-                sources.append(row.invars[0].id)
-            else:
-                self.stacks[tuple(sources)] = (pos, ins.outvars[0], ins.out)
+        for pos in concatenations:
+            self.stack_of_rows(pos)
         self.rolled_any = False
         self.match_end: dict[int, tuple[int, int]] = {}
         # period -> (end of its stretch, first position refused in it); period -> the
         # position before which it is not tried again (see refused)
         self.refusals: dict[int, tuple[int, int]] = {}
         self.refused_until: dict[int, int] = {}
+
+    def stack_of_rows(self, pos: int) -> None:
+        """Note the concatenate at `pos` in `stacks` when it stacks reshaped rows (as
+        `stacked` writes them)."""
+        ins = self.ins[pos]
+        if ins.params.get("axis") != 0:
+            return
+        sources = []
+        for v in ins.invars:
+            at = self.defpos.get(v.id) if v is not None else None
+            row = self.ins[at[0]] if at is not None else None
+            if (
+                row is None
+                or row.prim is not shape.reshape_p
+                or row.invars[0] is None
+                or row.outvars[0].shape != (1, *row.invars[0].shape)
+            ):
+                return
+            sources.append(row.invars[0].id)
+        self.stacks[tuple(sources)] = (pos, ins.outvars[0], ins.out)
 
     def new_var(self, shape, dtype) -> Var:
         v = Var(self.next_id, tuple(shape), np.dtype(dtype))
@@ -846,19 +976,11 @@ class _Roller:
     def run(self) -> list:
         ins = self.ins
         n = len(ins)
-        codes = []
-        interned: dict = {}
-        signatures = self.signatures
-        for x in ins:
-            known = signatures.get(id(x))
-            if known is not None and known[0] is x:
-                sig = known[1]
-            else:
-                sig = _signature(x)
-                signatures[id(x)] = (x, sig)
-            codes.append(
-                -1 - len(codes) if sig is None else interned.setdefault(sig, len(interned))
-            )
+        code_of = self.signatures.code
+        codes = [code_of(x) for x in ins]
+        for pos, code in enumerate(codes):
+            if code is None:
+                codes[pos] = -1 - pos  # (equal to no other)
         nxt = [None] * n
         last: dict = {}
         for pos in range(n - 1, -1, -1):
@@ -1296,7 +1418,8 @@ class _Roller:
     def read_outside(self, v: Var, s: int, end: int) -> bool:
         if v.id in self.output_ids or v.id in self.guarded:
             return True
-        return any(r < s or r >= end for r in self.readers.get(v.id, ()))
+        first = self.first_reader.get(v.id)
+        return first is not None and (first < s or self.last_reader[v.id] >= end)
 
     def run_guards(self, s: int, p: int, limit: int):
         """[(guard indices, (k, j), first guard, stacked answers)] of the run, or None when
@@ -1380,48 +1503,8 @@ def roll_tape(tape: Tape, capture=lambda ins: ins, min_length: int | None = None
         min_length = MIN_TAPE_LENGTH
     if len(tape.instructions) < max(2 * MIN_TRIPS, min_length):
         return tape
-    with _collector_paused():
+    with collector.collector_paused():  # (its full collections would traverse the tape)
         return _roll_long_tape(tape, capture)
-
-
-_pause_lock = threading.Lock()
-_pauses = 0  # searches running now (threads may search at once)
-_resume_collector = False  # whether the first of them found the collector running
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector paused while a long tape is searched, and resumed
-    (if it was running) when the last search running ends. The search allocates a few small
-    objects per instruction while the tape's hundreds of thousands of instructions are alive,
-    and each full collection traverses them all: measured on a time-stepping tape of 98,000
-    instructions, the collections took 40% of the search (about 11 s with them, 6 s without).
-    Nothing the search allocates forms a cycle that must be freed before it ends. Searches in
-    several threads share one pause (counted), so none resumes the collector under another."""
-    global _pauses, _resume_collector
-    with _pause_lock:
-        if _pauses == 0:
-            _resume_collector = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _pause_lock:
-            if _pauses:  # (0 in a forked child that renewed the count under this search)
-                _pauses -= 1
-                if _pauses == 0 and _resume_collector:
-                    gc.enable()
-
-
-def renew_locks_after_fork() -> None:
-    """In a child created by os.fork: the searches that paused the collector ran in threads the
-    child does not have; resume it as the last of them would have."""
-    global _pauses
-    if _pauses:
-        _pauses = 0
-        if _resume_collector:
-            gc.enable()
 
 
 def _roll_long_tape(tape: Tape, capture) -> Tape:
@@ -1438,7 +1521,7 @@ def _roll_long_tape(tape: Tape, capture) -> Tape:
         for _ in range(MAX_PASSES)
     ]
     skip = None
-    signatures: dict = {}
+    signatures = _Signatures()
     for limit, gathers in passes:
         if (limit, gathers) == skip:
             continue  # (this limit's last pass rolled nothing)

@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from . import routes
+from . import collector, routes
 from .errors import GradtapeError, TracedAttributeError
 from .ir import Guard, Instruction, Released, Tape, Var
 
@@ -173,6 +173,8 @@ class new_level:
 
     def __enter__(self) -> Level:
         self.stack = _stack()
+        if self.level.kind in _STAGED:  # (a recording kept for replay: see core/collector.py)
+            collector.pause_full_collections()
         self.stack.append(self.level)
         return self.level
 
@@ -185,6 +187,12 @@ class new_level:
             top.active = False
             if top is level:
                 break
+        if level.kind in _STAGED:
+            collector.resume_full_collections()
+
+
+# levels whose tape is kept (and can be long): full collections wait while they record
+_STAGED = (LevelKind.STAGE, LevelKind.LOOP_BODY)
 
 
 def current_levels() -> list:
