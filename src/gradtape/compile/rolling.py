@@ -751,29 +751,6 @@ def _param_signature(value):
     return ("id", id(value))
 
 
-def _signature(ins: Instruction):
-    """What must be equal between two instructions for them to be the same body step (None:
-    never: a shape computed from data, a trip count, a user's rule). `_Signatures.code` gives
-    equal codes exactly to the instructions whose signatures are equal, faster."""
-    prim = ins.prim
-    if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
-        return None
-    parts = [id(prim)]
-    for v, a in zip(ins.invars, ins.args):
-        if v is not None:
-            parts.append(("v", v.shape, v.dtype.str))
-        else:
-            parts.append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
-    for k in sorted(ins.params):
-        parts.append((k, _param_signature(ins.params[k])))
-    parts.append(tuple((v.shape, v.dtype.str) for v in ins.outvars))
-    try:
-        hash(tuple(parts))
-    except TypeError:
-        return None
-    return tuple(parts)
-
-
 _PYTHON_FLOAT = ("c", "float", (), np.dtype(float).str)
 
 
@@ -809,8 +786,11 @@ def _structure(value):
 
 
 class _Signatures:
-    """Each instruction's code: equal codes for equal signatures (`_signature`), None for an
-    instruction that is never a body step. Computed once per instruction for all the passes
+    """Each instruction's code: equal codes for instructions that are the same body step (the
+    same primitive; operands of the same shapes and dtypes, constants of the same types;
+    params with the same structure, their integers abstracted; outputs of the same shapes
+    and dtypes), None for an instruction that is never one (a shape computed from data, a
+    trip count, a user's rule). Computed once per instruction for all the passes
     over one tape, with the parts that recur (operand types, param structures) memoized:
     the signature is the search's largest cost per instruction."""
 
@@ -837,7 +817,8 @@ class _Signatures:
         return code
 
     def signature(self, ins: Instruction):
-        """A tuple equal to another instruction's exactly when their `_signature`s are."""
+        """A tuple equal to another instruction's exactly when they are the same body step
+        (None: never)."""
         prim = ins.prim
         if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
             return None
@@ -881,6 +862,248 @@ class _Signatures:
 
 
 # --- the search -----------------------------------------------------------------------------------
+class _Differs(Exception):
+    """A run's iterations are not one body: `first` is the number of leading iterations that
+    are (at least MIN_TRIPS), or None."""
+
+    def __init__(self, first: int | None = None):
+        super().__init__(first)
+        self.first = first if first is not None and first >= MIN_TRIPS else None
+
+
+class _RunBuilder:
+    """One rolled loop being built from the run of `trips` iterations of period p at s
+    (see _Roller.build): its body steps, inputs, carries and stacked constants."""
+
+    def __init__(self, roller: _Roller, s: int, p: int, trips: int, probe: bool):
+        self.roller = roller
+        self.ins = roller.ins
+        self.s, self.p, self.limit, self.probe = s, p, trips, probe
+        self.inputs: list[Var] = []  # invariant vars and carry inits
+        self.input_values: list = []  # their recorded values
+        self.input_index: dict[int, int] = {}
+        self.const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
+        self.carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
+        self.carry_init: list = []  # (Var, recorded value) of each carry's initial value
+        self.gathered: list[Instruction] = []  # the stacks of lists read one item an iteration
+        self.stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
+        self.new_stacks: list[tuple] = []  # (those stacked by this run)
+        self.steps: list = []  # [prim, refs, static params, progressing params, outputs]
+
+    def at(self, t: int, k: int) -> Instruction:
+        return self.ins[self.s + t * self.p + k]
+
+    def input_of(self, v: Var, value) -> int:
+        m = self.input_index.get(v.id)
+        if m is None:
+            m = self.input_index[v.id] = len(self.inputs)
+            self.inputs.append(v)
+            self.input_values.append(value)
+        return m
+
+    def add_step(self, k: int) -> None:
+        """Body step k: where each operand comes from and how each param progresses (raises
+        _Differs when the iterations disagree)."""
+        first = self.at(0, k)
+        refs = []
+        for a, v0 in enumerate(first.invars):
+            refs.append(self.constant(k, a) if v0 is None else self.operand(k, a, first))
+        static, progress = self.params(k, first)
+        self.steps.append([first.prim, refs, static, progress, len(first.outvars)])
+
+    def constant(self, k: int, a: int) -> tuple:
+        """The ref of constant operand a of step k: equal in every iteration, or stacked."""
+        values = [self.at(t, k).args[a] for t in range(self.limit)]
+        key0 = _value_key(values[0])
+        if all(_value_key(x) == key0 for x in values[1:]):
+            return ("const", values[0])
+        # a constant that differs per iteration: stacked
+        arrs = [np.asarray(x) for x in values]
+        if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
+            raise _Differs
+        stacked = np.stack(arrs)
+        stacked.flags.writeable = False
+        python_scalar = isinstance(values[0], (bool, int, float, complex))
+        self.const_rows.append(stacked)
+        return ("crow", len(self.const_rows) - 1, python_scalar)
+
+    def operand(self, k: int, a: int, first: Instruction) -> tuple:
+        """The ref of traced operand a of step k (see _Roller.classify)."""
+        ref, bad = self.roller.classify(self.s, self.p, k, a, self.limit)
+        if ref is None or bad is not None:
+            raise _Differs(bad)
+        kind = ref[0]
+        if kind == "invariant":
+            return ("in", self.input_of(ref[1], first.args[a]))
+        if kind == "gather":  # one array of a list per iteration: stacked once
+            return self.gather(k, a, ref[1])
+        if kind == "rows":  # rows 0, 1, ... of a loop's stacked output
+            return ("row", self.input_of(ref[1], ref[2]), False)
+        if kind == "carry":
+            kj = ref[1]
+            if kj not in self.carries:
+                self.carries[kj] = len(self.carry_init)
+                self.carry_init.append((ref[2], first.args[a]))
+            elif self.carry_init[self.carries[kj]][0] is not ref[2]:
+                raise _Differs
+            return ("carry", self.carries[kj])
+        return ref
+
+    def gather(self, k: int, a: int, vs: list) -> tuple:
+        """The ref of operand a of step k, one item of a list per iteration: a row of the
+        list's stack (stacked before the run, or by it)."""
+        if self.probe:
+            return ("row", -1, False)
+        key = tuple(v.id for v in vs)
+        stacks = self.stacks
+        if key not in stacks:
+            stacks[key] = self.roller.stack_before(key, self.s)
+        if stacks[key] is None:
+            values = [self.at(t, k).args[a] for t in range(len(vs))]
+            stacks[key] = self.roller.stacked(vs, values, self.gathered)
+            self.new_stacks.append(key)
+        return ("row", self.input_of(*stacks[key]), False)
+
+    def params(self, k: int, first: Instruction) -> tuple[tuple, tuple]:
+        """(static params, progressing params) of step k."""
+        static, progress = [], []
+        for name in sorted(first.params):
+            values = [self.at(t, k).params[name] for t in range(self.limit)]
+            v0 = values[0]
+            if all(_param_equal(v, v0) for v in values[1:]):
+                static.append((name, v0))
+            else:
+                progress.append((name, *_progression(values, self.limit)))
+        return tuple(static), tuple(progress)
+
+    def finish(self, hoisted: set, guards: list) -> list:
+        """The loop instruction, after the instructions it needs before it (stacks of lists,
+        hoisted steps); the readers after the run and its guards are redirected to it."""
+        roller = self.roller
+        at = self.at
+        for k in hoisted:
+            for j, v in enumerate(at(0, k).outvars):
+                m = self.input_of(v, _value(at(0, k), j))
+                for t in range(1, self.limit):
+                    roller.subst[at(t, k).outvars[j].id] = ("var", v)
+                for step in self.steps:
+                    step[1] = [
+                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
+                    ]
+        renumber = {}
+        for k in range(self.p):
+            if k not in hoisted:
+                renumber[k] = len(renumber)
+        outputs, out_vars, out_values, later = self.outputs(hoisted, guards)
+        new = roller.capture(self.instruction(hoisted, renumber, outputs, out_vars, out_values))
+        pre = [roller.capture(x) for x in self.gathered]
+        for key in self.new_stacks:  # (a later run reading the same list reads the same stack)
+            roller.stacks[key] = (-1, *self.stacks[key])
+        pre += [roller.capture(at(0, k)) for k in sorted(hoisted)]
+        # readers after the run read the loop's outputs
+        for i, (kind, k, j) in enumerate(outputs):
+            if kind == "last":
+                roller.subst[at(self.limit - 1, k).outvars[j].id] = ("var", out_vars[i])
+        for v, i, t in later:
+            pos, j = roller.defpos[v.id]
+            value = _value(self.ins[pos], j)
+            roller.subst[v.id] = ("row", out_vars[i], t, out_values[i], value)
+        # the run's guards become one check of the stacked values
+        for gis, (k, j), first_guard, answers in guards:
+            i = outputs.index(("stack", k, j))
+            for gi in gis:
+                roller.guard_plan[gi] = None
+            where = f"{first_guard.where}{ROLLED_CHECK}"
+            roller.guard_plan[gis[0]] = Guard(out_vars[i], "value", answers, where)
+        return pre + [new]
+
+    def outputs(self, hoisted: set, guards: list) -> tuple:
+        """The loop's outputs: the values of the run read after it (or by guards, or outputs
+        of the tape), as ("last", k, j) or ("stack", k, j); their vars and values; and
+        (var, output index, iteration) of each stacked value read after the run."""
+        at, limit, roller = self.at, self.limit, self.roller
+        end = self.s + self.p * limit
+        guarded = [g[1] for g in guards]
+        outputs: list[tuple] = []
+        out_vars: list[Var] = []
+        out_values: list = []
+        later: list[tuple] = []
+        for k in range(self.p):
+            if k in hoisted:
+                continue
+            for j, v0 in enumerate(at(0, k).outvars):
+                read_after = [
+                    t for t in range(limit) if roller.read_outside(at(t, k).outvars[j], self.s, end)
+                ]
+                if not read_after and (k, j) not in guarded:
+                    continue
+                if read_after == [limit - 1] and (k, j) not in guarded:
+                    outputs.append(("last", k, j))
+                    out_vars.append(at(limit - 1, k).outvars[j])
+                    out_values.append(_value(at(limit - 1, k), j))
+                    continue
+                outputs.append(("stack", k, j))
+                out_vars.append(roller.new_var((limit, *v0.shape), v0.dtype))
+                values = [_value(at(t, k), j) for t in range(limit)]
+                out_values.append(np.stack([np.asarray(x) for x in values]))
+                for t in read_after:
+                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
+        return outputs, out_vars, out_values, later
+
+    def instruction(self, hoisted, renumber, outputs, out_vars, out_values) -> Instruction:
+        """The rolled_loop instruction: invariants and carry inits (vars), then the stacked
+        constants (constants), as its inputs."""
+        init_index = [self.input_of(var, value) for var, value in self.carry_init]
+        row_base = len(self.inputs)
+        body_steps = []
+        for k, (prim, refs, static, progress, n_out) in enumerate(self.steps):
+            if k in hoisted:
+                continue
+            refs = tuple(
+                ("row", row_base + r[1], r[2])
+                if r[0] == "crow"
+                else ("body", renumber[r[1]], r[2])
+                if r[0] == "body"
+                else r
+                for r in refs
+            )
+            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
+        carries_t = tuple(
+            (init_index[c], (renumber[kj[0]], kj[1]))
+            for kj, c in sorted(self.carries.items(), key=lambda e: e[1])
+        )
+        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
+        loop = RolledLoop(tuple(body_steps), self.limit, carries_t, loop_outputs)
+        invars = tuple(self.inputs) + (None,) * len(self.const_rows)
+        args = tuple(self.input_values) + tuple(self.const_rows)
+        return Instruction(
+            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
+        )
+
+
+def _progression(values: list, limit: int) -> tuple:
+    """(template, starts, steps) of a param whose integers progress arithmetically over the
+    iterations (raises _Differs otherwise)."""
+    flat0 = _flat_ints(values[0])
+    if flat0 is None:
+        raise _Differs
+    flat1 = _flat_ints(values[1])
+    if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
+        raise _Differs
+    step = [b - a for a, b in zip(flat0[1], flat1[1])]
+    for t in range(2, limit):
+        ft = _flat_ints(values[t])
+        if (
+            ft is None
+            or repr(ft[0]) != repr(flat0[0])
+            or any(x != a + t * d for x, a, d in zip(ft[1], flat0[1], step))
+        ):
+            raise _Differs(t)
+    if not _progression_valid(flat0[0], flat0[1], step, limit):
+        raise _Differs
+    return flat0[0], tuple(flat0[1]), tuple(step)
+
+
 def _index(instructions: list) -> tuple[dict, dict, dict, list]:
     """(var id -> (position, output index) of the instruction computing it, var id -> first
     position reading it, var id -> last position reading it, positions of concatenates),
@@ -976,35 +1199,51 @@ class _Roller:
     def run(self) -> list:
         ins = self.ins
         n = len(ins)
-        code_of = self.signatures.code
-        codes = [code_of(x) for x in ins]
-        for pos, code in enumerate(codes):
-            if code is None:
-                codes[pos] = -1 - pos  # (equal to no other)
-        nxt = [None] * n
-        last: dict = {}
-        for pos in range(n - 1, -1, -1):
-            nxt[pos] = last.get(codes[pos])
-            last[codes[pos]] = pos
-        self.codes = codes
+        codes, nxt = self.codes_and_next()
+        max_period = self.max_period
         out: list = []
         self.subst: dict[int, tuple] = {}  # var id -> (stacked var, row) | ("var", Var)
         self.guard_plan: dict[int, Any] = {}  # guard index -> None (dropped) | Guard
+        subst = self.subst
         pos = 0
         while pos < n:
-            found = None
-            if self.work < _WORK_LIMIT:
+            j = nxt[pos]
+            # (try_roll finds no candidate where the signature does not recur within reach)
+            if j is not None and j - pos <= max_period and self.work < _WORK_LIMIT:
                 found = self.try_roll(pos, nxt)
-            if found is not None:
-                new_instructions, length = found
-                for new_ins in new_instructions:
-                    out.extend(self.materialized(new_ins))
-                pos += length
-                self.rolled_any = True
-                continue
-            out.extend(self.materialized(ins[pos]))
+                if found is not None:
+                    new_instructions, length = found
+                    for new_ins in new_instructions:
+                        out.extend(self.materialized(new_ins))
+                    pos += length
+                    self.rolled_any = True
+                    continue
+            x = ins[pos]
+            if subst:
+                out.extend(self.materialized(x))
+            else:
+                out.append(x)
             pos += 1
         return out
+
+    def codes_and_next(self) -> tuple[list, list]:
+        """Each instruction's code (equal codes: equal signatures; an instruction that is
+        never a body step has a negative code equal to no other) and the position of the
+        next instruction with the same code (or None)."""
+        code_of = self.signatures.code
+        codes = [code_of(x) for x in self.ins]
+        n = len(codes)
+        nxt = [None] * n
+        last: dict = {}
+        for pos in range(n - 1, -1, -1):
+            code = codes[pos]
+            if code is None:
+                codes[pos] = -1 - pos
+                continue
+            nxt[pos] = last.get(code)
+            last[code] = pos
+        self.codes = codes
+        return codes, nxt
 
     # --- reading rows of stacked outputs ---
     def materialized(self, ins: Instruction) -> list:
@@ -1097,219 +1336,26 @@ class _Roller:
         """The rolled instruction for the run at s, or the number of leading iterations
         that do form a loop (when a later one does not); None when none do. `probe`: only
         check (True when these iterations form a loop), change nothing."""
-        ins = self.ins
-        end = s + p * trips
         self.work += p * trips
-
-        def at(t, k):
-            return ins[s + t * p + k]
-
-        inputs: list[Var] = []  # invariant vars and carry inits
-        input_values: list = []  # their recorded values
-        const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
-        input_index: dict[int, int] = {}
-
-        def input_of(v: Var, value) -> int:
-            m = input_index.get(v.id)
-            if m is None:
-                m = input_index[v.id] = len(inputs)
-                inputs.append(v)
-                input_values.append(value)
-            return m
-
-        carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
-        gathered: list[Instruction] = []  # the stacks of the lists read one item per iteration
-        stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
-        new_stacks: list[tuple] = []  # (those stacked by this run)
-        carry_init: list = []  # (Var, recorded value) of each carry's initial value
-        steps = []
-        limit = trips  # first iteration that disagrees
-
-        for k in range(p):
-            first = at(0, k)
-            refs = []
-            for a, v0 in enumerate(first.invars):
-                if v0 is None:
-                    values = [at(t, k).args[a] for t in range(limit)]
-                    key0 = _value_key(values[0])
-                    if all(_value_key(x) == key0 for x in values[1:]):
-                        refs.append(("const", values[0]))
-                        continue
-                    # a constant that differs per iteration: stacked
-                    arrs = [np.asarray(x) for x in values]
-                    if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
-                        return None
-                    stacked = np.stack(arrs)
-                    stacked.flags.writeable = False
-                    python_scalar = isinstance(values[0], (bool, int, float, complex))
-                    refs.append(("crow", len(const_rows), python_scalar))
-                    const_rows.append(stacked)
-                    continue
-                ref, bad = self.classify(s, p, k, a, limit)
-                if ref is None:
-                    return None if bad is None or bad < MIN_TRIPS else bad
-                if bad is not None:
-                    return bad if bad >= MIN_TRIPS else None
-                kind = ref[0]
-                if kind == "invariant":
-                    refs.append(("in", input_of(ref[1], first.args[a])))
-                elif kind == "gather":  # one array of a list per iteration: stacked once
-                    if probe:
-                        refs.append(("row", -1, False))
-                        continue
-                    key = tuple(v.id for v in ref[1])
-                    if key not in stacks:
-                        stacks[key] = self.stack_before(key, s)
-                    if stacks[key] is None:
-                        values = [at(t, k).args[a] for t in range(len(ref[1]))]
-                        stacks[key] = self.stacked(ref[1], values, gathered)
-                        new_stacks.append(key)
-                    refs.append(("row", input_of(*stacks[key]), False))
-                elif kind == "rows":  # rows 0, 1, ... of a loop's stacked output
-                    refs.append(("row", input_of(ref[1], ref[2]), False))
-                elif kind == "carry":
-                    kj = ref[1]
-                    if kj not in carries:
-                        carries[kj] = len(carry_init)
-                        carry_init.append((ref[2], first.args[a]))
-                    elif carry_init[carries[kj]][0] is not ref[2]:
-                        return None
-                    refs.append(("carry", carries[kj]))
-                else:
-                    refs.append(ref)
-            # params
-            static, progress = [], []
-            for name in sorted(first.params):
-                values = [at(t, k).params[name] for t in range(limit)]
-                v0 = values[0]
-                if all(_param_equal(v, v0) for v in values[1:]):
-                    static.append((name, v0))
-                    continue
-                flat0 = _flat_ints(v0)
-                if flat0 is None:
-                    return None
-                flat1 = _flat_ints(values[1])
-                if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
-                    return None
-                step = [b - a for a, b in zip(flat0[1], flat1[1])]
-                for t in range(2, limit):
-                    ft = _flat_ints(values[t])
-                    if (
-                        ft is None
-                        or repr(ft[0]) != repr(flat0[0])
-                        or any(x != a + t * d for x, a, d in zip(ft[1], flat0[1], step))
-                    ):
-                        return t if t >= MIN_TRIPS else None
-                if not _progression_valid(flat0[0], flat0[1], step, limit):
-                    return None
-                progress.append((name, flat0[0], tuple(flat0[1]), tuple(step)))
-            steps.append([first.prim, refs, tuple(static), tuple(progress), len(first.outvars)])
-
+        run = _RunBuilder(self, s, p, trips, probe)
+        try:
+            for k in range(p):
+                run.add_step(k)
+        except _Differs as differs:
+            return differs.first
         # guards on values of the run
-        guards = self.run_guards(s, p, limit)
+        guards = self.run_guards(s, p, trips)
         if guards is None:
             return None
         # steps computing the same value in every iteration run once, before the loop
-        hoisted = self.invariant_steps(steps, carries, guards)
+        hoisted = self.invariant_steps(run.steps, run.carries, guards)
         if len(hoisted) == p or all(
-            step[0] in _MOVES for k, step in enumerate(steps) if k not in hoisted
+            step[0] in _MOVES for k, step in enumerate(run.steps) if k not in hoisted
         ):
             return None  # nothing to loop over, or a loop that only copies rows
         if probe:
             return True
-        for k in hoisted:
-            for j, v in enumerate(at(0, k).outvars):
-                m = input_of(v, _value(at(0, k), j))
-                for t in range(1, limit):
-                    self.subst[at(t, k).outvars[j].id] = ("var", v)
-                for step in steps:
-                    step[1] = [
-                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
-                    ]
-        renumber = {}
-        for k in range(p):
-            if k not in hoisted:
-                renumber[k] = len(renumber)
-        # the outputs: values of the run read after it (or by guards, outputs of the tape)
-        outputs: list[tuple] = []
-        out_vars: list[Var] = []
-        out_values: list = []
-        later: list[tuple] = []  # (var id, output index, t) for stacked outputs
-        for k in range(p):
-            if k in hoisted:
-                continue
-            for j, v0 in enumerate(at(0, k).outvars):
-                read_after = []
-                for t in range(limit):
-                    v = at(t, k).outvars[j]
-                    if self.read_outside(v, s, end):
-                        read_after.append(t)
-                if not read_after and (k, j) not in [g[1] for g in guards]:
-                    continue
-                if read_after == [limit - 1] and (k, j) not in [g[1] for g in guards]:
-                    outputs.append(("last", k, j))
-                    v_last = at(limit - 1, k).outvars[j]
-                    out_vars.append(v_last)
-                    out_values.append(_value(at(limit - 1, k), j))
-                    continue
-                outputs.append(("stack", k, j))
-                stacked_var = self.new_var((limit, *v0.shape), v0.dtype)
-                out_vars.append(stacked_var)
-                values = [_value(at(t, k), j) for t in range(limit)]
-                out_values.append(np.stack([np.asarray(x) for x in values]))
-                for t in read_after:
-                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
-        # loop inputs: invariants and carry inits (vars), then stacked constants (constants)
-        init_index = [input_of(var, value) for var, value in carry_init]
-        row_base = len(inputs)
-        body_steps = []
-        for k, (prim, refs, static, progress, n_out) in enumerate(steps):
-            if k in hoisted:
-                continue
-            refs = tuple(
-                ("row", row_base + r[1], r[2])
-                if r[0] == "crow"
-                else ("body", renumber[r[1]], r[2])
-                if r[0] == "body"
-                else r
-                for r in refs
-            )
-            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
-        carries_t = tuple(
-            (init_index[c], (renumber[kj[0]], kj[1]))
-            for kj, c in sorted(carries.items(), key=lambda e: e[1])
-        )
-        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
-        loop = RolledLoop(tuple(body_steps), limit, carries_t, loop_outputs)
-        invars = tuple(inputs) + (None,) * len(const_rows)
-        args = tuple(input_values) + tuple(const_rows)
-        new = Instruction(
-            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
-        )
-        new = self.capture(new)
-        pre = [self.capture(x) for x in gathered]
-        for key in new_stacks:  # (a later run reading the same list reads the same stack)
-            self.stacks[key] = (-1, *stacks[key])
-        pre += [self.capture(at(0, k)) for k in sorted(hoisted)]
-        # readers after the run read the loop's outputs
-        for i, (kind, k, j) in enumerate(outputs):
-            if kind == "last":
-                self.subst[at(limit - 1, k).outvars[j].id] = ("var", out_vars[i])
-        for v, i, t in later:
-            pos, j = self.defpos[v.id]
-            self.subst[v.id] = ("row", out_vars[i], t, out_values[i], _value(self.ins[pos], j))
-        # the run's guards become one check of the stacked values
-        for gis, (k, j), first_guard, answers in guards:
-            i = outputs.index(("stack", k, j))
-            for gi in gis:
-                self.guard_plan[gi] = None
-            self.guard_plan[gis[0]] = Guard(
-                out_vars[i],
-                "value",
-                answers,
-                f"{first_guard.where}{ROLLED_CHECK}",
-            )
-        return pre + [new]
+        return run.finish(hoisted, guards)
 
     @staticmethod
     def invariant_steps(steps: list, carries: dict, guards: list) -> set:
