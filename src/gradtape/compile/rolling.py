@@ -862,6 +862,38 @@ class _Signatures:
 
 
 # --- the search -----------------------------------------------------------------------------------
+class _TapeIndex:
+    """What a pass of the search reads of a tape's instructions: where each var is computed
+    and read, the concatenates, each instruction's code and the next position with the same
+    code. Kept while passes roll nothing: the next pass searches the same instructions with
+    longer periods."""
+
+    def __init__(self, instructions: list, signatures: _Signatures):
+        self.instructions = instructions
+        self.signatures = signatures
+        self.defpos, self.first_reader, self.last_reader, self.concatenations = _index(instructions)
+        self.codes, self.next = _codes_and_next(instructions, signatures)
+
+
+def _codes_and_next(instructions: list, signatures: _Signatures) -> tuple[list, list]:
+    """Each instruction's code (equal codes: equal signatures; an instruction that is never a
+    body step has a negative code equal to no other) and the position of the next
+    instruction with the same code (or None)."""
+    code_of = signatures.code
+    codes = [code_of(x) for x in instructions]
+    n = len(codes)
+    nxt = [None] * n
+    last: dict = {}
+    for pos in range(n - 1, -1, -1):
+        code = codes[pos]
+        if code is None:
+            codes[pos] = -1 - pos
+            continue
+        nxt[pos] = last.get(code)
+        last[code] = pos
+    return codes, nxt
+
+
 class _Differs(Exception):
     """A run's iterations are not one body: `first` is the number of leading iterations that
     are (at least MIN_TRIPS), or None."""
@@ -1140,11 +1172,10 @@ class _Roller:
         capture,
         max_period: int,
         gathers: bool,
-        signatures: _Signatures | None = None,
+        index: _TapeIndex,
     ):
         self.tape = tape
-        # each instruction's code: shared by the passes over one tape
-        self.signatures = _Signatures() if signatures is None else signatures
+        self.signatures = index.signatures
         self.max_period = max_period
         self.gathers = gathers
         self.ins = tape.instructions
@@ -1153,7 +1184,9 @@ class _Roller:
         self.work = 0
         # where each var is computed (position, output index); the first and last positions
         # reading it; the guards of each var; outputs
-        self.defpos, self.first_reader, self.last_reader, concatenations = _index(self.ins)
+        self.index = index
+        self.defpos, self.first_reader = index.defpos, index.first_reader
+        self.last_reader = index.last_reader
         self.guarded: dict[int, list[int]] = {}
         for gi, g in enumerate(tape.guards):
             self.guarded.setdefault(g.var.id, []).append(gi)
@@ -1162,7 +1195,7 @@ class _Roller:
         # stacks of lists (see stacked): the lists' var ids -> (position, Var, value); a list
         # read one item per iteration by several loops is stacked once
         self.stacks: dict[tuple, tuple] = {}
-        for pos in concatenations:
+        for pos in index.concatenations:
             self.stack_of_rows(pos)
         self.rolled_any = False
         self.match_end: dict[int, tuple[int, int]] = {}
@@ -1199,7 +1232,8 @@ class _Roller:
     def run(self) -> list:
         ins = self.ins
         n = len(ins)
-        codes, nxt = self.codes_and_next()
+        codes, nxt = self.index.codes, self.index.next
+        self.codes = codes
         max_period = self.max_period
         out: list = []
         self.subst: dict[int, tuple] = {}  # var id -> (stacked var, row) | ("var", Var)
@@ -1225,25 +1259,6 @@ class _Roller:
                 out.append(x)
             pos += 1
         return out
-
-    def codes_and_next(self) -> tuple[list, list]:
-        """Each instruction's code (equal codes: equal signatures; an instruction that is
-        never a body step has a negative code equal to no other) and the position of the
-        next instruction with the same code (or None)."""
-        code_of = self.signatures.code
-        codes = [code_of(x) for x in self.ins]
-        n = len(codes)
-        nxt = [None] * n
-        last: dict = {}
-        for pos in range(n - 1, -1, -1):
-            code = codes[pos]
-            if code is None:
-                codes[pos] = -1 - pos
-                continue
-            nxt[pos] = last.get(code)
-            last[code] = pos
-        self.codes = codes
-        return codes, nxt
 
     # --- reading rows of stacked outputs ---
     def materialized(self, ins: Instruction) -> list:
@@ -1568,10 +1583,13 @@ def _roll_long_tape(tape: Tape, capture) -> Tape:
     ]
     skip = None
     signatures = _Signatures()
+    index = None
     for limit, gathers in passes:
         if (limit, gathers) == skip:
             continue  # (this limit's last pass rolled nothing)
-        roller = _Roller(current, next_id, capture, limit, gathers, signatures)
+        if index is None or index.instructions is not current.instructions:
+            index = _TapeIndex(current.instructions, signatures)
+        roller = _Roller(current, next_id, capture, limit, gathers, index)
         instructions = roller.run()
         if not roller.rolled_any:
             skip = (limit, gathers)
