@@ -1,7 +1,12 @@
 """Eager `grad` overhead per recorded operation, against HIPS autograd.
 
 Run: python benchmarks/eager_overhead.py
-Prints medians (microseconds) and the ratio gradtape / autograd, single-threaded.
+Prints medians (microseconds) and the ratio gradtape / autograd, single-threaded; then, per
+operation of a chain of `sin` and `* 0.5` at N=10 (the scaling benchmark's chain), gradtape's
+and autograd's cost beside two floors measured in the same run: the NumPy calls the forward
+and backward passes make, on plain arrays (what any tape-based eager gradient pays), and
+NumPy's dispatch to an `__array_ufunc__` override that does nothing (what a traced value pays
+before any of gradtape's code runs).
 """
 
 from __future__ import annotations
@@ -64,5 +69,68 @@ def main() -> None:
               f"{t_gt / t_f:>6.1f}")
 
 
+PER_OP_OPS = 100
+
+
+def sin_chain(np):
+    def f(x):
+        y = x
+        for _ in range(PER_OP_OPS // 2):
+            y = np.sin(y) * 0.5
+        return np.sum(y)
+
+    return f
+
+
+class _Inert:
+    """A value whose override answers every ufunc at once (NumPy's dispatch cost alone)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return self
+
+    def __mul__(self, other):
+        return onp.multiply(self, other)
+
+
+def numpy_floor(x):
+    """The NumPy calls of the chain's forward and backward passes, on plain arrays."""
+    ys = [x]
+    for _ in range(PER_OP_OPS // 2):
+        ys.append(onp.sin(ys[-1]) * 0.5)
+    g = onp.ones_like(x)
+    for y in reversed(ys[:-1]):
+        g = (g * 0.5) * onp.cos(y)
+    return g
+
+
+def dispatch_only(inert):
+    y = inert
+    for _ in range(PER_OP_OPS // 2):
+        y = onp.sin(y) * 0.5
+    return y
+
+
+def per_operation() -> None:
+    import autograd
+    import autograd.numpy as anp
+
+    x = onp.linspace(0.0, 1.0, 10)
+    g_gt, g_ag = gt.grad(sin_chain(onp)), autograd.grad(sin_chain(anp))
+    onp.testing.assert_allclose(g_gt(x), g_ag(x), rtol=1e-12)
+    onp.testing.assert_allclose(g_gt(x), numpy_floor(x), rtol=1e-12)
+    inert = _Inert()
+    rows = [
+        ("gradtape grad", median_us(lambda: g_gt(x))),
+        ("autograd grad", median_us(lambda: g_ag(x))),
+        ("NumPy calls of forward + backward (floor)", median_us(lambda: numpy_floor(x))),
+        ("NumPy dispatch to an override (floor)", median_us(lambda: dispatch_only(inert))),
+    ]
+    print(f"\nper operation: sin / * 0.5 chain of {PER_OP_OPS} operations, N=10")
+    for name, us in rows:
+        print(f"{name:<44} {us / PER_OP_OPS:>7.2f} us")
+    print(f"load average: {os.getloadavg()}")
+
+
 if __name__ == "__main__":
     main()
+    per_operation()

@@ -230,7 +230,14 @@ def bind(prim, args: tuple, params: dict):
             vals.append(a)
             invars.append(None)
     out = prim.impl(*vals, **params)
-    if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+    if top.record_all:
+        inexact = True  # (not asked)
+    elif prim.multiple_results:
+        inexact = _inexact(out, True)
+    else:
+        dt = getattr(out, "dtype", None)
+        inexact = isinstance(out, (float, complex)) if dt is None else dt.kind in "fc"
+    if not top.record_all and (prim.nondiff or not inexact):
         if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
             # np.sign(z): zero derivative on the reals, not on the complex plane
             raise GradtapeError(
