@@ -113,6 +113,70 @@ def test_signature_codes_group_instructions_as_the_reference_signature_does(gene
                 )
 
 
+def reference_progression(values: list, limit: int):
+    """The progression of a param's integers over the iterations as first written: each
+    value's template built and printed (returns the failing iteration or None on failure)."""
+    flat0 = rolling._flat_ints(values[0])
+    if flat0 is None:
+        return ("differs", None)
+    flat1 = rolling._flat_ints(values[1])
+    if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
+        return ("differs", None)
+    step = [b - a for a, b in zip(flat0[1], flat1[1])]
+    for t in range(2, limit):
+        ft = rolling._flat_ints(values[t])
+        if (
+            ft is None
+            or repr(ft[0]) != repr(flat0[0])
+            or any(x != a + t * d for x, a, d in zip(ft[1], flat0[1], step))
+        ):
+            return ("differs", t if t >= rolling.MIN_TRIPS else None)
+    if not rolling._progression_valid(flat0[0], flat0[1], step, limit):
+        return ("differs", None)
+    return (repr(flat0[0]), tuple(flat0[1]), tuple(step))
+
+
+_INDEX_PARTS = st.one_of(
+    st.integers(-3, 3), st.none(), st.just(np.int64(2)), st.booleans(), _SLICES
+)
+
+
+@st.composite
+def param_runs(draw):
+    """The values of one param over the iterations: mostly a progression of one structure,
+    sometimes with an item of another type or value."""
+    base = draw(st.one_of(st.integers(-3, 3), st.tuples(_INDEX_PARTS, _INDEX_PARTS), _SLICES))
+    step = draw(st.integers(-2, 2))
+    limit = draw(st.integers(2, 7))
+
+    def at(value, t):
+        if type(value) is int:
+            return value + t * step
+        if type(value) is tuple:
+            return tuple(at(x, t) for x in value)
+        if type(value) is slice:
+            return slice(*(at(x, t) for x in (value.start, value.stop, value.step)))
+        return value
+
+    values = [at(base, t) for t in range(limit)]
+    if draw(st.booleans()):
+        values[draw(st.integers(0, limit - 1))] = draw(_PARAMS)
+    return values, limit
+
+
+@settings(max_examples=300, deadline=None)
+@given(param_runs())
+def test_progressions_are_found_as_the_reference_finds_them(run):
+    values, limit = run
+    want = reference_progression(values, limit)
+    try:
+        template, starts, steps = rolling._progression(values, limit)
+        got = (repr(template), starts, steps)
+    except rolling._Differs as differs:
+        got = ("differs", differs.first)
+    assert got == want
+
+
 def test_a_python_float_and_an_array_constant_keep_their_own_signatures():
     x = Var(0, (3,), np.dtype(np.float64))
     out = (Var(1, (3,), np.dtype(np.float64)),)

@@ -1119,6 +1119,312 @@ def _progression(values: list, limit: int) -> tuple:
     flat0 = _flat_ints(values[0])
     if flat0 is None:
         raise _Differs
+    template = repr(flat0[0])
+    # (a value made of ints, None, bools, slices and tuples has the template of its
+    # structure: compared as keys, without building and printing each template)
+    structure = _structure(values[0])
+    flat1 = _template_ints(values[1], template, structure)
+    if flat1 is None:
+        raise _Differs
+    step = [b - a for a, b in zip(flat0[1], flat1)]
+    for t in range(2, limit):
+        ft = _template_ints(values[t], template, structure)
+        if ft is None or any(x != a + t * d for x, a, d in zip(ft, flat0[1], step)):
+            raise _Differs(t)
+    if not _progression_valid(flat0[0], flat0[1], step, limit):
+        raise _Differs
+    return flat0[0], tuple(flat0[1]), tuple(step)
+
+
+def _template_ints(value, template: str, structure) -> list | None:
+    """The integers of a param whose template prints as `template` (its structure's key is
+    `structure`, or None), or None when its template differs."""
+    if structure is not None:
+        mine = _structure(value)
+        if mine is not None:
+            if mine != structure:
+                return None
+            ints: list = []
+            _structure_ints(value, ints)
+            return ints
+    flat = _flat_ints(value)
+    if flat is None or repr(flat[0]) != template:
+        return None
+    return flat[1]
+
+
+def _structure_ints(value, ints: list) -> None:
+    """Append the integers of a value `_structure` describes, in `_flat_ints`'s order."""
+    kind = type(value)
+    if kind is int:
+        ints.append(value)
+    elif kind is tuple:
+        for x in value:
+            _structure_ints(x, ints)
+    elif kind is slice:
+        for x in (value.start, value.stop, value.step):
+            if type(x) is int:
+                ints.append(x)
+
+
+# --- the search -----------------------------------------------------------------------------------
+class _TapeIndex:
+    """What a pass of the search reads of a tape's instructions: where each var is computed
+    and read, the concatenates, each instruction's code and the next position with the same
+    code. Kept while passes roll nothing: the next pass searches the same instructions with
+    longer periods."""
+
+    def __init__(self, instructions: list, signatures: _Signatures):
+        self.instructions = instructions
+        self.signatures = signatures
+        self.defpos, self.first_reader, self.last_reader, self.concatenations = _index(instructions)
+        self.codes, self.next = _codes_and_next(instructions, signatures)
+
+
+def _codes_and_next(instructions: list, signatures: _Signatures) -> tuple[list, list]:
+    """Each instruction's code (equal codes: equal signatures; an instruction that is never a
+    body step has a negative code equal to no other) and the position of the next
+    instruction with the same code (or None)."""
+    code_of = signatures.code
+    codes = [code_of(x) for x in instructions]
+    n = len(codes)
+    nxt = [None] * n
+    last: dict = {}
+    for pos in range(n - 1, -1, -1):
+        code = codes[pos]
+        if code is None:
+            codes[pos] = -1 - pos
+            continue
+        nxt[pos] = last.get(code)
+        last[code] = pos
+    return codes, nxt
+
+
+class _Differs(Exception):
+    """A run's iterations are not one body: `first` is the number of leading iterations that
+    are (at least MIN_TRIPS), or None."""
+
+    def __init__(self, first: int | None = None):
+        super().__init__(first)
+        self.first = first if first is not None and first >= MIN_TRIPS else None
+
+
+class _RunBuilder:
+    """One rolled loop being built from the run of `trips` iterations of period p at s
+    (see _Roller.build): its body steps, inputs, carries and stacked constants."""
+
+    def __init__(self, roller: _Roller, s: int, p: int, trips: int, probe: bool):
+        self.roller = roller
+        self.ins = roller.ins
+        self.s, self.p, self.limit, self.probe = s, p, trips, probe
+        self.inputs: list[Var] = []  # invariant vars and carry inits
+        self.input_values: list = []  # their recorded values
+        self.input_index: dict[int, int] = {}
+        self.const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
+        self.carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
+        self.carry_init: list = []  # (Var, recorded value) of each carry's initial value
+        self.gathered: list[Instruction] = []  # the stacks of lists read one item an iteration
+        self.stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
+        self.new_stacks: list[tuple] = []  # (those stacked by this run)
+        self.steps: list = []  # [prim, refs, static params, progressing params, outputs]
+
+    def at(self, t: int, k: int) -> Instruction:
+        return self.ins[self.s + t * self.p + k]
+
+    def input_of(self, v: Var, value) -> int:
+        m = self.input_index.get(v.id)
+        if m is None:
+            m = self.input_index[v.id] = len(self.inputs)
+            self.inputs.append(v)
+            self.input_values.append(value)
+        return m
+
+    def add_step(self, k: int) -> None:
+        """Body step k: where each operand comes from and how each param progresses (raises
+        _Differs when the iterations disagree)."""
+        first = self.at(0, k)
+        refs = []
+        for a, v0 in enumerate(first.invars):
+            refs.append(self.constant(k, a) if v0 is None else self.operand(k, a, first))
+        static, progress = self.params(k, first)
+        self.steps.append([first.prim, refs, static, progress, len(first.outvars)])
+
+    def constant(self, k: int, a: int) -> tuple:
+        """The ref of constant operand a of step k: equal in every iteration, or stacked."""
+        values = [self.at(t, k).args[a] for t in range(self.limit)]
+        key0 = _value_key(values[0])
+        if all(_value_key(x) == key0 for x in values[1:]):
+            return ("const", values[0])
+        # a constant that differs per iteration: stacked
+        arrs = [np.asarray(x) for x in values]
+        if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
+            raise _Differs
+        stacked = np.stack(arrs)
+        stacked.flags.writeable = False
+        python_scalar = isinstance(values[0], (bool, int, float, complex))
+        self.const_rows.append(stacked)
+        return ("crow", len(self.const_rows) - 1, python_scalar)
+
+    def operand(self, k: int, a: int, first: Instruction) -> tuple:
+        """The ref of traced operand a of step k (see _Roller.classify)."""
+        ref, bad = self.roller.classify(self.s, self.p, k, a, self.limit)
+        if ref is None or bad is not None:
+            raise _Differs(bad)
+        kind = ref[0]
+        if kind == "invariant":
+            return ("in", self.input_of(ref[1], first.args[a]))
+        if kind == "gather":  # one array of a list per iteration: stacked once
+            return self.gather(k, a, ref[1])
+        if kind == "rows":  # rows 0, 1, ... of a loop's stacked output
+            return ("row", self.input_of(ref[1], ref[2]), False)
+        if kind == "carry":
+            kj = ref[1]
+            if kj not in self.carries:
+                self.carries[kj] = len(self.carry_init)
+                self.carry_init.append((ref[2], first.args[a]))
+            elif self.carry_init[self.carries[kj]][0] is not ref[2]:
+                raise _Differs
+            return ("carry", self.carries[kj])
+        return ref
+
+    def gather(self, k: int, a: int, vs: list) -> tuple:
+        """The ref of operand a of step k, one item of a list per iteration: a row of the
+        list's stack (stacked before the run, or by it)."""
+        if self.probe:
+            return ("row", -1, False)
+        key = tuple(v.id for v in vs)
+        stacks = self.stacks
+        if key not in stacks:
+            stacks[key] = self.roller.stack_before(key, self.s)
+        if stacks[key] is None:
+            values = [self.at(t, k).args[a] for t in range(len(vs))]
+            stacks[key] = self.roller.stacked(vs, values, self.gathered)
+            self.new_stacks.append(key)
+        return ("row", self.input_of(*stacks[key]), False)
+
+    def params(self, k: int, first: Instruction) -> tuple[tuple, tuple]:
+        """(static params, progressing params) of step k."""
+        static, progress = [], []
+        for name in sorted(first.params):
+            values = [self.at(t, k).params[name] for t in range(self.limit)]
+            v0 = values[0]
+            if all(_param_equal(v, v0) for v in values[1:]):
+                static.append((name, v0))
+            else:
+                progress.append((name, *_progression(values, self.limit)))
+        return tuple(static), tuple(progress)
+
+    def finish(self, hoisted: set, guards: list) -> list:
+        """The loop instruction, after the instructions it needs before it (stacks of lists,
+        hoisted steps); the readers after the run and its guards are redirected to it."""
+        roller = self.roller
+        at = self.at
+        for k in hoisted:
+            for j, v in enumerate(at(0, k).outvars):
+                m = self.input_of(v, _value(at(0, k), j))
+                for t in range(1, self.limit):
+                    roller.subst[at(t, k).outvars[j].id] = ("var", v)
+                for step in self.steps:
+                    step[1] = [
+                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
+                    ]
+        renumber = {}
+        for k in range(self.p):
+            if k not in hoisted:
+                renumber[k] = len(renumber)
+        outputs, out_vars, out_values, later = self.outputs(hoisted, guards)
+        new = roller.capture(self.instruction(hoisted, renumber, outputs, out_vars, out_values))
+        pre = [roller.capture(x) for x in self.gathered]
+        for key in self.new_stacks:  # (a later run reading the same list reads the same stack)
+            roller.stacks[key] = (-1, *self.stacks[key])
+        pre += [roller.capture(at(0, k)) for k in sorted(hoisted)]
+        # readers after the run read the loop's outputs
+        for i, (kind, k, j) in enumerate(outputs):
+            if kind == "last":
+                roller.subst[at(self.limit - 1, k).outvars[j].id] = ("var", out_vars[i])
+        for v, i, t in later:
+            pos, j = roller.defpos[v.id]
+            value = _value(self.ins[pos], j)
+            roller.subst[v.id] = ("row", out_vars[i], t, out_values[i], value)
+        # the run's guards become one check of the stacked values
+        for gis, (k, j), first_guard, answers in guards:
+            i = outputs.index(("stack", k, j))
+            for gi in gis:
+                roller.guard_plan[gi] = None
+            where = f"{first_guard.where}{ROLLED_CHECK}"
+            roller.guard_plan[gis[0]] = Guard(out_vars[i], "value", answers, where)
+        return pre + [new]
+
+    def outputs(self, hoisted: set, guards: list) -> tuple:
+        """The loop's outputs: the values of the run read after it (or by guards, or outputs
+        of the tape), as ("last", k, j) or ("stack", k, j); their vars and values; and
+        (var, output index, iteration) of each stacked value read after the run."""
+        at, limit, roller = self.at, self.limit, self.roller
+        end = self.s + self.p * limit
+        guarded = [g[1] for g in guards]
+        outputs: list[tuple] = []
+        out_vars: list[Var] = []
+        out_values: list = []
+        later: list[tuple] = []
+        for k in range(self.p):
+            if k in hoisted:
+                continue
+            for j, v0 in enumerate(at(0, k).outvars):
+                read_after = [
+                    t for t in range(limit) if roller.read_outside(at(t, k).outvars[j], self.s, end)
+                ]
+                if not read_after and (k, j) not in guarded:
+                    continue
+                if read_after == [limit - 1] and (k, j) not in guarded:
+                    outputs.append(("last", k, j))
+                    out_vars.append(at(limit - 1, k).outvars[j])
+                    out_values.append(_value(at(limit - 1, k), j))
+                    continue
+                outputs.append(("stack", k, j))
+                out_vars.append(roller.new_var((limit, *v0.shape), v0.dtype))
+                values = [_value(at(t, k), j) for t in range(limit)]
+                out_values.append(np.stack([np.asarray(x) for x in values]))
+                for t in read_after:
+                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
+        return outputs, out_vars, out_values, later
+
+    def instruction(self, hoisted, renumber, outputs, out_vars, out_values) -> Instruction:
+        """The rolled_loop instruction: invariants and carry inits (vars), then the stacked
+        constants (constants), as its inputs."""
+        init_index = [self.input_of(var, value) for var, value in self.carry_init]
+        row_base = len(self.inputs)
+        body_steps = []
+        for k, (prim, refs, static, progress, n_out) in enumerate(self.steps):
+            if k in hoisted:
+                continue
+            refs = tuple(
+                ("row", row_base + r[1], r[2])
+                if r[0] == "crow"
+                else ("body", renumber[r[1]], r[2])
+                if r[0] == "body"
+                else r
+                for r in refs
+            )
+            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
+        carries_t = tuple(
+            (init_index[c], (renumber[kj[0]], kj[1]))
+            for kj, c in sorted(self.carries.items(), key=lambda e: e[1])
+        )
+        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
+        loop = RolledLoop(tuple(body_steps), self.limit, carries_t, loop_outputs)
+        invars = tuple(self.inputs) + (None,) * len(self.const_rows)
+        args = tuple(self.input_values) + tuple(self.const_rows)
+        return Instruction(
+            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
+        )
+
+
+def _progression(values: list, limit: int) -> tuple:
+    """(template, starts, steps) of a param whose integers progress arithmetically over the
+    iterations (raises _Differs otherwise)."""
+    flat0 = _flat_ints(values[0])
+    if flat0 is None:
+        raise _Differs
     flat1 = _flat_ints(values[1])
     if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
         raise _Differs
@@ -1352,6 +1658,8 @@ class _Roller:
         that do form a loop (when a later one does not); None when none do. `probe`: only
         check (True when these iterations form a loop), change nothing."""
         self.work += p * trips
+        if probe and not self.operands_classified(s, p, trips):
+            return None
         run = _RunBuilder(self, s, p, trips, probe)
         try:
             for k in range(p):
@@ -1371,6 +1679,19 @@ class _Roller:
         if probe:
             return True
         return run.finish(hoisted, guards)
+
+    def operands_classified(self, s: int, p: int, trips: int) -> bool:
+        """Whether every traced operand of the first `trips` iterations at s comes from one
+        place (see classify): the check that refuses most probes, made before the constants
+        and params are compared (a probe's answer is the same whichever check refuses)."""
+        classify = self.classify
+        for k in range(p):
+            for a, v in enumerate(self.ins[s + k].invars):
+                if v is not None:
+                    ref, bad = classify(s, p, k, a, trips)
+                    if ref is None or bad is not None:
+                        return False
+        return True
 
     @staticmethod
     def invariant_steps(steps: list, carries: dict, guards: list) -> set:
