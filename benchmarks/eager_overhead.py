@@ -26,17 +26,20 @@ import gradtape as gt  # noqa: E402
 
 def chain(np):
     """50 elementwise operations on a small vector, then a sum."""
+
     def f(x):
         y = x
         for _ in range(10):
             y = np.sin(y) * 0.9 + np.exp(-y * y) - 0.1 * y
         return np.sum(y)
+
     return f
 
 
 def normal_logpdf(np):
     def f(x):
         return np.sum(-0.5 * ((x - 0.3) / 1.7) ** 2 - np.log(1.7) - 0.5 * np.log(2 * np.pi))
+
     return f
 
 
@@ -51,8 +54,10 @@ def main() -> None:
     import autograd.numpy as anp
 
     rows = []
-    for name, make, sizes in (("chain50", chain, (10,)),
-                              ("normal_logpdf", normal_logpdf, (10, 1000, 100_000))):
+    for name, make, sizes in (
+        ("chain50", chain, (10,)),
+        ("normal_logpdf", normal_logpdf, (10, 1000, 100_000)),
+    ):
         for n in sizes:
             x = onp.random.default_rng(0).random(n)
             g_gt = gt.grad(make(onp))
@@ -62,11 +67,15 @@ def main() -> None:
             t_gt = median_us(lambda: g_gt(x))
             t_ag = median_us(lambda: g_ag(x))
             rows.append((name, n, t_f, t_gt, t_ag))
-    print(f"{'workload':<14} {'N':>7} {'f (us)':>9} {'gradtape':>9} {'autograd':>9} "
-          f"{'gt/autograd':>11} {'gt/f':>6}")
+    print(
+        f"{'workload':<14} {'N':>7} {'f (us)':>9} {'gradtape':>9} {'autograd':>9} "
+        f"{'gt/autograd':>11} {'gt/f':>6}"
+    )
     for name, n, t_f, t_gt, t_ag in rows:
-        print(f"{name:<14} {n:>7} {t_f:>9.1f} {t_gt:>9.1f} {t_ag:>9.1f} {t_gt / t_ag:>11.2f} "
-              f"{t_gt / t_f:>6.1f}")
+        print(
+            f"{name:<14} {n:>7} {t_f:>9.1f} {t_gt:>9.1f} {t_ag:>9.1f} {t_gt / t_ag:>11.2f} "
+            f"{t_gt / t_f:>6.1f}"
+        )
 
 
 PER_OP_OPS = 100
