@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from . import routes
+from . import collector, routes
 from .errors import GradtapeError, TracedAttributeError
 from .ir import Guard, Instruction, Released, Tape, Var
 
@@ -173,6 +173,8 @@ class new_level:
 
     def __enter__(self) -> Level:
         self.stack = _stack()
+        if self.level.kind in _STAGED:  # (a recording kept for replay: see core/collector.py)
+            collector.pause_full_collections()
         self.stack.append(self.level)
         return self.level
 
@@ -185,6 +187,12 @@ class new_level:
             top.active = False
             if top is level:
                 break
+        if level.kind in _STAGED:
+            collector.resume_full_collections()
+
+
+# levels whose tape is kept (and can be long): full collections wait while they record
+_STAGED = (LevelKind.STAGE, LevelKind.LOOP_BODY)
 
 
 def current_levels() -> list:
@@ -222,7 +230,14 @@ def bind(prim, args: tuple, params: dict):
             vals.append(a)
             invars.append(None)
     out = prim.impl(*vals, **params)
-    if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+    if top.record_all:
+        inexact = True  # (not asked)
+    elif prim.multiple_results:
+        inexact = _inexact(out, True)
+    else:
+        dt = getattr(out, "dtype", None)
+        inexact = isinstance(out, (float, complex)) if dt is None else dt.kind in "fc"
+    if not top.record_all and (prim.nondiff or not inexact):
         if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
             # np.sign(z): zero derivative on the reals, not on the complex plane
             raise GradtapeError(
