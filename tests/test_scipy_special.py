@@ -493,3 +493,32 @@ def test_native_forms_differentiate_like_the_numpy_backend(name):
     for g, r in zip(grads, reference_grads):
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-14)
     assert lowered(native, *args).tier == "native"
+
+
+COMBINATORICS = {
+    "comb in k": (lambda k: sp.comb(10.0, k), np.array([3.2, 4.4, 5.7])),
+    "comb in N": (lambda n: sp.comb(n, 3.0), np.array([6.2, 7.4, 9.7])),
+    "comb outside the range": (
+        lambda k: sp.comb(np.array([3.0, -1.0, 2.0]), k),
+        np.array([0.2, 1.4, 2.7]),
+    ),
+    "comb with repetition": (lambda n: sp.comb(n, 3.0, repetition=True), np.array([6.2, 7.4])),
+    "comb with repetition, k = 0": (
+        lambda n: sp.comb(n, np.array([0.0, 5.0]), repetition=True),
+        np.array([2.2, 3.4]),
+    ),
+    "perm": (lambda k: sp.perm(10.0, k), np.array([2.2, 3.4, 4.7])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATORICS))
+def test_comb_and_perm(name):
+    from breadth import check_rule
+
+    f, x = COMBINATORICS[name]
+    check_rule(f, x, rtol=1e-6)
+
+
+def test_exact_counts_are_refused():
+    with pytest.raises(gt.GradtapeError, match="exact=True"):
+        gt.grad(lambda k: sp.comb(10, k, exact=True))(3.0)
