@@ -77,6 +77,7 @@ NATIVE_GAPS = {
     "lu_solve_factors",
     "pinv",
     "pos_solve",
+    "eigh_subset_signs",
     "scipy_eigh",
     "scipy_eigh_general",
     "solve_banded",
@@ -279,6 +280,7 @@ NUMPY_FALLBACKS = {
     "divmod",
     "betainc_da",  # a continued fraction in NumPy (rules/incomplete_beta.py)
     "betainc_db",
+    "eigh_subset_signs",  # SciPy's subset driver, for its eigenvectors' signs
     "frexp",
     "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",
@@ -438,6 +440,7 @@ LOOP_BATCHED = {
     # the output's shape depends on each member's values: members of one batch may disagree,
     # so these run once per member (and a batch whose members disagree raises)
     "argwhere",
+    "eigh_subset_signs",  # SciPy's subset driver on each matrix
     "flatnonzero",
     "nonzero",
     "unique_inverse",  # np.unique sorts each member's values: no batched form in NumPy

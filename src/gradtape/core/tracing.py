@@ -513,6 +513,43 @@ def user_source_line() -> str:
     return where
 
 
+def plain_write_error(exc: BaseException) -> GradtapeError | None:
+    """The clear error for NumPy's ValueError when a traced value is written into a plain
+    array (out[i] = x), naming the line that wrote; None for any other exception."""
+    if not isinstance(exc, ValueError) or "setting an array element with a sequence" not in str(
+        exc
+    ):
+        return None
+    return GradtapeError(
+        f"{traceback_source_line(exc.__traceback__)}: a traced value was written into a plain "
+        "NumPy array (a[i] = x): that would cut the gradient. Build the array from traced "
+        "values instead: y = np.zeros_like(x) (x traced) then y[i] = ..., or collect values "
+        "in a list and use np.stack."
+    )
+
+
+def traceback_source_line(tb) -> str:
+    """As user_source_line, for the innermost frames of a traceback outside gradtape and NumPy:
+    where an exception caught later was raised."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    outside = [
+        f
+        for f in frames
+        if not (f.f_code.co_filename.startswith(_PKG_DIR) or _NUMPY_DIR in f.f_code.co_filename)
+    ]
+    if not outside:
+        return "<unknown>"
+    where = _frame_line(outside[-1])
+    if _SCIPY_MARK in outside[-1].f_code.co_filename:
+        callers = [f for f in outside if _SCIPY_MARK not in f.f_code.co_filename]
+        if callers:
+            return f"{_frame_line(callers[-1])}; inside SciPy at {where}"
+    return where
+
+
 def _first_frame_outside(f, scipy: bool):
     """The first frame from `f` outwards that is not gradtape's or NumPy's (nor SciPy's)."""
     while f is not None:

@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     scalar_functions,
     scipy_linalg,
     scipy_misc,
+    scipy_ndimage,
     scipy_spatial,
     scipy_special,
     scipy_stats,
