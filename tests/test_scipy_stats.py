@@ -424,3 +424,21 @@ def test_a_traced_value_answers_the_array_api_questions_as_an_ndarray():
         return np.sum(x**2)
 
     np.testing.assert_allclose(gt.grad(f)(np.array([1.0, 2.0])), [2.0, 4.0])
+
+
+def test_pearsonr_through_scipys_array_api_clip():
+    from breadth import check_rule
+
+    x, y = np.array([0.3, -1.2, 2.0, 0.7, 1.1]), np.array([1.0, 0.2, 2.5, 0.4, 0.9])
+    check_rule(lambda x, y: st.pearsonr(x, y)[0], x, y, rtol=1e-6, compiled=False)
+
+
+def test_a_write_into_a_plain_array_names_the_line():
+    def f(x):
+        out = np.empty(2)
+        out[0] = x[0]  # the line the error names
+        return np.sum(out)
+
+    for transform in (gt.grad, gt.compile, lambda f: gt.compile(gt.grad(f))):
+        with pytest.raises(gt.GradtapeError, match=r"test_scipy_stats.py:\d+: +out\[0\] ="):
+            transform(f)(np.ones(2))

@@ -469,49 +469,16 @@ class _Plan:
 
 def _plan(program: Program, input_names: list[str]) -> _Plan:
     instrs = program.instructions
-    end = len(instrs)
     emitters = [emitter_for(ins) for ins in instrs]
     names = {v.id: n for v, n in zip(program.inputs, input_names)}
-
-    # results computed into a buffer can be written straight into the result arrays
-    input_ids = {v.id for v in program.inputs}
-    buffered = {ins.outvars[0].id for ins, e in zip(instrs, emitters) if e.kind == BUFFER}
-    direct: dict[int, int] = {}
-    for k, leaf in enumerate(program.outputs):
-        v = leaf.var
-        if v is not None and v.id in buffered and v.id not in direct and v.id not in input_ids:
-            direct[v.id] = k
-
-    # which buffers each var may share memory with, and when each buffer is last needed
-    last: dict[int, int] = {}
-    for i, ins in enumerate(instrs):
-        for v in ins.invars:
-            if v is not None:
-                last[v.id] = i
-    for c in program.checks:
-        if isinstance(c.operand, Var):
-            last[c.operand.id] = max(last.get(c.operand.id, -1), c.position)
-    for leaf in program.outputs:
-        if leaf.var is not None:
-            last[leaf.var.id] = end
+    direct = _written_into_results(program, emitters)
+    last = _last_uses(program)
     tested_at_sum = _products_tested_at_their_sum(program, emitters, last)
     for i, j in tested_at_sum.items():  # g stays whole until the sum, which may redo d
         g = instrs[i].invars[0]
         if g is not None:
             last[g.id] = max(last[g.id], j)
-    storage: dict[int, frozenset] = {}
-    owner_last: dict[int, int] = {}
-    for i, (ins, e) in enumerate(zip(instrs, emitters)):
-        if e.kind == BUFFER:
-            owners = frozenset((ins.outvars[0].id,))
-        else:
-            owners = frozenset().union(
-                *(storage.get(v.id, frozenset()) for v in ins.invars if v is not None)
-            )
-        for v in ins.outvars:
-            storage[v.id] = owners
-            for o in owners:
-                owner_last[o] = max(owner_last.get(o, i), last.get(v.id, i))
+    storage, owner_last = _buffer_owners(instrs, emitters, last)
     frees_after: dict[int, list[int]] = {}
     for o, i in owner_last.items():
         frees_after.setdefault(i, []).append(o)
@@ -549,6 +516,56 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
                 free.setdefault(slots[slot], []).append(slot)
         handed_on.clear()
     return _Plan(emitters, names, slots, direct, tested_at_sum)
+
+
+def _written_into_results(program: Program, emitters) -> dict[int, int]:
+    """Results computed into a buffer that can be written straight into the result arrays:
+    var id -> output leaf index."""
+    input_ids = {v.id for v in program.inputs}
+    buffered = {
+        ins.outvars[0].id for ins, e in zip(program.instructions, emitters) if e.kind == BUFFER
+    }
+    direct: dict[int, int] = {}
+    for k, leaf in enumerate(program.outputs):
+        v = leaf.var
+        if v is not None and v.id in buffered and v.id not in direct and v.id not in input_ids:
+            direct[v.id] = k
+    return direct
+
+
+def _last_uses(program: Program) -> dict[int, int]:
+    """Var id -> the last instruction (or check) that reads it; results live to the end."""
+    last: dict[int, int] = {}
+    for i, ins in enumerate(program.instructions):
+        for v in ins.invars:
+            if v is not None:
+                last[v.id] = i
+    for c in program.checks:
+        if isinstance(c.operand, Var):
+            last[c.operand.id] = max(last.get(c.operand.id, -1), c.position)
+    for leaf in program.outputs:
+        if leaf.var is not None:
+            last[leaf.var.id] = len(program.instructions)
+    return last
+
+
+def _buffer_owners(instrs, emitters, last: dict) -> tuple[dict, dict]:
+    """Which buffers each var may share memory with (a view or value shares its inputs'), and
+    when each buffer is last needed."""
+    storage: dict[int, frozenset] = {}
+    owner_last: dict[int, int] = {}
+    for i, (ins, e) in enumerate(zip(instrs, emitters)):
+        if e.kind == BUFFER:
+            owners = frozenset((ins.outvars[0].id,))
+        else:
+            owners = frozenset().union(
+                *(storage.get(v.id, frozenset()) for v in ins.invars if v is not None)
+            )
+        for v in ins.outvars:
+            storage[v.id] = owners
+            for o in owners:
+                owner_last[o] = max(owner_last.get(o, i), last.get(v.id, i))
+    return storage, owner_last
 
 
 def _products_tested_at_their_sum(program: Program, emitters, last: dict) -> dict[int, int]:

@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from . import routes
+from . import collector, routes
 from .errors import GradtapeError, TracedAttributeError
 from .ir import Guard, Instruction, Released, Tape, Var
 
@@ -173,6 +173,8 @@ class new_level:
 
     def __enter__(self) -> Level:
         self.stack = _stack()
+        if self.level.kind in _STAGED:  # (a recording kept for replay: see core/collector.py)
+            collector.pause_full_collections()
         self.stack.append(self.level)
         return self.level
 
@@ -185,6 +187,12 @@ class new_level:
             top.active = False
             if top is level:
                 break
+        if level.kind in _STAGED:
+            collector.resume_full_collections()
+
+
+# levels whose tape is kept (and can be long): full collections wait while they record
+_STAGED = (LevelKind.STAGE, LevelKind.LOOP_BODY)
 
 
 def current_levels() -> list:
@@ -222,7 +230,14 @@ def bind(prim, args: tuple, params: dict):
             vals.append(a)
             invars.append(None)
     out = prim.impl(*vals, **params)
-    if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+    if top.record_all:
+        inexact = True  # (not asked)
+    elif prim.multiple_results:
+        inexact = _inexact(out, True)
+    else:
+        dt = getattr(out, "dtype", None)
+        inexact = isinstance(out, (float, complex)) if dt is None else dt.kind in "fc"
+    if not top.record_all and (prim.nondiff or not inexact):
         if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
             # np.sign(z): zero derivative on the reals, not on the complex plane
             raise GradtapeError(
@@ -495,6 +510,43 @@ def user_source_line() -> str:
         caller = _first_frame_outside(f, scipy=True)
         if caller is not None:
             return f"{_frame_line(caller)}; inside SciPy at {where}"
+    return where
+
+
+def plain_write_error(exc: BaseException) -> GradtapeError | None:
+    """The clear error for NumPy's ValueError when a traced value is written into a plain
+    array (out[i] = x), naming the line that wrote; None for any other exception."""
+    if not isinstance(exc, ValueError) or "setting an array element with a sequence" not in str(
+        exc
+    ):
+        return None
+    return GradtapeError(
+        f"{traceback_source_line(exc.__traceback__)}: a traced value was written into a plain "
+        "NumPy array (a[i] = x): that would cut the gradient. Build the array from traced "
+        "values instead: y = np.zeros_like(x) (x traced) then y[i] = ..., or collect values "
+        "in a list and use np.stack."
+    )
+
+
+def traceback_source_line(tb) -> str:
+    """As user_source_line, for the innermost frames of a traceback outside gradtape and NumPy:
+    where an exception caught later was raised."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    outside = [
+        f
+        for f in frames
+        if not (f.f_code.co_filename.startswith(_PKG_DIR) or _NUMPY_DIR in f.f_code.co_filename)
+    ]
+    if not outside:
+        return "<unknown>"
+    where = _frame_line(outside[-1])
+    if _SCIPY_MARK in outside[-1].f_code.co_filename:
+        callers = [f for f in outside if _SCIPY_MARK not in f.f_code.co_filename]
+        if callers:
+            return f"{_frame_line(callers[-1])}; inside SciPy at {where}"
     return where
 
 

@@ -87,6 +87,8 @@ def _times_safe(g, partial, ans, args):
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
     if not config.nan_safe():  # GRADTAPE_NAN_SAFE=0: JAX's and autograd's plain product
         return g * p
+    if type(p) is float and p - p == 0:  # a finite Python constant (x * 0.5): nothing to mask
+        return g * p
     traced_g = type(g) is Tracer
     traced_p = type(p) is Tracer
     if not traced_g and not traced_p:
