@@ -95,6 +95,8 @@ NATIVE_GAPS = {
     "bdtrc",
     "beta",
     "betainc",
+    "betainc_da",
+    "betainc_db",
     "betaincc",
     "betainccinv",
     "betaincinv",
@@ -109,6 +111,7 @@ NATIVE_GAPS = {
     "erfcinv",
     "frexp",
     "gammainc",
+    "gammainc_da",
     "gammaincc",
     "gammainccinv",
     "gammaincinv",
@@ -274,7 +277,10 @@ NUMPY_FALLBACKS = {
     "digitize",
     "discrete_ppf",
     "divmod",
+    "betainc_da",  # a continued fraction in NumPy (rules/incomplete_beta.py)
+    "betainc_db",
     "frexp",
+    "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",
     "histogram_bin_count",
     "histogram_bin_index",

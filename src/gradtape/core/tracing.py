@@ -1165,6 +1165,22 @@ class Tracer:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    @property
+    def device(self) -> str:
+        """ "cpu", as for every NumPy array (SciPy's array-API helpers ask for it)."""
+        return "cpu"
+
+    def __array_namespace__(self, *, api_version=None):
+        """NumPy, as for an ndarray: array-API code (SciPy's helpers) then calls NumPy's
+        functions, which gradtape records, and treats the value as writeable."""
+        return np
+
+    def to_device(self, device: str, /, *, stream=None) -> Tracer:
+        """This value: NumPy arrays live on the CPU only (as ndarray.to_device)."""
+        if device != "cpu":
+            raise ValueError(f"unsupported device {device!r}: NumPy arrays live on 'cpu'")
+        return self
+
     def __getattr__(self, name: str):
         # reached only for names a Tracer does not have: the memory of a plain ndarray
         if name in _MEMORY_ATTRIBUTES:
@@ -1182,11 +1198,56 @@ class Tracer:
 # ndarray attributes about memory that a Tracer cannot have (`Tracer.__getattr__`)
 _MEMORY_ATTRIBUTES = frozenset(
     "flags strides ctypes data base view tobytes tostring resize byteswap setflags itemset "
-    "tofile dump dumps getfield setfield flat put device to_device".split()
+    "tofile dump dumps getfield setfield flat put".split()
 )
 
 
+def _gufunc_core_axes(ufunc, inputs, kwargs):
+    """A gufunc's `axes=`, `axis=` and `keepdims=` (np.vecdot(x, y, axis=0), ...): the inputs
+    with their core axes moved last, and a function placing the output's core axes where they
+    were asked for; NumPy's rules for which combinations are valid."""
+    axis, axes = kwargs.pop("axis", None), kwargs.pop("axes", None)
+    keepdims = kwargs.pop("keepdims", False)
+    signature = ufunc.signature
+    if ufunc.nout != 1:
+        raise GradtapeError(f"np.{ufunc.__name__} with axes=/axis= cannot be traced.")
+    # "(n),(n),()"; optional dimensions (matmul's n?, m?) taken as present
+    groups = signature.replace(" ", "").replace("?", "").replace("->", ",")[1:-1].split("),(")
+    cores = [tuple(d for d in group.split(",") if d) for group in groups]
+    in_cores, out_core = cores[: ufunc.nin], cores[ufunc.nin]
+    if axis is not None:
+        if axes is not None or any(len(c) > 1 for c in cores):
+            raise TypeError(f"np.{ufunc.__name__}: axis= needs core dimensions of at most one")
+        axes = [(axis,) if c else () for c in cores]
+    if axes is None:
+        axes = [tuple(range(-len(c), 0)) for c in cores]
+    axes = [(a,) if isinstance(a, (int, np.integer)) else tuple(a) for a in axes]
+    if len(axes) == ufunc.nin and not out_core:
+        axes.append(())
+    if len(axes) != ufunc.nin + 1 or any(len(a) != len(c) for a, c in zip(axes, cores)):
+        raise ValueError(f"np.{ufunc.__name__}: axes= does not match its signature {signature}")
+    moved = [
+        np.moveaxis(x, a, tuple(range(-len(a), 0))) if a else x
+        for x, a in zip(inputs, axes[: ufunc.nin])
+    ]
+
+    def place(out):
+        if keepdims:  # the reduced core axis kept with size one where the inputs had it
+            if out_core or len({len(c) for c in in_cores}) != 1:
+                raise ValueError(f"np.{ufunc.__name__}: keepdims= needs a reduction")
+            return np.expand_dims(out, axes[0]) if axes[0] else out
+        out_axes = axes[ufunc.nin]
+        if not out_axes:
+            return out
+        return np.moveaxis(out, tuple(range(-len(out_axes), 0)), out_axes)
+
+    return moved, place
+
+
 def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
+    place = None
+    if ufunc.signature is not None and {"axis", "axes", "keepdims"} & set(kwargs):
+        inputs, place = _gufunc_core_axes(ufunc, inputs, kwargs)
     where = kwargs.pop("where", True)
     dtype = kwargs.pop("dtype", None)
     kwargs.pop("casting", None)
@@ -1201,7 +1262,9 @@ def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
             f"np.{ufunc.__name__}(..., where=mask) leaves masked entries uninitialised; "
             "write np.where(mask, np.f(x), fill) instead."
         )
-    out = bind(prim, inputs, {})
+    out = bind(prim, tuple(inputs), {})
+    if place is not None:
+        out = place(out)
     return _METHODS["astype"](out, np.dtype(dtype)) if dtype is not None else out
 
 

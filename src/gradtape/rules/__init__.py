@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     scalar_functions,
     scipy_linalg,
     scipy_misc,
+    scipy_spatial,
     scipy_special,
     scipy_stats,
     sequences,

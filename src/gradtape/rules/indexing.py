@@ -263,6 +263,10 @@ scatter_add_p = Primitive(
 def _setitem_impl(x, v, idx):
     if type(x) is trace.Tracer or type(v) is trace.Tracer:
         return bind(setitem_p, (x, v), {"idx": idx})  # recorded at the lower level
+    if isinstance(x, np.generic):  # a 0-d value held as a NumPy scalar: written as a 0-d array
+        out = np.array(x)
+        out[idx] = v
+        return out[()]
     out = x.copy()
     out[idx] = v
     return out
