@@ -81,3 +81,30 @@ def test_an_unknown_attribute_is_a_plain_attribute_error(name):
     with pytest.raises(AttributeError, match=name) as info:
         gt.grad(f)(X)
     assert not isinstance(info.value, gt.GradtapeError)
+
+
+def test_flat_reads_and_writes_as_ndarray_flat():
+    """x.flat: iteration, indexing and writes in C order (scipy.stats.linregress unpacks
+    np.cov(x, y).flat)."""
+    x = np.array([0.3, -1.2, 2.0, 0.7, 1.1])
+
+    def f(x):
+        a, b, c, d = np.cov(x, x**2).flat
+        y = x.reshape(5, 1) * 1.0
+        y.flat[2] = 10 * x[0]
+        y.flat[3:] = x[:2] ** 2
+        return a + 2 * b + c * d + np.sum(y**2) + sum(v for v in x.flat) + len(x.flat)
+
+    value, grad = gt.value_and_grad(f)(x)
+    assert value == pytest.approx(f(x), rel=1e-14)
+    h = 1e-6
+    fd = [(f(x + h * e) - f(x - h * e)) / (2 * h) for e in np.eye(5)]
+    np.testing.assert_allclose(grad, fd, rtol=1e-6)
+    assert gt.grad(lambda x: x.flat[-1] * x.flat[0])(x).tolist() == [1.1, 0, 0, 0, 0.3]
+
+
+def test_linregress_through_flat():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    y = np.array([0.3, -1.2, 2.0, 0.7, 1.1])
+    slope = gt.grad(lambda y: scipy_stats.linregress(np.arange(5.0), y).slope)(y)
+    np.testing.assert_allclose(slope, (np.arange(5.0) - 2) / 10, atol=1e-15)

@@ -1161,6 +1161,12 @@ class Tracer:
     def flatten(self, order="C"):
         return np.ravel(self, order=order)
 
+    @property
+    def flat(self) -> _FlatEntries:
+        """The entries in C order, as ndarray.flat: read by iteration or index; a write
+        `x.flat[i] = v` writes into x."""
+        return _FlatEntries(self)
+
     def squeeze(self, axis=None):
         return np.squeeze(self, axis=axis)
 
@@ -1252,10 +1258,33 @@ class Tracer:
         raise AttributeError(f"'Tracer' object has no attribute {name!r}")
 
 
+class _FlatEntries:
+    """`Tracer.flat`: a traced value's entries in C order (ndarray.flat's reading and writing;
+    a value that does not broadcast to the selected entries raises, where NumPy's flat
+    iterator would repeat it)."""
+
+    def __init__(self, base: Tracer):
+        self.base = base
+
+    def __len__(self) -> int:
+        return int(self.base.size)
+
+    def __iter__(self):
+        return iter(np.ravel(self.base))
+
+    def __getitem__(self, index):
+        return np.ravel(self.base)[index]
+
+    def __setitem__(self, index, value) -> None:
+        entries = np.ravel(self.base).copy()  # (a reshape's result: written as a copy)
+        entries[index] = value
+        self.base[...] = np.reshape(entries, self.base.shape)
+
+
 # ndarray attributes about memory that a Tracer cannot have (`Tracer.__getattr__`)
 _MEMORY_ATTRIBUTES = frozenset(
     "flags strides ctypes data base view tobytes tostring resize byteswap setflags itemset "
-    "tofile dump dumps getfield setfield flat put".split()
+    "tofile dump dumps getfield setfield put".split()
 )
 
 
