@@ -59,6 +59,9 @@ def _refuse_derivative(value, what: str) -> None:
 
 
 # --- the standardized distributions ---------------------------------------------------------
+_LOG_2PI = math.log(2 * math.pi)
+
+
 class _Dist:
     """Standardized functions of one distribution (loc 0, scale 1); None: no rule."""
 
@@ -104,6 +107,11 @@ CONTINUOUS = {
         sf=lambda z, df: _sp().stdtr(df, -z),
         ppf=lambda q, df: _sp().stdtrit(df, q),
         isf=lambda q, df: -_sp().stdtrit(df, q),
+        safe_shapes=(1.0,),
+    ),
+    # pdf and logpdf only: its cdf is a series in kappa (SciPy's own), refused by name
+    "vonmises_gen": _Dist(
+        logpdf=lambda z, kappa: kappa * (np.cos(z) - 1.0) - _LOG_2PI - np.log(_sp().i0e(kappa)),
         safe_shapes=(1.0,),
     ),
     "cauchy_gen": _Dist(
