@@ -59,6 +59,7 @@ from .translate import (
     Val,
     finish_ir,
     is_float,
+    rebound_names,
 )
 
 __all__ = ["build", "NotServed", "Unusable", "available", "translator_digest"]
@@ -486,6 +487,7 @@ class _EntryWriter:
         translator.functions = self.functions
         translator.compiled = compiled
         translator.returned = _returned_names(self.node)
+        translator.rebound = rebound_names(self.node)
         translator.allocator = self.allocate
         translator.top_block = b.block
         translator.on_return = self.on_return

@@ -334,6 +334,7 @@ class Translator:
         self.functions: dict[str, ast.FunctionDef] = {}
         self.compiled: dict[tuple, tuple] = {}
         self.returned: set[str] = set()  # names of arrays this kernel returns
+        self.rebound: set[str] = set()  # names bound more than once (rebound_names)
         self.allocator = None  # (t, dims) -> ArrayArg: an ndarray (the entry point's)
         self.status_exit = None  # (builder, free_buffers): return STATUS_CHECK from here
 
@@ -507,6 +508,9 @@ class Translator:
         if name in scope.vars:
             raise NotServed(f"{name} rebound to another kind")
         current = scope.values.get(name)
+        if current is None and name not in self.rebound:  # (bound once: no slots)
+            scope.values[name] = v
+            return
         if current is None:
             i64 = LL[I64]
             data = self.entry.alloca(v.data.type, name=f"{name}.data")
@@ -1478,6 +1482,26 @@ class Translator:
         return Val(self.b.call(fn, [a.v for a in args]), t)
 
 
+def rebound_names(node: ast.FunctionDef) -> set[str]:
+    """Names a function binds more than once, or inside a loop: arrays bound to them live
+    in slots (ArraySlots); the others are bound once, as values."""
+    counts: dict[str, int] = {}
+
+    def visit(stmts: list, weight: int) -> None:
+        for st in stmts:
+            targets = st.targets if isinstance(st, ast.Assign) else []
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        counts[n.id] = counts.get(n.id, 0) + weight
+            inner = 2 if isinstance(st, (ast.For, ast.While)) else weight
+            for field_name in ("body", "orelse"):
+                visit(getattr(st, field_name, []) or [], inner)
+
+    visit(node.body, 1)
+    return {name for name, count in counts.items() if count > 1}
+
+
 def _kinds(args: list) -> tuple:
     """The argument kinds a module function is specialized on (as Numba specializes it)."""
     kinds = []
@@ -1540,6 +1564,7 @@ class FunctionCalls:
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         inner = FunctionCalls.translator(tr, fn)
+        inner.rebound = rebound_names(node)
         scope = FunctionCalls.parameters(inner, node, kinds, fn.args)
         returns: list = []
         ret_block = fn.append_basic_block("return")
