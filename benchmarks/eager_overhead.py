@@ -1,7 +1,12 @@
 """Eager `grad` overhead per recorded operation, against HIPS autograd.
 
 Run: python benchmarks/eager_overhead.py
-Prints medians (microseconds) and the ratio gradtape / autograd, single-threaded.
+Prints medians (microseconds) and the ratio gradtape / autograd, single-threaded; then, per
+operation of a chain of `sin` and `* 0.5` at N=10 (the scaling benchmark's chain), gradtape's
+and autograd's cost beside two floors measured in the same run: the NumPy calls the forward
+and backward passes make, on plain arrays (what any tape-based eager gradient pays), and
+NumPy's dispatch to an `__array_ufunc__` override that does nothing (what a traced value pays
+before any of gradtape's code runs).
 """
 
 from __future__ import annotations
@@ -21,17 +26,20 @@ import gradtape as gt  # noqa: E402
 
 def chain(np):
     """50 elementwise operations on a small vector, then a sum."""
+
     def f(x):
         y = x
         for _ in range(10):
             y = np.sin(y) * 0.9 + np.exp(-y * y) - 0.1 * y
         return np.sum(y)
+
     return f
 
 
 def normal_logpdf(np):
     def f(x):
         return np.sum(-0.5 * ((x - 0.3) / 1.7) ** 2 - np.log(1.7) - 0.5 * np.log(2 * np.pi))
+
     return f
 
 
@@ -46,8 +54,10 @@ def main() -> None:
     import autograd.numpy as anp
 
     rows = []
-    for name, make, sizes in (("chain50", chain, (10,)),
-                              ("normal_logpdf", normal_logpdf, (10, 1000, 100_000))):
+    for name, make, sizes in (
+        ("chain50", chain, (10,)),
+        ("normal_logpdf", normal_logpdf, (10, 1000, 100_000)),
+    ):
         for n in sizes:
             x = onp.random.default_rng(0).random(n)
             g_gt = gt.grad(make(onp))
@@ -57,12 +67,79 @@ def main() -> None:
             t_gt = median_us(lambda: g_gt(x))
             t_ag = median_us(lambda: g_ag(x))
             rows.append((name, n, t_f, t_gt, t_ag))
-    print(f"{'workload':<14} {'N':>7} {'f (us)':>9} {'gradtape':>9} {'autograd':>9} "
-          f"{'gt/autograd':>11} {'gt/f':>6}")
+    print(
+        f"{'workload':<14} {'N':>7} {'f (us)':>9} {'gradtape':>9} {'autograd':>9} "
+        f"{'gt/autograd':>11} {'gt/f':>6}"
+    )
     for name, n, t_f, t_gt, t_ag in rows:
-        print(f"{name:<14} {n:>7} {t_f:>9.1f} {t_gt:>9.1f} {t_ag:>9.1f} {t_gt / t_ag:>11.2f} "
-              f"{t_gt / t_f:>6.1f}")
+        print(
+            f"{name:<14} {n:>7} {t_f:>9.1f} {t_gt:>9.1f} {t_ag:>9.1f} {t_gt / t_ag:>11.2f} "
+            f"{t_gt / t_f:>6.1f}"
+        )
+
+
+PER_OP_OPS = 100
+
+
+def sin_chain(np):
+    def f(x):
+        y = x
+        for _ in range(PER_OP_OPS // 2):
+            y = np.sin(y) * 0.5
+        return np.sum(y)
+
+    return f
+
+
+class _Inert:
+    """A value whose override answers every ufunc at once (NumPy's dispatch cost alone)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return self
+
+    def __mul__(self, other):
+        return onp.multiply(self, other)
+
+
+def numpy_floor(x):
+    """The NumPy calls of the chain's forward and backward passes, on plain arrays."""
+    ys = [x]
+    for _ in range(PER_OP_OPS // 2):
+        ys.append(onp.sin(ys[-1]) * 0.5)
+    g = onp.ones_like(x)
+    for y in reversed(ys[:-1]):
+        g = (g * 0.5) * onp.cos(y)
+    return g
+
+
+def dispatch_only(inert):
+    y = inert
+    for _ in range(PER_OP_OPS // 2):
+        y = onp.sin(y) * 0.5
+    return y
+
+
+def per_operation() -> None:
+    import autograd
+    import autograd.numpy as anp
+
+    x = onp.linspace(0.0, 1.0, 10)
+    g_gt, g_ag = gt.grad(sin_chain(onp)), autograd.grad(sin_chain(anp))
+    onp.testing.assert_allclose(g_gt(x), g_ag(x), rtol=1e-12)
+    onp.testing.assert_allclose(g_gt(x), numpy_floor(x), rtol=1e-12)
+    inert = _Inert()
+    rows = [
+        ("gradtape grad", median_us(lambda: g_gt(x))),
+        ("autograd grad", median_us(lambda: g_ag(x))),
+        ("NumPy calls of forward + backward (floor)", median_us(lambda: numpy_floor(x))),
+        ("NumPy dispatch to an override (floor)", median_us(lambda: dispatch_only(inert))),
+    ]
+    print(f"\nper operation: sin / * 0.5 chain of {PER_OP_OPS} operations, N=10")
+    for name, us in rows:
+        print(f"{name:<44} {us / PER_OP_OPS:>7.2f} us")
+    print(f"load average: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
     main()
+    per_operation()

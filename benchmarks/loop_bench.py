@@ -6,9 +6,12 @@ For each workload and size n, in a fresh process per (workload, n) so that nothi
 * objective: the Python-loop function run on NumPy arrays (median of calls), and the
   vectorized NumPy objective;
 * compiled: `gt.compile(gt.value_and_grad(f), backend="numba")` — the first call (recording,
-  rolling, lowering and compiling the kernels), then the median call; of the first call, the
-  time in the rolling search (`rolling.roll_tape`); and the recording alone
-  (`gt.trace(gt.value_and_grad(f), x)`, timed separately);
+  rolling, lowering and compiling the kernels), then the median call; the first call split
+  into recording (the staged trace), the rolling search (`rolling.roll_tape`), planning (the
+  rest of `build_program`: simplifications), lowering (the backend's lowering without the
+  native compile) and the native compile (`NativeKernels._compile`: LLVM or Numba, or the
+  kernel cache); and the recording alone (`gt.trace(gt.value_and_grad(f), x)`, timed
+  separately);
 * the first call again in a second fresh process with the kernel cache the first one filled
   (what a user sees from the second run of a script on: recording, rolling and lowering,
   no Numba compile);
@@ -25,6 +28,7 @@ GRADTAPE_CACHE_DIR to keep one).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -52,19 +56,26 @@ def measure_one(name: str, n: int) -> dict:
     """The measurements of one workload at one size (in this process)."""
     import gradtape as gt
     from gradtape.bench.workloads import LOOP_WORKLOADS
-    from gradtape.compile import rolling
+    from gradtape.compile import dispatch, rolling
+    from gradtape.compile.numba import backend
 
-    searching = [0.0]
-    roll_tape = rolling.roll_tape
+    spent = dict.fromkeys(("recording", "search", "program", "lower", "native"), 0.0)
 
-    def timed_roll_tape(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return roll_tape(*args, **kwargs)
-        finally:
-            searching[0] += time.perf_counter() - t0
+    def timed(name: str, function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
 
-    rolling.roll_tape = timed_roll_tape
+        return run
+
+    rolling.roll_tape = timed("search", rolling.roll_tape)
+    dispatch.build_program = timed("program", dispatch.build_program)
+    dispatch.CompiledFunction._trace = timed("recording", dispatch.CompiledFunction._trace)
+    backend.NativeKernels._compile = timed("native", backend.NativeKernels._compile)
 
     workload = LOOP_WORKLOADS[name]
     problem = workload.make_problem(n, np.random.default_rng([0, n]))
@@ -87,6 +98,11 @@ def measure_one(name: str, n: int) -> dict:
     tape_length = len(tape.instructions)
     del tape
     compiled = gt.compile(gt.value_and_grad(f), backend="numba")
+    lower = compiled._lower
+    compiled._lower = timed("lower", lower)
+    compiled._lower.native_loops = getattr(lower, "native_loops", False)
+    for name in spent:
+        spent[name] = 0.0
     t0 = time.perf_counter()
     got = compiled(x)
     first_call = time.perf_counter() - t0
@@ -98,7 +114,14 @@ def measure_one(name: str, n: int) -> dict:
         "objective_loops_s": _median_time(lambda: f(x), 7),
         "objective_vectorized_s": _median_time(lambda: workload.vectorized(x, *consts), 21),
         "compiled_first_call_s": first_call,
-        "rolling_search_s": searching[0],
+        "rolling_search_s": spent["search"],
+        "first_call_split_s": {
+            "recording": spent["recording"],
+            "search": spent["search"],
+            "planning": spent["program"] - spent["search"],
+            "lowering": spent["lower"] - spent["native"],
+            "native compile": spent["native"],
+        },
         "recording_s": recording,
         "tape_length": tape_length,
         "compiled_call_s": _median_time(lambda: compiled(x), 51),
@@ -147,6 +170,10 @@ def main(argv: list[str]) -> None:
             f"{warm['compiled_first_call_s']:.2f} s (rolling search "
             f"{warm['rolling_search_s']:.2f} s); eager {r['eager_s'] * 1e3:.1f} ms"
         )
+        line += "; first call split: " + ", ".join(
+            f"{part} {seconds:.2f} s" for part, seconds in r["first_call_split_s"].items()
+        )
+        line += f" (kernels cached: {warm['first_call_split_s']['native compile']:.2f} s native)"
         line += f"; native loops {r['native_loops']}"
         if r["loops_in_python"]:
             line += f", in Python: {r['loops_in_python']}"

@@ -323,6 +323,7 @@ class Domain:
     args: tuple[tuple[Interval, ...], ...]
     diff: tuple[int, ...] | None = None  # None: every argument
     analytic: bool = True
+    second: tuple[int, ...] | None = None  # differentiated twice (None: those of `diff`)
 
     @property
     def arity(self) -> int:
@@ -332,11 +333,15 @@ class Domain:
     def diff_args(self) -> tuple[int, ...]:
         return tuple(range(self.arity)) if self.diff is None else self.diff
 
+    @property
+    def second_args(self) -> tuple[int, ...]:
+        return self.diff_args if self.second is None else self.second
 
-def _d(*args, diff=None, analytic=True) -> Domain:
+
+def _d(*args, diff=None, analytic=True, second=None) -> Domain:
     """Shorthand: each argument is an interval (lo, hi) or a tuple of intervals."""
     norm = tuple((a,) if isinstance(a[0], (int, float)) else tuple(a) for a in args)
-    return Domain(norm, diff, analytic)
+    return Domain(norm, diff, analytic, second)
 
 
 _R = (-3.0, 3.0)
@@ -369,7 +374,7 @@ DOMAINS: dict[str, Domain] = {
     "minimum": _d(*_APART, analytic=False),
     "fmax": _d(*_APART, analytic=False),
     "fmin": _d(*_APART, analytic=False),
-    "copysign": _d(_NONZERO, _NONZERO, diff=(0,), analytic=False),
+    "copysign": _d(_NONZERO, _NONZERO, analytic=False),
     "hypot": _d(_R, (0.3, 3.0)),
     "arctan2": _d(_R, (0.3, 3.0)),
     "logaddexp": _d(_R, _R),
@@ -443,10 +448,10 @@ DOMAINS: dict[str, Domain] = {
     "k1": _d((0.2, 4.0)),
     "k0e": _d((0.2, 4.0)),
     "k1e": _d((0.2, 4.0)),
-    "gammainc": _d((0.5, 4.0), (0.2, 4.0), diff=(1,)),
-    "gammaincc": _d((0.5, 4.0), (0.2, 4.0), diff=(1,)),
-    "betainc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
-    "betaincc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
+    "gammainc": _d((0.5, 4.0), (0.2, 4.0), second=(1,)),
+    "gammaincc": _d((0.5, 4.0), (0.2, 4.0), second=(1,)),
+    "betainc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), second=(2,)),
+    "betaincc": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), second=(2,)),
     "beta": _d((0.3, 4.0), (0.3, 4.0)),
     "rgamma": _d((-3.5, 4.0), analytic=False),
     "erfcinv": _d((0.05, 1.95)),
@@ -457,12 +462,12 @@ DOMAINS: dict[str, Domain] = {
     "pseudo_huber": _d((0.2, 3.0), _R),
     "spence": _d((0.1, 4.0)),
     # behind scipy.stats: inverses in their probability, cdfs in their continuous argument
-    "gammaincinv": _d((0.5, 4.0), (0.05, 0.95), diff=(1,)),
-    "gammainccinv": _d((0.5, 4.0), (0.05, 0.95), diff=(1,)),
-    "betaincinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
-    "betainccinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), diff=(2,)),
-    "stdtr": _d((0.5, 30.0), _R, diff=(1,)),
-    "stdtrit": _d((0.5, 30.0), (0.05, 0.95), diff=(1,)),
+    "gammaincinv": _d((0.5, 4.0), (0.05, 0.95), second=(1,)),
+    "gammainccinv": _d((0.5, 4.0), (0.05, 0.95), second=(1,)),
+    "betaincinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), second=(2,)),
+    "betainccinv": _d((0.5, 4.0), (0.5, 4.0), (0.05, 0.95), second=(2,)),
+    "stdtr": _d((0.5, 30.0), _R, second=(1,)),
+    "stdtrit": _d((0.5, 30.0), (0.05, 0.95), second=(1,)),
     "pdtr": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)),
     "pdtrc": _d((3.0, 3.0), (0.2, 6.0), diff=(1,)),
     "bdtr": _d((3.0, 3.0), (7.0, 7.0), (0.05, 0.95), diff=(2,)),

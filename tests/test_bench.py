@@ -15,7 +15,7 @@ import pytest
 import gradtape as gt
 from gradtape.bench import display
 from gradtape.bench.cli import main
-from gradtape.bench.methods import METHODS, Method, complex_step, require
+from gradtape.bench.methods import METHODS, Absent, Method, complex_step, require
 from gradtape.bench.report import (
     RunContext,
     build_tables,
@@ -338,31 +338,78 @@ def test_progress_is_not_buffered_when_redirected(tmp_path: Path) -> None:
     assert "sum_exp" in rest
 
 
-def test_the_nan_safe_cost_is_the_ratio_of_the_two_numba_builds():
+def test_the_nan_safe_cost_is_the_interleaved_ratio_of_the_two_numba_builds():
     from gradtape.bench.report import nan_safe_cost_lines
     from gradtape.bench.runner import BenchRun, Measurement
 
-    def measured(method, size, median):
-        return Measurement("eam", size, method, OK, median_s=median)
+    def measured(method, size, median, ratio=None):
+        return Measurement("eam", size, method, OK, median_s=median, interleaved_ratio=ratio)
 
     run = BenchRun(TINY, [WORKLOADS["eam"]], [METHODS["gradtape_numba"]])
     assert nan_safe_cost_lines(run) == []
     run.measurements += [measured("gradtape_numba", 10, 1.05e-5), measured("numpy", 10, 3e-5)]
     assert nan_safe_cost_lines(run) == []  # the plain build did not run
     run.measurements.append(measured("gradtape_numba_plain", 10, 1e-5))
+    assert nan_safe_cost_lines(run) == []  # nor were the two timed in turn
+    run.measurements[-1].interleaved_ratio = 1.03  # not the ratio of the medians (1.05)
     (line,) = [text for text in nan_safe_cost_lines(run) if text]
-    assert line.endswith("eam N=10: 1.05×.")
+    assert "numba backend" in line and line.endswith("eam N=10: 1.03×.")
+    run.measurements.append(measured("gradtape_compiled_plain", 10, 1e-5, 0.98))
+    numpy_line, numba_line = [text for text in nan_safe_cost_lines(run) if text]
+    assert "numpy backend (gradtape_compiled / gradtape_compiled_plain" in numpy_line
+    assert numpy_line.endswith("eam N=10: 0.98×.") and numba_line == line
 
 
-@pytest.mark.native
-def test_the_plain_build_restores_the_setting(monkeypatch):
+def test_paired_methods_are_timed_in_turn(monkeypatch):
+    from gradtape.bench import runner
+    from gradtape.bench.methods import Method
+    from gradtape.bench.runner import Measurement, RunConfig
+
+    order = []
+    safe = Method("safe", "", lambda w, p: None)
+    plain = Method("plain", "", lambda w, p: None, interleaved_with="safe")
+    other = Method("other", "", lambda w, p: None)
+    row = [
+        Measurement("eam", 10, "safe", OK, number=2, samples_s=[9.0], median_s=9.0),
+        Measurement("eam", 10, "plain", OK, number=3, samples_s=[1.0], median_s=1.0),
+        Measurement("eam", 10, "other", OK, number=1, samples_s=[5.0], median_s=5.0),
+    ]
+    calls = {name: (lambda name=name: order.append(name)) for name in ("safe", "plain", "other")}
+    runner.interleave_pairs(row, calls, [safe, plain, other], RunConfig(repeat=4))
+    # one sample of each per round: 2 calls of safe, then 3 of plain, four rounds
+    assert order == (["safe"] * 2 + ["plain"] * 3) * 4
+    assert len(row[0].samples_s) == len(row[1].samples_s) == 4
+    assert row[0].median_s != 9.0 and row[1].median_s != 1.0
+    assert row[2].samples_s == [5.0] and row[2].interleaved_ratio is None
+    assert row[1].interleaved_ratio > 0
+
+    # the ratio is the median of the per-round ratios, not the ratio of the medians
+    monkeypatch.setattr(runner, "time_in_turn", lambda *a: ([1.0, 2.0, 9.0], [1.0, 1.0, 10.0]))
+    runner.interleave_pairs(row, calls, [safe, plain, other], RunConfig(repeat=3))
+    assert row[1].interleaved_ratio == 1.0
+    assert (row[0].median_s, row[1].median_s) == (2.0, 1.0)
+
+    # a pair whose partner failed or did not run is left as it was
+    row[0].status, samples = "error", list(row[1].samples_s)
+    del calls["safe"]
+    runner.interleave_pairs(row, calls, [safe, plain, other], RunConfig(repeat=3))
+    assert row[1].samples_s == samples
+
+
+NATIVE = pytest.mark.native
+
+
+@pytest.mark.parametrize(
+    "method", ["gradtape_compiled_plain", pytest.param("gradtape_numba_plain", marks=NATIVE)]
+)
+def test_the_plain_build_restores_the_setting(monkeypatch, method):
     monkeypatch.setenv("GRADTAPE_NAN_SAFE", "1")
-    prepare = METHODS["gradtape_numba_plain"].prepare
+    prepare = METHODS[method].prepare
     workload = WORKLOADS["normal_logpdf"]
     problem = workload.problem(10)
     try:
         call = prepare(workload, problem)
-    except Exception as exc:  # without Numba the method is absent
+    except Absent as exc:  # without Numba the method is absent
         pytest.skip(f"numba backend: {exc}")
     value, grad = call()
     _, expected = gt.value_and_grad(workload.numpy_function(problem))(problem.x)

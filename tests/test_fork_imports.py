@@ -12,41 +12,20 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from forking import child_start, run_child_script
 
 from gradtape.compile.numba import backend
 
 native = pytest.mark.native
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-
-PRELUDE = """
-import importlib.abc, importlib.util, os, sys, threading, time, warnings
-import numpy as np
-import gradtape as gt
+PRELUDE = child_start(
+    wait_seconds=60.0,
+    more="""
+import importlib.abc, importlib.util, warnings
 from gradtape.compile.numba import backend
-
-def f(x):
-    return np.sum(np.exp(x) * 2.0 + x * x)
-
-def df(x):
-    return np.exp(x) * 2.0 + 2.0 * x
-
-def wait_child(pid, seconds=60.0):
-    start = time.time()
-    while time.time() - start < seconds:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return "hung"
 
 inside_import = threading.Event()
 
@@ -71,23 +50,12 @@ class PauseNumbaImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = paused
         return spec
-"""
+""",
+)
 
 
 def run_script(script: str, tmp_path) -> str:
-    env = dict(
-        os.environ, PYTHONPATH=SRC, GRADTAPE_CACHE_DIR=str(tmp_path / "cache"), GRADTAPE_LLVM="0"
-    )
-    env.pop("GRADTAPE_NUMBA", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return run_child_script(PRELUDE, script, tmp_path, {"GRADTAPE_LLVM": "0"}, timeout=300)
 
 
 @native

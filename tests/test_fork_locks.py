@@ -8,55 +8,19 @@ test_fork_imports.py."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from forking import child_start, run_child_script
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-
-# the child's verdict: exit status 0 when its numbers are right, 3 when wrong; a child still
-# running after its timeout is killed and reported as "hung"
-PRELUDE = """
-import os, sys, threading, time
-import numpy as np
-import gradtape as gt
-
-def f(x):
-    return np.sum(np.exp(x) * 2.0 + x * x)
-
-def df(x):
-    return np.exp(x) * 2.0 + 2.0 * x
-
-def wait_child(pid, seconds=30.0):
-    start = time.time()
-    while time.time() - start < seconds:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return "hung"
-"""
+PRELUDE = child_start(wait_seconds=30.0)
 
 
 def run_script(script: str, tmp_path, extra_env: dict | None = None) -> str:
-    env = dict(os.environ, PYTHONPATH=SRC, GRADTAPE_CACHE_DIR=str(tmp_path / "cache"))
-    env["GRADTAPE_NUMBA"] = "0"
-    env.update(extra_env or {})
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_child_script(
+        PRELUDE, script, tmp_path, {"GRADTAPE_NUMBA": "0", **(extra_env or {})}, timeout=180
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
 
 
 def test_fork_while_another_thread_records_a_variant(tmp_path):

@@ -159,7 +159,7 @@ def check_second_order(f, primals, tol, step=6e-6, f_ref=None, jacobians=True):
 UFUNCS = differentiable_ufuncs()
 
 
-def _draw_ufunc_args(data, ufunc, dtype):
+def _draw_ufunc_args(data, ufunc, dtype, second=False):
     domain = DOMAINS[ufunc.__name__]
     shapes = data.draw(
         st.sampled_from(
@@ -175,7 +175,7 @@ def _draw_ufunc_args(data, ufunc, dtype):
         data.draw(argument_strategy(s, iv, dtype), label=f"arg{i}")
         for i, (s, iv) in enumerate(zip(shapes, domain.args))
     ]
-    diff = domain.diff_args
+    diff = domain.second_args if second else domain.diff_args
 
     def with_args(constants):
         def f(*d):
@@ -202,7 +202,7 @@ def test_ufunc_jvp(ufunc, data, dtype):
 @FEW
 @given(data=st.data(), dtype=DTYPES)
 def test_ufunc_second_order(ufunc, data, dtype):
-    f, primals, f_ref = _draw_ufunc_args(data, ufunc, dtype)
+    f, primals, f_ref = _draw_ufunc_args(data, ufunc, dtype, second=True)
     check_second_order(f, primals, 1e-2 if dtype == np.float32 else 2e-5, f_ref=f_ref)
 
 

@@ -94,6 +94,123 @@ def test_the_numpy_backend_writes_the_product_into_its_buffer():
     assert "zero_nan_products" in source and "p_nan_safe_multiply" not in source
 
 
+# the numpy backend's three ways of testing a product for the mask (see numpy_backend.py):
+# a product read only by the sum after it is tested at the sum; a product of 0-d float64
+# values is a scalar product; a product whose p dies there takes over p's buffer
+SUMMED = {
+    "full sum": lambda d: np.sum(d),
+    "axis sum": lambda d: np.sum(d, axis=-1),
+    "sum kept": lambda d: np.sum(d, axis=0, keepdims=True),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=4),
+    how=st.sampled_from(sorted(SUMMED)),
+    data=st.data(),
+)
+def test_a_product_tested_at_its_sum_gives_the_masked_numbers(shape, how, data):
+    reduce = SUMMED[how]
+
+    def f(g, p):
+        return reduce(nan_safe_multiply(g * 1.0, p * 1.0))
+
+    compiled = gt.compile(f, backend="numpy")
+    finite = st.floats(-3, 3)
+    g0 = data.draw(hnp.arrays(np.float64, shape, elements=finite))
+    p0 = data.draw(hnp.arrays(np.float64, shape, elements=finite))
+    compiled(g0, p0)
+    body = compiled.lowered(g0, p0).source.split("def run")[1].splitlines()
+    first = {
+        key: next(i for i, line in enumerate(body) if key in line) for key in ("r_add", "isnan")
+    }
+    assert first["r_add"] < first["isnan"]  # the NaN test looks at the sum, not the product
+    for _ in range(3):
+        g = data.draw(hnp.arrays(np.float64, shape, elements=SPECIAL))
+        p = data.draw(hnp.arrays(np.float64, shape, elements=SPECIAL))
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(compiled(g, p), reduce(masked_product(g, p)))
+
+
+def test_a_product_tested_at_its_sum_keeps_g_for_the_redo():
+    """g dies at the product but is read again when the sum finds a NaN: its buffer must not
+    be taken by the sum's output or reused in between."""
+
+    def f(g, p):
+        d = nan_safe_multiply(np.exp(g) - 1.0, p * 2.0)  # g's buffer: a temporary
+        return np.sum(d, axis=1) + np.sum(g)
+
+    g = np.zeros((3, 3))
+    p = np.array([[np.inf, 1.0, 2.0], [1.0, np.nan, 0.5], [3.0, 4.0, 5.0]])
+    compiled = gt.compile(f, backend="numpy")
+    with np.errstate(all="ignore"):
+        for gg, pp in ((g + 1.0, np.ones((3, 3))), (g, p), (g + 0.5, p), (g, p * 0 + 1)):
+            expected = np.sum(masked_product(np.exp(gg) - 1.0, pp * 2.0), axis=1) + np.sum(gg)
+            np.testing.assert_array_equal(compiled(gg, pp), expected)
+
+
+@pytest.mark.parametrize("g", [0.0, -0.0, 1.5, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("p", [0.0, 2.0, np.inf, -np.inf, np.nan])
+def test_a_product_of_scalars_is_masked_without_a_buffer(g, p):
+    def f(x):
+        return nan_safe_multiply(x[0] * 1.0, x[1] * 1.0) + 1.0
+
+    compiled = gt.compile(f, backend="numpy")
+    compiled(np.array([1.0, 2.0]))
+    x = np.array([g, p])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(compiled(x), masked_product(g, p) + 1.0)
+    assert "zero_nan_products" not in compiled.lowered(np.array([1.0, 2.0])).source
+
+
+def test_a_product_takes_over_ps_buffer_and_still_masks():
+    def f(g, p):
+        q = p * 3.0  # dies at the product: its buffer becomes the product's
+        return nan_safe_multiply(g * 1.0, q) * 2.0 + g
+
+    compiled = gt.compile(f, backend="numpy")
+    g, p = np.asarray(G, float), np.asarray(P, float)
+    with np.errstate(all="ignore"):
+        for gg in (g, g + 1.0, g[::-1].copy()):
+            expected = masked_product(gg, p * 3.0) * 2.0 + gg
+            np.testing.assert_array_equal(compiled(gg, p), expected)
+    body = compiled.lowered(g + 1.0, np.ones_like(p)).source.split("def run")[1].splitlines()
+    at = next(i for i, line in enumerate(body) if "zero_nan_products" in line)
+    assert "smallest" in body[at]  # the product is tested, in place over q's buffer:
+    assert body[at - 1].strip().endswith(", b0, b0)")
+
+
+@pytest.mark.parametrize(
+    "g_shape, p_shape, test",
+    [
+        ((), (6,), "== 0"),
+        ((3, 1), (3, 4), "all"),
+        ((6,), (), "isfinite"),
+        ((1, 4), (3, 1), "isfinite"),  # the smaller factor
+        ((2, 3), (2, 3), "smallest"),  # neither is smaller: the product
+    ],
+)
+def test_a_broadcast_factor_is_tested_instead_of_the_product(g_shape, p_shape, test):
+    """A g smaller than the product needs no mask unless it holds a zero; a smaller p none
+    unless it is not finite; the numbers are the masked product's either way."""
+
+    def f(g, p):
+        return nan_safe_multiply(g * 1.0, p * 1.0) * 2.0
+
+    compiled = gt.compile(f, backend="numpy")
+    rng = np.random.default_rng(1)
+    compiled(np.ones(g_shape), np.ones(p_shape))
+    body = compiled.lowered(np.ones(g_shape), np.ones(p_shape)).source.split("def run")[1]
+    (line,) = [line for line in body.splitlines() if "zero_nan_products" in line]
+    assert test in line and ("smallest" in line) == (test == "smallest")
+    for _ in range(20):
+        g = rng.choice(np.array([0.0, -0.0, 1.5, np.nan, np.inf]), g_shape)
+        p = rng.choice(np.array([0.0, 2.0, np.inf, -np.inf, np.nan]), p_shape)
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(compiled(g, p), masked_product(g, p) * 2.0)
+
+
 @pytest.mark.parametrize("argnum", [0, 1])
 def test_its_derivatives_are_those_of_the_masked_product(argnum):
     """At points where both are finite it is g * p; where the mask holds, no derivative."""

@@ -77,6 +77,7 @@ NATIVE_GAPS = {
     "lu_solve_factors",
     "pinv",
     "pos_solve",
+    "eigh_subset_signs",
     "scipy_eigh",
     "scipy_eigh_general",
     "solve_banded",
@@ -95,6 +96,8 @@ NATIVE_GAPS = {
     "bdtrc",
     "beta",
     "betainc",
+    "betainc_da",
+    "betainc_db",
     "betaincc",
     "betainccinv",
     "betaincinv",
@@ -109,6 +112,7 @@ NATIVE_GAPS = {
     "erfcinv",
     "frexp",
     "gammainc",
+    "gammainc_da",
     "gammaincc",
     "gammainccinv",
     "gammaincinv",
@@ -274,7 +278,11 @@ NUMPY_FALLBACKS = {
     "digitize",
     "discrete_ppf",
     "divmod",
+    "betainc_da",  # a continued fraction in NumPy (rules/incomplete_beta.py)
+    "betainc_db",
+    "eigh_subset_signs",  # SciPy's subset driver, for its eigenvectors' signs
     "frexp",
+    "gammainc_da",  # a series in NumPy (rules/incomplete_gamma.py)
     "gammasgn",
     "histogram_bin_count",
     "histogram_bin_index",
@@ -427,67 +435,21 @@ def test_a_ufunc_whose_name_is_not_an_identifier_compiles_on_the_numpy_backend()
 
 
 # vmap runs these once per member of the batch (no batching rule: tracing.loop_batch); each
-# other primitive gets its rule from its category in rules/batching.py
+# other primitive gets its rule in rules/batching.py, batching_search.py or batching_linalg.py
 LOOP_BATCHED = {
-    "all",
-    "allclose",
-    "any",
-    "argmax",
-    "argmin",
-    "argpartition",
-    "argsort",
+    # the output's shape depends on each member's values: members of one batch may disagree,
+    # so these run once per member (and a batch whose members disagree raises)
     "argwhere",
-    "array_equal",
-    "bincount",
-    "bincount_shifted",
-    "cho_factors",
-    "cho_solve",
-    "convolution",
-    "count_nonzero",
-    "digitize",
-    "discrete_ppf",
-    "dyn_getitem",
-    "dyn_scatter_add",
-    "dyn_setitem",
-    "expm",
-    "fft",
+    "eigh_subset_signs",  # SciPy's subset driver on each matrix
     "flatnonzero",
-    "histogram_bin_count",
-    "histogram_bin_index",
-    "imag",
-    "isclose",
-    "lexsort",
-    "linalg_all_real",
-    "logaddexp_reduce",
-    "logm",
-    "lu",
-    "lu_permutation",
-    "lu_solve_factors",
-    "maclaurin",
-    "matvec",
-    "nanargmax",
-    "nanargmin",
     "nonzero",
-    "pad",
-    "partition_index",
-    "pos_solve",
-    "real",
-    "rolled_loop",  # made by compile after every transform: never batched
-    "running_extreme",
-    "scipy_eigh",
-    "scipy_eigh_general",
-    "searchsorted",
-    "signal_convolve",
-    "signal_lfilter",
-    "solve_banded",
-    "solve_continuous_lyapunov",
-    "solve_discrete_lyapunov",
-    "solve_sylvester",
-    "sqrtm",
-    "unique_inverse",
+    "unique_inverse",  # np.unique sorts each member's values: no batched form in NumPy
     "unique_rank",
-    "vecdot",
-    "vecmat",
+    # the number of bins NumPy's estimators give (bins="auto", ...) is a Python int per member
+    "histogram_bin_count",
+    # LAPACK's banded solver takes one banded matrix, and SciPy has no stacked form of it
+    "solve_banded",
+    "rolled_loop",  # made by compile after every transform: never batched
 }
 
 

@@ -411,27 +411,63 @@ def test_backends_with_native_loops_roll_shorter_programs(monkeypatch):
 def test_the_collector_pause_is_shared_by_searches_and_leaves_the_users_setting():
     import gc
 
-    from gradtape.compile import rolling
+    from gradtape.core import collector
 
     assert gc.isenabled()
-    with rolling._collector_paused():
+    with collector.collector_paused():
         assert not gc.isenabled()
-        with rolling._collector_paused():  # a second search (another thread) ends first
+        with collector.collector_paused():  # a second search (another thread) ends first
             pass
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with rolling._collector_paused():
+        with collector.collector_paused():
             pass
         assert not gc.isenabled()  # the user's choice stands
     finally:
         gc.enable()
     # a forked child has none of the parent's searching threads: it resumes the collector
-    rolling._pauses, rolling._resume_collector = 1, True  # as another thread's search left it
+    collector._searches, collector._resume_collector = 1, True  # as another thread left it
     gc.disable()
-    rolling.renew_locks_after_fork()
-    assert gc.isenabled() and rolling._pauses == 0
+    collector.renew_locks_after_fork()
+    assert gc.isenabled() and collector._searches == 0
+
+
+def test_full_collections_wait_while_a_staged_recording_runs_and_the_users_threshold_stands():
+    import gc
+
+    import gradtape as gt
+    from gradtape.core import collector
+
+    user = gc.get_threshold()
+    seen = []
+
+    def f(x):
+        seen.append(gc.get_threshold())
+        with collector.full_collections_paused():  # (a nested recording ends first)
+            pass
+        seen.append(gc.get_threshold())
+        return np.sum(x * x)
+
+    gt.trace(f, np.ones(3))
+    assert seen[0][:2] == user[:2] and seen[0][2] > 10**6 and seen[1] == seen[0]
+    assert gc.get_threshold() == user
+    gt.grad(f)(np.ones(3))  # an eager gradient keeps every collection
+    assert seen[-1] == user
+    # a threshold the user sets during a recording stands
+    with collector.full_collections_paused():
+        gc.set_threshold(500, 10, 20)
+    try:
+        assert gc.get_threshold() == (500, 10, 20)
+    finally:
+        gc.set_threshold(*user)
+    # a forked child restores the threshold the recordings of other threads had raised
+    collector.pause_full_collections()
+    collector.renew_locks_after_fork()
+    assert gc.get_threshold() == user and collector._recordings == 0
+    collector.resume_full_collections()  # (the parent's recording ending in the child)
+    assert gc.get_threshold() == user
 
 
 def test_a_forked_child_gets_a_new_lock_for_every_native_loop():

@@ -7,57 +7,21 @@ the right numbers."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
+from forking import child_start, run_child_script
 
 native = pytest.mark.native
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-
-# the child's verdict: exit status 0 when its numbers are right, 3 when wrong; a hang is
-# killed by the timeout below
-_PRELUDE = """
-import os, sys, time
-import numpy as np
-import gradtape as gt
-from gradtape.compile.numba import backend
-
-def f(x):
-    return np.sum(np.exp(x) * 2.0 + x * x)
-
-def df(x):
-    return np.exp(x) * 2.0 + 2.0 * x
-
-def wait_child(pid, seconds=90.0):
-    start = time.time()
-    while time.time() - start < seconds:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    return "hung"
-"""
+# the child's verdict: exit status 0 when its numbers are right, 3 when wrong
+_PRELUDE = child_start(wait_seconds=90.0, more="from gradtape.compile.numba import backend\n")
 
 
 def _run(script: str, tmp_path, timeout: float = 240.0) -> str:
-    env = dict(os.environ, PYTHONPATH=SRC, GRADTAPE_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("GRADTAPE_NUMBA", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return run_child_script(_PRELUDE, script, tmp_path, timeout=timeout)
 
 
 @native

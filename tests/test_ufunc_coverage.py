@@ -45,8 +45,41 @@ EXTRA = {
 
 # (NumPy's matvec and vecmat are new in 2.2: gradtape declares their rules where they exist)
 NEW_IN_NUMPY = {name for name in ("matvec", "vecmat") if not hasattr(np, name)}
+NEW_IN_NUMPY_NAMES = NEW_IN_NUMPY | ({"vecdot"} if not hasattr(np, "vecdot") else set())
 for _name in NEW_IN_NUMPY:
     del EXTRA[_name]
+
+
+# gufuncs' core-axis keywords (axes=, axis=, keepdims=): name -> (function, args)
+A34, B34, T435 = RNG.normal(size=(3, 4)), RNG.normal(size=(3, 4)), RNG.normal(size=(4, 3, 5))
+CORE_AXES = {
+    "vecdot axis=0": (lambda a, b: np.vecdot(a, b, axis=0), (A34, B34)),
+    "vecdot axis=-1": (lambda a, b: np.vecdot(a, b, axis=-1), (A34, B34)),
+    "vecdot keepdims": (lambda a, b: np.vecdot(a, b, axis=0, keepdims=True), (A34, B34)),
+    "vecdot axes, broadcast": (
+        lambda a, b: np.vecdot(a, b[:, :1], axes=[(0,), (0,), ()]),
+        (A34, B34),
+    ),
+    "vecdot axes without the output's": (lambda a, b: np.vecdot(a, b, axes=[0, 0]), (A34, B34)),
+    "matmul axes": (lambda a, b: np.matmul(a, b, axes=[(1, 0), (0, 1), (1, 0)]), (A34, B34)),
+    "matvec axes": (lambda t, v: np.matvec(t, v, axes=[(0, 1), (0,), (0,)]), (T435, A34[:, 0])),
+    "vecmat axes": (lambda v, t: np.vecmat(v, t, axes=[(0,), (1, 0), (0,)]), (A34[:, 1], T435)),
+}
+for _name in [n for n in CORE_AXES if n.split()[0] in NEW_IN_NUMPY_NAMES]:
+    del CORE_AXES[_name]
+
+
+@pytest.mark.parametrize("name", sorted(CORE_AXES))
+def test_gufunc_core_axes(name):
+    f, args = CORE_AXES[name]
+    check_rule(f, *args)
+
+
+def test_gufunc_core_axes_are_checked_as_numpy_checks_them():
+    with pytest.raises(TypeError):
+        gt.grad(lambda m: np.sum(np.matmul(m, m.T, axis=0)))(A34)  # matmul has 2-d cores
+    with pytest.raises(ValueError, match="does not match"):
+        gt.grad(lambda x: np.sum(np.vecdot(x, x, axes=[(0, 1), (0,)])))(A34)
 
 
 def _kind(uf) -> str:

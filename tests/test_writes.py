@@ -221,3 +221,20 @@ def test_matrix_transpose_and_builtin_divmod():
     np.testing.assert_allclose(grad, central_difference_grad(f, [a], 0), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="ndim < 2"):
         gt.grad(lambda x: np.sum(x.mT))(np.ones(3))
+
+
+def test_a_write_into_a_zero_dimensional_value():
+    """A 0-d traced value (held as a NumPy scalar) written through [()] and a 0-d mask, as
+    SciPy's array-API helpers do (xpx.at(out, cond).set(...))."""
+
+    def f(x):
+        y = np.asarray(np.sum(x) * 1.0)
+        y[()] = y * 3.0
+        z = np.array(np.sum(x**2))
+        z[np.array(True)] = z + 1.0
+        return y + z
+
+    x = np.array([0.5, -1.0, 2.0])
+    assert gt.grad(f)(x).tolist() == pytest.approx((3.0 + 2 * x).tolist())
+    value, _ = gt.value_and_grad(f)(x)
+    assert value == pytest.approx(f(x)) == pytest.approx(3 * x.sum() + (x**2).sum() + 1.0)

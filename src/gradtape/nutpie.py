@@ -345,94 +345,117 @@ def from_logp(
         >>> trace = nutpie.sample(model, chains=2, draws=500, tune=300, seed=1)
     """
     layout = _layout(shapes)
-    init_u = None
-    if init is not None:
-        unknown = sorted(set(init) - set(layout.names))
-        if unknown:
-            raise GradtapeError(
-                f"from_logp: init names {unknown} are not parameters (shapes= names {layout.names})"
-            )
-        init_u = {}
-        for name, c in zip(layout.names, layout.constraints):
-            if name in init:
-                value = np.asarray(init[name], np.float64)
-                if value.shape != c.shape:
-                    raise GradtapeError(
-                        f"from_logp: init[{name!r}] has shape {value.shape}, the parameter "
-                        f"has shape {c.shape}"
-                    )
-                init_u[name] = c.inverse(value)
+    init_u = _unconstrained_init(layout, init)
 
     def unconstrained_logp(u):
         params, log_jacobian = layout.split(u)
         return logp(params) + log_jacobian
 
-    def expand(u):
-        params, _ = layout.split(u)
-        return np.concatenate([np.reshape(params[name], (-1,)) for name in layout.names])
-
     u0 = _initial_point(layout, init_u, jitter, np.random.default_rng(0))
-    value = logp(layout.split(u0)[0])
+    _check_scalar(logp(layout.split(u0)[0]))
+    logp_handle = _compile(_value_and_grad(unconstrained_logp)).as_native(u0)
+    expand_handle, expand_entry, expand_data = _expand_function(layout, logp_handle, u0)
+    # nutpie passes one data pointer to both functions: [logp's data, expand's data]
+    user_data = np.array([logp_handle.data_address, expand_data], np.int64)
+
+    def initial_point(seed):
+        return _initial_point(layout, init_u, jitter, np.random.default_rng(seed))
+
+    shape_info = _shape_info(layout)
+    return _CompiledModel(
+        _n_dim=layout.size,
+        dims=dict(dims or {}),
+        _coords=_trace_coords(layout, coords),
+        _shapes={name: tuple(c.shape) for name, c in zip(layout.names, layout.constraints)},
+        compiled_logp_func=logp_handle.nutpie_logp(),
+        compiled_expand_func=expand_entry,
+        initial_point_func=initial_point,
+        shared_data={},
+        user_data=user_data,
+        n_expanded=shape_info[1][-1].stop,
+        shape_info=shape_info,
+        logp_func=logp_handle,
+        expand_func=expand_handle,
+    )
+
+
+def _unconstrained_init(layout: _Layout, init: Mapping | None) -> dict | None:
+    """The unconstrained starting values of the parameters `init` names (checked: known
+    names, the parameters' shapes), or None."""
+    if init is None:
+        return None
+    unknown = sorted(set(init) - set(layout.names))
+    if unknown:
+        raise GradtapeError(
+            f"from_logp: init names {unknown} are not parameters (shapes= names {layout.names})"
+        )
+    init_u = {}
+    for name, c in zip(layout.names, layout.constraints):
+        if name in init:
+            value = np.asarray(init[name], np.float64)
+            if value.shape != c.shape:
+                raise GradtapeError(
+                    f"from_logp: init[{name!r}] has shape {value.shape}, the parameter "
+                    f"has shape {c.shape}"
+                )
+            init_u[name] = c.inverse(value)
+    return init_u
+
+
+def _check_scalar(value) -> None:
+    """logp's value at the starting point must be a scalar."""
     if np.ndim(value) != 0:
         raise GradtapeError(
             f"from_logp: logp must return a scalar (the log-density); it returned an array "
             f"of shape {np.shape(value)}; sum the terms (np.sum)"
         )
-    logp_handle = _compile(_value_and_grad(unconstrained_logp)).as_native(u0)
-    logp_entry = logp_handle.nutpie_logp()
+
+
+def _expand_function(layout: _Layout, logp_handle, u0: np.ndarray) -> tuple:
+    """(handle or None, entry point, data address) of nutpie's expand function: a copy of
+    the sampler's vector (no constraint), a function written directly (elementwise
+    constraints), or the compiled program of the constrained values."""
     if all(c.name == "real" for c in layout.constraints):
         # the trace holds the sampler's vector itself: a copy, no second program to compile
-        expand_handle, expand_entry, expand_data = None, logp_handle.nutpie_copy(), 0
-    elif all(c.elementwise is not None for c in layout.constraints):
+        return None, logp_handle.nutpie_copy(), 0
+    if all(c.elementwise is not None for c in layout.constraints):
         # exp and the logistic function element by element: written directly, no program
         segments = [
             (c.elementwise[0], start, c.size, *(c.elementwise[1:] or (0.0, 0.0)))
             for c, start in zip(layout.constraints, layout.starts)
         ]
-        expand_handle, expand_data = None, 0
-        expand_entry = _elementwise_expand(layout.size, segments)
-    else:
-        expand_handle = _compile(expand).as_native(u0)
-        expand_entry, expand_data = expand_handle.nutpie_expand(), expand_handle.data_address
-    # nutpie passes one data pointer to both functions: [logp's data, expand's data]
-    user_data = np.array([logp_handle.data_address, expand_data], np.int64)
+        return None, _elementwise_expand(layout.size, segments), 0
+
+    def expand(u):
+        params, _ = layout.split(u)
+        return np.concatenate([np.reshape(params[name], (-1,)) for name in layout.names])
+
+    expand_handle = _compile(expand).as_native(u0)
+    return expand_handle, expand_handle.nutpie_expand(), expand_handle.data_address
+
+
+def _trace_coords(layout: _Layout, coords: Mapping | None) -> dict:
+    """The trace's coordinates: the user's, and the names of the unconstrained values."""
+    import pandas as pd  # nutpie depends on pandas
 
     names_u = []
     for name, c in zip(layout.names, layout.constraints):
         names_u += (
             [name] if c.size == 1 and c.shape == () else [f"{name}_{i}" for i in range(c.size)]
         )
-    all_coords = {k: list(v) for k, v in (coords or {}).items()}
-    import pandas as pd  # nutpie depends on pandas
-
-    all_coords = {k: pd.Index(v) for k, v in all_coords.items()}
+    all_coords = {k: pd.Index(list(v)) for k, v in (coords or {}).items()}
     all_coords["unconstrained_parameter"] = pd.Index(names_u)
+    return all_coords
 
+
+def _shape_info(layout: _Layout) -> tuple:
+    """nutpie's shape_info: (names, slices of the expanded vector, constrained shapes)."""
     slices, start = [], 0
     for c in layout.constraints:
         size = math.prod(c.shape)
         slices.append(slice(start, start + size))
         start += size
-    shape_info = (list(layout.names), slices, [tuple(c.shape) for c in layout.constraints])
-
-    def initial_point(seed):
-        return _initial_point(layout, init_u, jitter, np.random.default_rng(seed))
-
-    return _CompiledModel(
-        _n_dim=layout.size,
-        dims=dict(dims or {}),
-        _coords=all_coords,
-        _shapes={name: tuple(c.shape) for name, c in zip(layout.names, layout.constraints)},
-        compiled_logp_func=logp_entry,
-        compiled_expand_func=expand_entry,
-        initial_point_func=initial_point,
-        shared_data={},
-        user_data=user_data,
-        n_expanded=start,
-        shape_info=shape_info,
-        logp_func=logp_handle,
-        expand_func=expand_handle,
-    )
+    return list(layout.names), slices, [tuple(c.shape) for c in layout.constraints]
 
 
 def _initial_point(layout: _Layout, init_u: dict | None, jitter: float, rng) -> np.ndarray:

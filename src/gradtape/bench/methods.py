@@ -55,6 +55,9 @@ class Method:
     """Tolerance of the check against the hand gradient (relative to the largest entry)."""
     needs_variant: str | None = None
     """Run only on workloads with a variant for this system (a comparison meaningless elsewhere)."""
+    interleaved_with: str | None = None
+    """Another method this one is compared with: where both run, their samples are taken in
+    turn (one of each, repeated), so the machine's drift falls on both alike."""
 
     def applies_to(self, workload: Workload) -> bool:
         """Whether this method is measured on ``workload`` at all."""
@@ -129,19 +132,25 @@ def _prepare_gradtape_compiled(backend: str) -> Callable[[Workload, Problem], Pr
     return prepare
 
 
-def prepare_gradtape_plain_products(workload: Workload, problem: Problem) -> PreparedCall:
-    """gradtape_numba built with GRADTAPE_NAN_SAFE=0: what the NaN-safe products cost."""
-    previous = os.environ.get("GRADTAPE_NAN_SAFE")
-    os.environ["GRADTAPE_NAN_SAFE"] = "0"
-    try:  # the setting is read while the first call records and builds
-        call = _prepare_gradtape_compiled("numba")(workload, problem)
-        call()
-    finally:
-        if previous is None:
-            del os.environ["GRADTAPE_NAN_SAFE"]
-        else:
-            os.environ["GRADTAPE_NAN_SAFE"] = previous
-    return call
+def _prepare_gradtape_plain_products(backend: str) -> Callable[[Workload, Problem], PreparedCall]:
+    """The compiled gradient on ``backend`` built with GRADTAPE_NAN_SAFE=0: beside the same
+    build with the setting on, what the NaN-safe products cost."""
+    prepare_compiled = _prepare_gradtape_compiled(backend)
+
+    def prepare(workload: Workload, problem: Problem) -> PreparedCall:
+        previous = os.environ.get("GRADTAPE_NAN_SAFE")
+        os.environ["GRADTAPE_NAN_SAFE"] = "0"
+        try:  # the setting is read while the first call records and builds
+            call = prepare_compiled(workload, problem)
+            call()
+        finally:
+            if previous is None:
+                del os.environ["GRADTAPE_NAN_SAFE"]
+            else:
+                os.environ["GRADTAPE_NAN_SAFE"] = previous
+        return call
+
+    return prepare
 
 
 # --- peers ---
@@ -273,6 +282,14 @@ METHODS: dict[str, Method] = {
             systems=("gradtape",),
         ),
         Method(
+            "gradtape_compiled_plain",
+            "gradtape_compiled built with GRADTAPE_NAN_SAFE=0: plain products in derivative "
+            "rules (gradtape_compiled / this = what the NaN-safe products cost)",
+            _prepare_gradtape_plain_products("numpy"),
+            systems=("gradtape",),
+            interleaved_with="gradtape_compiled",
+        ),
+        Method(
             "gradtape_numba",
             "gradtape.compile(value_and_grad(f), backend='numba')",
             _prepare_gradtape_compiled("numba"),
@@ -282,8 +299,9 @@ METHODS: dict[str, Method] = {
             "gradtape_numba_plain",
             "gradtape_numba built with GRADTAPE_NAN_SAFE=0: plain products in derivative rules "
             "(gradtape_numba / this = what the NaN-safe products cost)",
-            prepare_gradtape_plain_products,
+            _prepare_gradtape_plain_products("numba"),
             systems=("gradtape", "numba"),
+            interleaved_with="gradtape_numba",
         ),
         Method(
             "gradtape_unrolled",

@@ -177,29 +177,36 @@ def summary_table(run: BenchRun) -> list[str]:
     return lines
 
 
+PLAIN_PRODUCT_BUILDS = {"gradtape_compiled_plain": "numpy", "gradtape_numba_plain": "numba"}
+"""Methods that build a compiled gradient with plain products, and their backend."""
+
+
 def nan_safe_cost_lines(run: BenchRun) -> list[str]:
-    """Markdown lines: gradtape_numba's median over gradtape_numba_plain's (the same compiled
-    gradient built with plain products), per workload and N where both ran: what the NaN-safe
-    products of derivative rules cost. Empty when the two did not both run."""
-    medians = {
-        (m.workload, m.size, m.method): m.median_s
+    """Markdown lines: what the NaN-safe products of derivative rules cost on each backend, as
+    the compiled gradient's time over the same build with plain products
+    (``gradtape_compiled_plain``, ``gradtape_numba_plain``), the two timed in turn (the median
+    of the per-round ratios), per workload and N where both ran. Empty when no pair ran."""
+    ratios = {
+        (m.method, m.workload, m.size): m.interleaved_ratio
         for m in run.measurements
-        if m.status == OK and m.median_s
+        if m.method in PLAIN_PRODUCT_BUILDS and m.status == OK and m.interleaved_ratio
     }
-    cells = []
-    for workload in run.workloads:
-        for size in run.sizes_of(workload.name):
-            safe = medians.get((workload.name, size, "gradtape_numba"))
-            plain = medians.get((workload.name, size, "gradtape_numba_plain"))
-            if safe and plain:
-                cells.append(f"{workload.name} N={size}: {format_ratio(safe / plain)}")
-    if not cells:
-        return []
-    return [
-        "",
-        "NaN-safe products (gradtape_numba / gradtape_numba_plain, the same compiled gradient "
-        "with plain products): " + ", ".join(cells) + ".",
-    ]
+    lines = []
+    for plain, backend in PLAIN_PRODUCT_BUILDS.items():
+        cells = [
+            f"{workload.name} N={size}: {format_ratio(ratios[plain, workload.name, size])}"
+            for workload in run.workloads
+            for size in run.sizes_of(workload.name)
+            if (plain, workload.name, size) in ratios
+        ]
+        if cells:
+            lines += [
+                "",
+                f"NaN-safe products, {backend} backend ({plain.removesuffix('_plain')} / "
+                f"{plain}: the same compiled gradient with plain products, timed in turn; "
+                "median of per-round ratios): " + ", ".join(cells) + ".",
+            ]
+    return lines
 
 
 def render_markdown(run: BenchRun, context: RunContext, tables: Sequence[Table]) -> str:

@@ -7,7 +7,10 @@ background compiler is waited for (eager loops and backend="auto" reach native c
 calls: the median is the steady state, the first call the cold one).  Only a correct method is
 timed: ``timeit`` loops whose number of
 calls is chosen so that one sample lasts at least ``min_sample_s``, then the median of up to
-``repeat`` samples.  Nothing here prints; progress goes to an optional ``ProgressSink``.
+``repeat`` samples.  Two methods compared with each other (``Method.interleaved_with``) are then
+timed again in turn, one sample of each per round, and keep those samples: their ratio is not
+skewed by the machine's load changing between the two.  Nothing here prints; progress goes to
+an optional ``ProgressSink``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class Measurement:
     ratio_to_numpy: float | None = None
     ratio_to_best_peer: float | None = None
     best_peer: str | None = None
+    interleaved_ratio: float | None = None
+    """For a method timed in turn with ``Method.interleaved_with``: the median over rounds of
+    that method's sample divided by this one's."""
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for ``results.json``."""
@@ -166,8 +172,10 @@ def measure(
     reference: ValueAndGrad,
     config: RunConfig,
     absent: dict[str, str],
+    calls: dict[str, PreparedCall] | None = None,
 ) -> Measurement:
-    """Check then time one method on one problem; never raises for the method's own failures."""
+    """Check then time one method on one problem; never raises for the method's own failures.
+    A correct method's prepared call is kept in ``calls`` (by method name) when given."""
     result = Measurement(workload.name, problem.size, method.name, OK)
     if method.name in absent:
         result.status, result.detail = ABSENT, absent[method.name]
@@ -188,6 +196,8 @@ def measure(
         if method.name.startswith("gradtape"):
             _settle(call)
         result.number, result.samples_s = time_call(call, config)
+        if calls is not None:
+            calls[method.name] = call
     except Absent as exc:
         absent[method.name] = str(exc)
         result.status, result.detail = ABSENT, str(exc)
@@ -208,6 +218,51 @@ def _settle(call: PreparedCall) -> None:
         call()
     gradtape.wait_for_native(120)
     call()  # the first call that runs what was compiled
+
+
+def time_in_turn(
+    first: PreparedCall, second: PreparedCall, numbers: tuple[int, int], config: RunConfig
+) -> tuple[list[float], list[float]]:
+    """Per-call seconds of ``first`` and ``second``, one sample of each per round (``numbers``
+    calls per sample, as ``time_call`` chose them), for ``config.repeat`` rounds or until the
+    budget is spent (at least one round)."""
+    timers = (timeit.Timer(first), timeit.Timer(second))
+    samples: tuple[list[float], list[float]] = ([], [])
+    started = time.perf_counter()
+    while len(samples[0]) < config.repeat:
+        for timer, number, taken in zip(timers, numbers, samples):
+            taken.append(timer.timeit(number) / number)
+        if time.perf_counter() - started > config.budget_s:
+            break
+    return samples
+
+
+def interleave_pairs(
+    row: Sequence[Measurement],
+    calls: dict[str, PreparedCall],
+    methods: Sequence[Method],
+    config: RunConfig,
+) -> None:
+    """Re-time each pair of methods compared with each other (``Method.interleaved_with``)
+    in turn where both were timed, replacing their samples and medians, and set the second's
+    ``interleaved_ratio``."""
+    by_method = {m.method: m for m in row}
+    for method in methods:
+        partner_name = method.interleaved_with
+        mine, partner = by_method.get(method.name), by_method.get(partner_name or "")
+        if mine is None or partner is None or partner_name not in calls:
+            continue
+        if method.name not in calls:
+            continue
+        partner_samples, my_samples = time_in_turn(
+            calls[partner_name], calls[method.name], (partner.number, mine.number), config
+        )
+        for measurement, samples in ((partner, partner_samples), (mine, my_samples)):
+            measurement.samples_s = samples
+            measurement.median_s = statistics.median(samples)
+        mine.interleaved_ratio = statistics.median(
+            a / b for a, b in zip(partner_samples, my_samples)
+        )
 
 
 def add_ratios(row: Sequence[Measurement], methods: Sequence[Method]) -> None:
@@ -242,13 +297,18 @@ def run_benchmark(
             problem = workload.problem(size, config.seed)
             reference = workload.hand_value_and_grad(problem.x, *problem.consts)
             row = []
+            calls: dict[str, PreparedCall] = {}
             for method in (m for m in methods if m.applies_to(workload)):
                 if progress is not None:
                     progress.begin(f"{workload.name} N={size} {method.name}")
-                measurement = measure(method, workload, problem, reference, config, run.absent)
+                measurement = measure(
+                    method, workload, problem, reference, config, run.absent, calls
+                )
                 row.append(measurement)
                 if progress is not None:
                     progress.done(measurement)
+            interleave_pairs(row, calls, methods, config)
+            calls.clear()
             add_ratios(row, methods)
             run.measurements.extend(row)
     return run

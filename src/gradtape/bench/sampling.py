@@ -151,22 +151,16 @@ class Result:
 
 
 def _gradtape_nutpie(model: Model, args) -> tuple[float, float, object]:
-
-    from gradtape.compile.numba import cache
-    from gradtape.compile.numba.backend import _numba_startup
+    from gradtape.compile.numba.export import kernel_cache_at, numba_startup
     from gradtape.nutpie import from_logp, positive
 
-    _numba_startup()  # Numba's import and initialization: imports, not compiling
+    numba_startup()  # Numba's import and initialization: imports, not compiling
     shapes = {k: positive(s) if k in model.positive else s for k, s in model.shapes.items()}
-    previous = list(cache._override)
-    with tempfile.TemporaryDirectory() as empty_cache:
-        cache.set_cache_dir(empty_cache)  # cold: nothing compiled before
-        try:
-            start = time.perf_counter()
-            compiled = from_logp(numpy_logp(model), shapes=shapes)
-            compile_s = time.perf_counter() - start
-        finally:
-            cache._override[:] = previous
+    # cold: an empty kernel cache, nothing compiled before
+    with tempfile.TemporaryDirectory() as empty_cache, kernel_cache_at(empty_cache):
+        start = time.perf_counter()
+        compiled = from_logp(numpy_logp(model), shapes=shapes)
+        compile_s = time.perf_counter() - start
     _warm_up(compiled)
     return (compile_s, *_timed_sampling(compiled, args))
 

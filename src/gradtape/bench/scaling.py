@@ -516,8 +516,22 @@ def measure(quick: bool) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     """The section as Markdown tables."""
-    lines = ["# Scaling", "", "## Time to native under a caller that never pauses (cold cache)"]
-    lines += [
+    lines = ["# Scaling"]
+    lines += _time_to_native_table(results)
+    lines += _compile_time_table(results)
+    lines += _second_process_table(results)
+    lines += _memory_tables(results)
+    lines += _overhead_table(results)
+    lines += _cost_tables(results)
+    if results["notes"]:
+        lines += ["", "Notes: " + "; ".join(results["notes"])]
+    return "\n".join(lines) + "\n"
+
+
+def _time_to_native_table(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Time to native under a caller that never pauses (cold cache)",
         "",
         "| workload | time to native (s) | first call (s) | longest call (ms) "
         "| throughput vs numpy tier |",
@@ -533,7 +547,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"{r['first_call_s']:.3f} | {r['max_call_s'] * 1e3:.1f} | "
             f"{r['throughput_vs_numpy_tier']:.2f} |"
         )
-    lines += ["", "## Compile time of value-and-gradient against program size (seconds)", ""]
+    return lines
+
+
+def _compile_time_table(results: dict[str, Any]) -> list[str]:
+    lines = ["", "## Compile time of value-and-gradient against program size (seconds)", ""]
     peers = list(results["compile_time"])
     lines.append("| ops | " + " | ".join(peers) + " |")
     lines.append("|---|" + "---|" * len(peers))
@@ -547,28 +565,35 @@ def markdown(results: dict[str, Any]) -> str:
     for k in sorted(rows):
         label = "-" if k < 0 else str(k)
         lines.append(f"| {label} | " + " | ".join(rows[k].get(p, "") for p in peers) + " |")
-    lines += [
+    return [
+        *lines,
         "",
         "A straight-line program of k operations (loop rolling off), value and gradient.",
     ]
-    if results.get("second_process"):
-        lines += [
-            "",
-            "## A second process with a warm cache: seconds to the first native call",
-            "",
-            "| method | import | first native call after import | total | Numba imported |",
-            "|---|---|---|---|---|",
-        ]
-        for r in results["second_process"]:
-            if "error" in r:
-                lines.append(f"| {r['method']} | error: {r['error']} | | | |")
-                continue
-            first, imp = r["first_native_after_import_s"], r["import_s"]
-            numba = {True: "yes", False: "no"}.get(r.get("numba_imported"), "-")
-            lines.append(
-                f"| {r['method']} | {imp:.3f} | {first:.3f} | {imp + first:.3f} | {numba} |"
-            )
-    lines += ["", "## Peak memory of eager grad, chain of 20 operations (MB above baseline)", ""]
+
+
+def _second_process_table(results: dict[str, Any]) -> list[str]:
+    if not results.get("second_process"):
+        return []
+    lines = [
+        "",
+        "## A second process with a warm cache: seconds to the first native call",
+        "",
+        "| method | import | first native call after import | total | Numba imported |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results["second_process"]:
+        if "error" in r:
+            lines.append(f"| {r['method']} | error: {r['error']} | | | |")
+            continue
+        first, imp = r["first_native_after_import_s"], r["import_s"]
+        numba = {True: "yes", False: "no"}.get(r.get("numba_imported"), "-")
+        lines.append(f"| {r['method']} | {imp:.3f} | {first:.3f} | {imp + first:.3f} | {numba} |")
+    return lines
+
+
+def _memory_tables(results: dict[str, Any]) -> list[str]:
+    lines = ["", "## Peak memory of eager grad, chain of 20 operations (MB above baseline)", ""]
     methods = list(dict.fromkeys(r["method"] for r in results["memory"]))
     lines.append("| N | input (MB) | " + " | ".join(methods) + " |")
     lines.append("|---|---|" + "---|" * len(methods))
@@ -594,15 +619,16 @@ def markdown(results: dict[str, Any]) -> str:
         for n in sorted(by_n_traced):
             cells = " | ".join(by_n_traced[n].get(m, "") for m in traced_methods)
             lines.append(f"| {n} | {cells} |")
-    lines += ["", f"## Eager grad, per recorded operation (N=10, {OVERHEAD_OPS} operations)", ""]
+    return lines
+
+
+def _overhead_table(results: dict[str, Any]) -> list[str]:
+    lines = ["", f"## Eager grad, per recorded operation (N=10, {OVERHEAD_OPS} operations)", ""]
     lines += ["| method | us per operation |", "|---|---|"]
     for r in results["overhead"]:
         value = f"error: {r['error']}" if "error" in r else f"{r['us_per_op']:.2f}"
         lines.append(f"| {r['method']} | {value} |")
-    lines += _cost_tables(results)
-    if results["notes"]:
-        lines += ["", "Notes: " + "; ".join(results["notes"])]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _cost_tables(results: dict[str, Any]) -> list[str]:

@@ -656,7 +656,13 @@ class CompiledFunction:
         with new_level(LevelKind.STAGE) as level:
             tracers = [level.new_input(x) for x in info.leaves]
             args, kwargs = self._rebuild(info, tracers)
-            result = self._fun(*args, **kwargs)
+            try:
+                result = self._fun(*args, **kwargs)
+            except ValueError as e:
+                clear = trace.plain_write_error(e)
+                if clear is not None:
+                    raise clear from e
+                raise
         res_leaves, out_tree = tree_flatten(result)
         outputs, values = [], []
         for x in res_leaves:

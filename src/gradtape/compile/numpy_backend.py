@@ -38,7 +38,7 @@ class Emitter:
     kind BUFFER writes into `out` (a preallocated array); VIEW and VALUE assign `out`
     (a view of an input, or a value that may share memory with its inputs). `inplace`: which
     arguments' buffers the output may take over when they die here: ANY (elementwise
-    ufuncs), FIRST (copy argument 0, then write into it), or NONE.
+    ufuncs), FIRST (copy argument 0, then write into it), SECOND (argument 1 only), or NONE.
     """
 
     kind: str
@@ -46,7 +46,7 @@ class Emitter:
     inplace: str = "none"
 
 
-ANY, FIRST, NONE = "any", "first", "none"  # Emitter.inplace
+ANY, FIRST, SECOND, NONE = "any", "first", "second", "none"  # Emitter.inplace
 
 
 # --- the generator ---------------------------------------------------------------------------
@@ -302,30 +302,81 @@ def _emit_astype(gen, ins, out, args):
     return [f"{gen.const(np.copyto, 'copyto')}({out}, {args[0]}, 'unsafe')"]
 
 
-def _zero_nan_products(d, g, p) -> None:
-    """In place on d = g * p: 0 where g is 0 and p is not finite (nan_safe_multiply's rule)."""
-    np.copyto(d, 0, where=np.equal(g, 0) & ~np.isfinite(p))
+def _zero_nan_products(d, g) -> None:
+    """In place on d = g * p: 0 where g is 0 and p is not finite (nan_safe_multiply's rule),
+    which is where d is NaN and g is 0 (0 times a finite p is 0): p is not needed, so d may
+    take over p's buffer."""
+    np.copyto(d, 0, where=np.isnan(d) & np.equal(g, 0))
 
 
 _smallest = np.minimum.reduce  # NaN when any entry is NaN (NumPy's minimum propagates NaN)
 
 
+def _shape_of(ins: Instruction, i: int) -> tuple:
+    v = ins.invars[i]
+    return v.shape if v is not None else np.shape(ins.args[i])
+
+
+def _tests_the_product(ins: Instruction) -> bool:
+    """Whether the NaN test of a product looks at the product itself (a NaN in it), rather than
+    at a factor broadcast against the other (a scalar, say), which is cheaper to test: a g
+    with no zero, or a finite p, needs no mask."""
+    size = math.prod(ins.outvars[0].shape)
+    return all(2 * math.prod(_shape_of(ins, i)) > size for i in (0, 1))
+
+
+def _nan_test(gen, value: str, shape: tuple) -> str:
+    """A condition true when `value` (of `shape`) holds a NaN: NumPy's minimum propagates NaN,
+    and its reduce is cheaper than isnan(...).any() (no boolean array)."""
+    isnan = gen.const(np.isnan, "isnan")
+    if shape == ():
+        return f"{isnan}({value})"
+    return f"{isnan}({gen.const(_smallest, 'smallest')}({value}, None))"
+
+
 def _emit_nan_safe_multiply(gen, ins, out, args):
-    """d = g * p, then the mask only when it changes something, tested inline: a finite p
-    broadcast against a larger g (a scalar, say) is tested itself; otherwise a zero times an
-    infinite or NaN p is a NaN of the product, so a product whose minimum is not NaN needs none."""
-    multiply = gen.const(np.multiply, "multiply")
-    zero = gen.const(_zero_nan_products, "zero_nan_products")
-    p_var = ins.invars[1]
-    p_size = math.prod(p_var.shape) if p_var is not None else np.size(ins.args[1])
-    if 2 * p_size <= math.prod(ins.outvars[0].shape):
-        test = f"not {gen.const(np.isfinite, 'isfinite')}({args[1]}).all()"
+    """d = g * p, then the mask only when it changes something, tested inline on the smallest
+    of: a g broadcast against a larger p (a zero in it?), a p broadcast against a larger g (all
+    finite?), or the product (a zero times an infinite or NaN p is a NaN of the product, so a
+    product whose minimum is not NaN needs none)."""
+    size = math.prod(ins.outvars[0].shape)
+    g_shape, p_shape = _shape_of(ins, 0), _shape_of(ins, 1)
+    if 2 * math.prod(g_shape) <= size and math.prod(g_shape) <= math.prod(p_shape):
+        test = f"{args[0]} == 0" if g_shape == () else f"not {gen.const(np.all, 'all')}({args[0]})"
+    elif 2 * math.prod(p_shape) <= size:
+        finite = f"{gen.const(np.isfinite, 'isfinite')}({args[1]})"
+        test = f"not {finite}" if p_shape == () else f"not {finite}.all()"
     else:
-        test = f"{gen.const(np.isnan, 'isnan')}({gen.const(_smallest, 'smallest')}({out}, None))"
-    return [
-        f"{multiply}({args[0]}, {args[1]}, {out})",
-        f"if {test}: {zero}({out}, {args[0]}, {args[1]})",
-    ]
+        test = _nan_test(gen, out, ins.outvars[0].shape)
+    return [*_emit_plain_product(gen, ins, out, args), f"if {test}: {_zero_call(gen, out, args)}"]
+
+
+def _zero_call(gen, out: str, args: list[str]) -> str:
+    return f"{gen.const(_zero_nan_products, 'zero_nan_products')}({out}, {args[0]})"
+
+
+def _emit_plain_product(gen, ins, out, args):
+    return [f"{gen.const(np.multiply, 'multiply')}({args[0]}, {args[1]}, {out})"]
+
+
+def _emit_scalar_nan_safe_multiply(gen, ins, out, args):
+    """On 0-d float64 values: the product, and 0 where it is NaN because g is 0 (a NaN product
+    with g == 0 means p was infinite or NaN: exactly the masked case)."""
+    g, p = args
+    return [f"{out} = {g} * {p}", f"if {out} != {out} and {g} == 0: {out} = 0.0"]
+
+
+def _nan_safe_multiply_entry(ins: Instruction) -> Emitter:
+    if (
+        ins.outvars[0].shape == ()
+        and ins.outvars[0].dtype == _F64
+        and all(
+            (v is None or v.shape == ()) and _is_float64_operand(v, a)
+            for v, a in zip(ins.invars, ins.args)
+        )
+    ):
+        return Emitter(VALUE, _emit_scalar_nan_safe_multiply)
+    return Emitter(BUFFER, _emit_nan_safe_multiply, SECOND)
 
 
 def _emit_identity(gen, ins, out, args):
@@ -357,7 +408,7 @@ EMITTERS: dict[Primitive, Callable[[Instruction], Emitter]] = {
     indexing.where_p: lambda ins: _scalar_where(ins) or _WHERE,
     shape.concatenate_p: _always(Emitter(BUFFER, _emit_concatenate)),
     # the product into its buffer, then the mask in place where needed (not a fresh array)
-    elementwise.nan_safe_multiply_p: _always(Emitter(BUFFER, _emit_nan_safe_multiply)),
+    elementwise.nan_safe_multiply_p: _nan_safe_multiply_entry,
     shape.astype_p: _always(Emitter(BUFFER, _emit_astype)),
     indexing.setitem_p: _always(_copy_then(_setitem_update)),
     indexing.scatter_add_p: _always(_copy_then(_scatter_add_update)),
@@ -413,48 +464,21 @@ class _Plan:
     names: dict[int, str]  # var id -> the expression that holds it
     slots: list[tuple[tuple, np.dtype]]  # pooled buffers: shape, dtype
     direct: dict[int, int]  # var id -> output leaf index it is written into
+    tested_at_sum: dict[int, int]  # a NaN-safe product's index -> the sum that tests for it
 
 
 def _plan(program: Program, input_names: list[str]) -> _Plan:
     instrs = program.instructions
-    end = len(instrs)
     emitters = [emitter_for(ins) for ins in instrs]
     names = {v.id: n for v, n in zip(program.inputs, input_names)}
-
-    # results computed into a buffer can be written straight into the result arrays
-    input_ids = {v.id for v in program.inputs}
-    buffered = {ins.outvars[0].id for ins, e in zip(instrs, emitters) if e.kind == BUFFER}
-    direct: dict[int, int] = {}
-    for k, leaf in enumerate(program.outputs):
-        v = leaf.var
-        if v is not None and v.id in buffered and v.id not in direct and v.id not in input_ids:
-            direct[v.id] = k
-
-    # which buffers each var may share memory with, and when each buffer is last needed
-    last: dict[int, int] = {}
-    for i, ins in enumerate(instrs):
-        for v in ins.invars:
-            if v is not None:
-                last[v.id] = i
-    for c in program.checks:
-        if isinstance(c.operand, Var):
-            last[c.operand.id] = max(last.get(c.operand.id, -1), c.position)
-    for leaf in program.outputs:
-        if leaf.var is not None:
-            last[leaf.var.id] = end
-    storage: dict[int, frozenset] = {}
-    owner_last: dict[int, int] = {}
-    for i, (ins, e) in enumerate(zip(instrs, emitters)):
-        if e.kind == BUFFER:
-            owners = frozenset((ins.outvars[0].id,))
-        else:
-            owners = frozenset().union(
-                *(storage.get(v.id, frozenset()) for v in ins.invars if v is not None)
-            )
-        for v in ins.outvars:
-            storage[v.id] = owners
-            for o in owners:
-                owner_last[o] = max(owner_last.get(o, i), last.get(v.id, i))
+    direct = _written_into_results(program, emitters)
+    last = _last_uses(program)
+    tested_at_sum = _products_tested_at_their_sum(program, emitters, last)
+    for i, j in tested_at_sum.items():  # g stays whole until the sum, which may redo d
+        g = instrs[i].invars[0]
+        if g is not None:
+            last[g.id] = max(last[g.id], j)
+    storage, owner_last = _buffer_owners(instrs, emitters, last)
     frees_after: dict[int, list[int]] = {}
     for o, i in owner_last.items():
         frees_after.setdefault(i, []).append(o)
@@ -491,14 +515,92 @@ def _plan(program: Program, input_names: list[str]) -> _Plan:
             if slot is not None and slot not in handed_on:
                 free.setdefault(slots[slot], []).append(slot)
         handed_on.clear()
-    return _Plan(emitters, names, slots, direct)
+    return _Plan(emitters, names, slots, direct, tested_at_sum)
+
+
+def _written_into_results(program: Program, emitters) -> dict[int, int]:
+    """Results computed into a buffer that can be written straight into the result arrays:
+    var id -> output leaf index."""
+    input_ids = {v.id for v in program.inputs}
+    buffered = {
+        ins.outvars[0].id for ins, e in zip(program.instructions, emitters) if e.kind == BUFFER
+    }
+    direct: dict[int, int] = {}
+    for k, leaf in enumerate(program.outputs):
+        v = leaf.var
+        if v is not None and v.id in buffered and v.id not in direct and v.id not in input_ids:
+            direct[v.id] = k
+    return direct
+
+
+def _last_uses(program: Program) -> dict[int, int]:
+    """Var id -> the last instruction (or check) that reads it; results live to the end."""
+    last: dict[int, int] = {}
+    for i, ins in enumerate(program.instructions):
+        for v in ins.invars:
+            if v is not None:
+                last[v.id] = i
+    for c in program.checks:
+        if isinstance(c.operand, Var):
+            last[c.operand.id] = max(last.get(c.operand.id, -1), c.position)
+    for leaf in program.outputs:
+        if leaf.var is not None:
+            last[leaf.var.id] = len(program.instructions)
+    return last
+
+
+def _buffer_owners(instrs, emitters, last: dict) -> tuple[dict, dict]:
+    """Which buffers each var may share memory with (a view or value shares its inputs'), and
+    when each buffer is last needed."""
+    storage: dict[int, frozenset] = {}
+    owner_last: dict[int, int] = {}
+    for i, (ins, e) in enumerate(zip(instrs, emitters)):
+        if e.kind == BUFFER:
+            owners = frozenset((ins.outvars[0].id,))
+        else:
+            owners = frozenset().union(
+                *(storage.get(v.id, frozenset()) for v in ins.invars if v is not None)
+            )
+        for v in ins.outvars:
+            storage[v.id] = owners
+            for o in owners:
+                owner_last[o] = max(owner_last.get(o, i), last.get(v.id, i))
+    return storage, owner_last
+
+
+def _products_tested_at_their_sum(program: Program, emitters, last: dict) -> dict[int, int]:
+    """NaN-safe products read only by the sum right after them: instead of testing the product
+    for a NaN (a pass over it), the sum is tested, which holds a NaN wherever the product did;
+    only then is the product masked and summed again. Product index -> the sum's index."""
+    instrs = program.instructions
+    uses: dict[int, int] = {}
+    for ins in instrs:
+        for v in ins.invars:
+            if v is not None:
+                uses[v.id] = uses.get(v.id, 0) + 1
+    tested = {}
+    for i in range(len(instrs) - 1):
+        ins, following = instrs[i], instrs[i + 1]
+        d = ins.outvars[0]
+        if (
+            ins.prim is elementwise.nan_safe_multiply_p
+            and emitters[i].kind == BUFFER
+            and _tests_the_product(ins)
+            and following.prim is reductions.reduce_sum
+            and following.invars[0] is d
+            and uses.get(d.id) == 1
+            and last.get(d.id) == i + 1  # not an output, not read by a check
+        ):
+            tested[i] = i + 1
+    return tested
 
 
 def _in_place_slot(ins: Instruction, i: int, key: tuple, which: str, slot_of, storage, owner_last):
     """The buffer of an input that dies at instruction i and that the output can overwrite:
     same shape and dtype, a whole buffer (not a view), and not read through another operand
     (an exact overlap is safe for a ufunc; a partial one would make NumPy copy)."""
-    for w in ins.invars[:1] if which == FIRST else ins.invars:
+    candidates = {FIRST: ins.invars[:1], SECOND: ins.invars[1:2]}.get(which, ins.invars)
+    for w in candidates:
         if (
             w is not None
             and w.id in slot_of
@@ -657,7 +759,16 @@ class NumpyLowered:
                 out = names[ins.outvars[0].id]
             else:
                 out = ", ".join(names[v.id] for v in ins.outvars) + ","
-            lines.extend(e.emit(gen, ins, out, args))
+            if i in plan.tested_at_sum:
+                lines.extend(_emit_plain_product(gen, ins, out, args))
+                product_args = args
+            else:
+                lines.extend(e.emit(gen, ins, out, args))
+            if i - 1 in plan.tested_at_sum:  # the sum of a product not tested yet
+                product = names[program.instructions[i - 1].outvars[0].id]
+                lines.append(f"if {_nan_test(gen, out, ins.outvars[0].shape)}:")
+                lines.append(f"    {_zero_call(gen, product, product_args)}")
+                lines.extend("    " + line for line in e.emit(gen, ins, out, args))
             emit_checks(i)
         return lines
 

@@ -45,15 +45,13 @@ compile/numba/loops.py), from NATIVE_MIN_TAPE_LENGTH on. `GRADTAPE_ROLL=0` turns
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..core import collector
 from ..core.ir import Guard, Instruction, Tape, Var
 from ..core.primitive import Primitive
 from ..rules import indexing, shape
@@ -753,27 +751,723 @@ def _param_signature(value):
     return ("id", id(value))
 
 
-def _signature(ins: Instruction):
-    prim = ins.prim
-    if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
-        return None
-    parts = [id(prim)]
-    for v, a in zip(ins.invars, ins.args):
-        if v is not None:
-            parts.append(("v", v.shape, v.dtype.str))
-        else:
-            parts.append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
-    for k in sorted(ins.params):
-        parts.append((k, _param_signature(ins.params[k])))
-    parts.append(tuple((v.shape, v.dtype.str) for v in ins.outvars))
-    try:
-        hash(tuple(parts))
-    except TypeError:
-        return None
-    return tuple(parts)
+_PYTHON_FLOAT = ("c", "float", (), np.dtype(float).str)
+
+
+def _structure(value):
+    """A hashable key of a param made of ints, None, bools, slices and tuples of them, equal
+    for two values exactly when their `_param_signature`s are (None for other values)."""
+    kind = type(value)
+    if kind is int:
+        return "i"
+    if value is None:
+        return "n"
+    if kind is bool:
+        return value
+    if kind is tuple:
+        parts = []
+        for x in value:
+            key = _structure(x)
+            if key is None:
+                return None
+            parts.append(key)
+        return tuple(parts)
+    if kind is slice:
+        parts = []
+        for x in (value.start, value.stop, value.step):
+            if type(x) is int:
+                parts.append("i")
+            elif x is None or type(x) is bool:
+                parts.append(x)
+            else:
+                return None
+        return ("s", *parts)
+    return None
+
+
+class _Signatures:
+    """Each instruction's code: equal codes for instructions that are the same body step (the
+    same primitive; operands of the same shapes and dtypes, constants of the same types;
+    params with the same structure, their integers abstracted; outputs of the same shapes
+    and dtypes), None for an instruction that is never one (a shape computed from data, a
+    trip count, a user's rule). Computed once per instruction for all the passes
+    over one tape, with the parts that recur (operand types, param structures) memoized:
+    the signature is the search's largest cost per instruction."""
+
+    def __init__(self):
+        self.codes: dict[int, tuple] = {}  # id(instruction) -> (instruction, code)
+        self.interned: dict = {}  # signature -> code
+        self.operands: dict = {}  # (shape, dtype) -> an operand's part of the signature
+        self.params: dict = {}  # structure -> a param's signature
+        self.computed = 0  # signatures computed (for the tests: once per instruction)
+
+    def code(self, ins: Instruction):
+        known = self.codes.get(id(ins))
+        if known is not None and known[0] is ins:
+            return known[1]
+        self.computed += 1
+        sig = self.signature(ins)
+        code = None
+        if sig is not None:
+            try:
+                code = self.interned.setdefault(sig, len(self.interned))
+            except TypeError:  # an unhashable part: never a body step
+                code = None
+        self.codes[id(ins)] = (ins, code)
+        return code
+
+    def signature(self, ins: Instruction):
+        """A tuple equal to another instruction's exactly when they are the same body step
+        (None: never)."""
+        prim = ins.prim
+        if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
+            return None
+        parts = [id(prim)]
+        operands = self.operands
+        for v, a in zip(ins.invars, ins.args):
+            if v is not None:
+                key = (v.shape, v.dtype)
+                part = operands.get(key)
+                if part is None:
+                    part = operands[key] = ("v", v.shape, v.dtype.str)
+                parts.append(part)
+            elif type(a) is float:
+                parts.append(_PYTHON_FLOAT)
+            elif type(a) is np.ndarray:
+                parts.append(("c", "ndarray", a.shape, a.dtype.str))
+            else:
+                parts.append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
+        params = ins.params
+        if params:
+            for k in sorted(params) if len(params) > 1 else params:
+                parts.append((k, self.param(params[k])))
+        outs = []
+        for v in ins.outvars:
+            key = (v.shape, v.dtype)
+            part = operands.get(key)
+            if part is None:
+                part = operands[key] = ("v", v.shape, v.dtype.str)
+            outs.append(part)
+        parts.append(tuple(outs))
+        return tuple(parts)
+
+    def param(self, value):
+        structure = _structure(value)
+        if structure is None:
+            return _param_signature(value)
+        known = self.params.get(structure)
+        if known is None:
+            known = self.params[structure] = _param_signature(value)
+        return known
 
 
 # --- the search -----------------------------------------------------------------------------------
+class _TapeIndex:
+    """What a pass of the search reads of a tape's instructions: where each var is computed
+    and read, the concatenates, each instruction's code and the next position with the same
+    code. Kept while passes roll nothing: the next pass searches the same instructions with
+    longer periods."""
+
+    def __init__(self, instructions: list, signatures: _Signatures):
+        self.instructions = instructions
+        self.signatures = signatures
+        self.defpos, self.first_reader, self.last_reader, self.concatenations = _index(instructions)
+        self.codes, self.next = _codes_and_next(instructions, signatures)
+
+
+def _codes_and_next(instructions: list, signatures: _Signatures) -> tuple[list, list]:
+    """Each instruction's code (equal codes: equal signatures; an instruction that is never a
+    body step has a negative code equal to no other) and the position of the next
+    instruction with the same code (or None)."""
+    code_of = signatures.code
+    codes = [code_of(x) for x in instructions]
+    n = len(codes)
+    nxt = [None] * n
+    last: dict = {}
+    for pos in range(n - 1, -1, -1):
+        code = codes[pos]
+        if code is None:
+            codes[pos] = -1 - pos
+            continue
+        nxt[pos] = last.get(code)
+        last[code] = pos
+    return codes, nxt
+
+
+class _Differs(Exception):
+    """A run's iterations are not one body: `first` is the number of leading iterations that
+    are (at least MIN_TRIPS), or None."""
+
+    def __init__(self, first: int | None = None):
+        super().__init__(first)
+        self.first = first if first is not None and first >= MIN_TRIPS else None
+
+
+class _RunBuilder:
+    """One rolled loop being built from the run of `trips` iterations of period p at s
+    (see _Roller.build): its body steps, inputs, carries and stacked constants."""
+
+    def __init__(self, roller: _Roller, s: int, p: int, trips: int, probe: bool):
+        self.roller = roller
+        self.ins = roller.ins
+        self.s, self.p, self.limit, self.probe = s, p, trips, probe
+        self.inputs: list[Var] = []  # invariant vars and carry inits
+        self.input_values: list = []  # their recorded values
+        self.input_index: dict[int, int] = {}
+        self.const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
+        self.carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
+        self.carry_init: list = []  # (Var, recorded value) of each carry's initial value
+        self.gathered: list[Instruction] = []  # the stacks of lists read one item an iteration
+        self.stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
+        self.new_stacks: list[tuple] = []  # (those stacked by this run)
+        self.steps: list = []  # [prim, refs, static params, progressing params, outputs]
+
+    def at(self, t: int, k: int) -> Instruction:
+        return self.ins[self.s + t * self.p + k]
+
+    def input_of(self, v: Var, value) -> int:
+        m = self.input_index.get(v.id)
+        if m is None:
+            m = self.input_index[v.id] = len(self.inputs)
+            self.inputs.append(v)
+            self.input_values.append(value)
+        return m
+
+    def add_step(self, k: int) -> None:
+        """Body step k: where each operand comes from and how each param progresses (raises
+        _Differs when the iterations disagree)."""
+        first = self.at(0, k)
+        refs = []
+        for a, v0 in enumerate(first.invars):
+            refs.append(self.constant(k, a) if v0 is None else self.operand(k, a, first))
+        static, progress = self.params(k, first)
+        self.steps.append([first.prim, refs, static, progress, len(first.outvars)])
+
+    def constant(self, k: int, a: int) -> tuple:
+        """The ref of constant operand a of step k: equal in every iteration, or stacked."""
+        values = [self.at(t, k).args[a] for t in range(self.limit)]
+        key0 = _value_key(values[0])
+        if all(_value_key(x) == key0 for x in values[1:]):
+            return ("const", values[0])
+        # a constant that differs per iteration: stacked
+        arrs = [np.asarray(x) for x in values]
+        if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
+            raise _Differs
+        stacked = np.stack(arrs)
+        stacked.flags.writeable = False
+        python_scalar = isinstance(values[0], (bool, int, float, complex))
+        self.const_rows.append(stacked)
+        return ("crow", len(self.const_rows) - 1, python_scalar)
+
+    def operand(self, k: int, a: int, first: Instruction) -> tuple:
+        """The ref of traced operand a of step k (see _Roller.classify)."""
+        ref, bad = self.roller.classify(self.s, self.p, k, a, self.limit)
+        if ref is None or bad is not None:
+            raise _Differs(bad)
+        kind = ref[0]
+        if kind == "invariant":
+            return ("in", self.input_of(ref[1], first.args[a]))
+        if kind == "gather":  # one array of a list per iteration: stacked once
+            return self.gather(k, a, ref[1])
+        if kind == "rows":  # rows 0, 1, ... of a loop's stacked output
+            return ("row", self.input_of(ref[1], ref[2]), False)
+        if kind == "carry":
+            kj = ref[1]
+            if kj not in self.carries:
+                self.carries[kj] = len(self.carry_init)
+                self.carry_init.append((ref[2], first.args[a]))
+            elif self.carry_init[self.carries[kj]][0] is not ref[2]:
+                raise _Differs
+            return ("carry", self.carries[kj])
+        return ref
+
+    def gather(self, k: int, a: int, vs: list) -> tuple:
+        """The ref of operand a of step k, one item of a list per iteration: a row of the
+        list's stack (stacked before the run, or by it)."""
+        if self.probe:
+            return ("row", -1, False)
+        key = tuple(v.id for v in vs)
+        stacks = self.stacks
+        if key not in stacks:
+            stacks[key] = self.roller.stack_before(key, self.s)
+        if stacks[key] is None:
+            values = [self.at(t, k).args[a] for t in range(len(vs))]
+            stacks[key] = self.roller.stacked(vs, values, self.gathered)
+            self.new_stacks.append(key)
+        return ("row", self.input_of(*stacks[key]), False)
+
+    def params(self, k: int, first: Instruction) -> tuple[tuple, tuple]:
+        """(static params, progressing params) of step k."""
+        static, progress = [], []
+        for name in sorted(first.params):
+            values = [self.at(t, k).params[name] for t in range(self.limit)]
+            v0 = values[0]
+            if all(_param_equal(v, v0) for v in values[1:]):
+                static.append((name, v0))
+            else:
+                progress.append((name, *_progression(values, self.limit)))
+        return tuple(static), tuple(progress)
+
+    def finish(self, hoisted: set, guards: list) -> list:
+        """The loop instruction, after the instructions it needs before it (stacks of lists,
+        hoisted steps); the readers after the run and its guards are redirected to it."""
+        roller = self.roller
+        at = self.at
+        for k in hoisted:
+            for j, v in enumerate(at(0, k).outvars):
+                m = self.input_of(v, _value(at(0, k), j))
+                for t in range(1, self.limit):
+                    roller.subst[at(t, k).outvars[j].id] = ("var", v)
+                for step in self.steps:
+                    step[1] = [
+                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
+                    ]
+        renumber = {}
+        for k in range(self.p):
+            if k not in hoisted:
+                renumber[k] = len(renumber)
+        outputs, out_vars, out_values, later = self.outputs(hoisted, guards)
+        new = roller.capture(self.instruction(hoisted, renumber, outputs, out_vars, out_values))
+        pre = [roller.capture(x) for x in self.gathered]
+        for key in self.new_stacks:  # (a later run reading the same list reads the same stack)
+            roller.stacks[key] = (-1, *self.stacks[key])
+        pre += [roller.capture(at(0, k)) for k in sorted(hoisted)]
+        # readers after the run read the loop's outputs
+        for i, (kind, k, j) in enumerate(outputs):
+            if kind == "last":
+                roller.subst[at(self.limit - 1, k).outvars[j].id] = ("var", out_vars[i])
+        for v, i, t in later:
+            pos, j = roller.defpos[v.id]
+            value = _value(self.ins[pos], j)
+            roller.subst[v.id] = ("row", out_vars[i], t, out_values[i], value)
+        # the run's guards become one check of the stacked values
+        for gis, (k, j), first_guard, answers in guards:
+            i = outputs.index(("stack", k, j))
+            for gi in gis:
+                roller.guard_plan[gi] = None
+            where = f"{first_guard.where}{ROLLED_CHECK}"
+            roller.guard_plan[gis[0]] = Guard(out_vars[i], "value", answers, where)
+        return pre + [new]
+
+    def outputs(self, hoisted: set, guards: list) -> tuple:
+        """The loop's outputs: the values of the run read after it (or by guards, or outputs
+        of the tape), as ("last", k, j) or ("stack", k, j); their vars and values; and
+        (var, output index, iteration) of each stacked value read after the run."""
+        at, limit, roller = self.at, self.limit, self.roller
+        end = self.s + self.p * limit
+        guarded = [g[1] for g in guards]
+        outputs: list[tuple] = []
+        out_vars: list[Var] = []
+        out_values: list = []
+        later: list[tuple] = []
+        for k in range(self.p):
+            if k in hoisted:
+                continue
+            for j, v0 in enumerate(at(0, k).outvars):
+                read_after = [
+                    t for t in range(limit) if roller.read_outside(at(t, k).outvars[j], self.s, end)
+                ]
+                if not read_after and (k, j) not in guarded:
+                    continue
+                if read_after == [limit - 1] and (k, j) not in guarded:
+                    outputs.append(("last", k, j))
+                    out_vars.append(at(limit - 1, k).outvars[j])
+                    out_values.append(_value(at(limit - 1, k), j))
+                    continue
+                outputs.append(("stack", k, j))
+                out_vars.append(roller.new_var((limit, *v0.shape), v0.dtype))
+                values = [_value(at(t, k), j) for t in range(limit)]
+                out_values.append(np.stack([np.asarray(x) for x in values]))
+                for t in read_after:
+                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
+        return outputs, out_vars, out_values, later
+
+    def instruction(self, hoisted, renumber, outputs, out_vars, out_values) -> Instruction:
+        """The rolled_loop instruction: invariants and carry inits (vars), then the stacked
+        constants (constants), as its inputs."""
+        init_index = [self.input_of(var, value) for var, value in self.carry_init]
+        row_base = len(self.inputs)
+        body_steps = []
+        for k, (prim, refs, static, progress, n_out) in enumerate(self.steps):
+            if k in hoisted:
+                continue
+            refs = tuple(
+                ("row", row_base + r[1], r[2])
+                if r[0] == "crow"
+                else ("body", renumber[r[1]], r[2])
+                if r[0] == "body"
+                else r
+                for r in refs
+            )
+            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
+        carries_t = tuple(
+            (init_index[c], (renumber[kj[0]], kj[1]))
+            for kj, c in sorted(self.carries.items(), key=lambda e: e[1])
+        )
+        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
+        loop = RolledLoop(tuple(body_steps), self.limit, carries_t, loop_outputs)
+        invars = tuple(self.inputs) + (None,) * len(self.const_rows)
+        args = tuple(self.input_values) + tuple(self.const_rows)
+        return Instruction(
+            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
+        )
+
+
+def _progression(values: list, limit: int) -> tuple:
+    """(template, starts, steps) of a param whose integers progress arithmetically over the
+    iterations (raises _Differs otherwise)."""
+    flat0 = _flat_ints(values[0])
+    if flat0 is None:
+        raise _Differs
+    template = repr(flat0[0])
+    # (a value made of ints, None, bools, slices and tuples has the template of its
+    # structure: compared as keys, without building and printing each template)
+    structure = _structure(values[0])
+    flat1 = _template_ints(values[1], template, structure)
+    if flat1 is None:
+        raise _Differs
+    step = [b - a for a, b in zip(flat0[1], flat1)]
+    for t in range(2, limit):
+        ft = _template_ints(values[t], template, structure)
+        if ft is None or any(x != a + t * d for x, a, d in zip(ft, flat0[1], step)):
+            raise _Differs(t)
+    if not _progression_valid(flat0[0], flat0[1], step, limit):
+        raise _Differs
+    return flat0[0], tuple(flat0[1]), tuple(step)
+
+
+def _template_ints(value, template: str, structure) -> list | None:
+    """The integers of a param whose template prints as `template` (its structure's key is
+    `structure`, or None), or None when its template differs."""
+    if structure is not None:
+        mine = _structure(value)
+        if mine is not None:
+            if mine != structure:
+                return None
+            ints: list = []
+            _structure_ints(value, ints)
+            return ints
+    flat = _flat_ints(value)
+    if flat is None or repr(flat[0]) != template:
+        return None
+    return flat[1]
+
+
+def _structure_ints(value, ints: list) -> None:
+    """Append the integers of a value `_structure` describes, in `_flat_ints`'s order."""
+    kind = type(value)
+    if kind is int:
+        ints.append(value)
+    elif kind is tuple:
+        for x in value:
+            _structure_ints(x, ints)
+    elif kind is slice:
+        for x in (value.start, value.stop, value.step):
+            if type(x) is int:
+                ints.append(x)
+
+
+# --- the search -----------------------------------------------------------------------------------
+class _TapeIndex:
+    """What a pass of the search reads of a tape's instructions: where each var is computed
+    and read, the concatenates, each instruction's code and the next position with the same
+    code. Kept while passes roll nothing: the next pass searches the same instructions with
+    longer periods."""
+
+    def __init__(self, instructions: list, signatures: _Signatures):
+        self.instructions = instructions
+        self.signatures = signatures
+        self.defpos, self.first_reader, self.last_reader, self.concatenations = _index(instructions)
+        self.codes, self.next = _codes_and_next(instructions, signatures)
+
+
+def _codes_and_next(instructions: list, signatures: _Signatures) -> tuple[list, list]:
+    """Each instruction's code (equal codes: equal signatures; an instruction that is never a
+    body step has a negative code equal to no other) and the position of the next
+    instruction with the same code (or None)."""
+    code_of = signatures.code
+    codes = [code_of(x) for x in instructions]
+    n = len(codes)
+    nxt = [None] * n
+    last: dict = {}
+    for pos in range(n - 1, -1, -1):
+        code = codes[pos]
+        if code is None:
+            codes[pos] = -1 - pos
+            continue
+        nxt[pos] = last.get(code)
+        last[code] = pos
+    return codes, nxt
+
+
+class _Differs(Exception):
+    """A run's iterations are not one body: `first` is the number of leading iterations that
+    are (at least MIN_TRIPS), or None."""
+
+    def __init__(self, first: int | None = None):
+        super().__init__(first)
+        self.first = first if first is not None and first >= MIN_TRIPS else None
+
+
+class _RunBuilder:
+    """One rolled loop being built from the run of `trips` iterations of period p at s
+    (see _Roller.build): its body steps, inputs, carries and stacked constants."""
+
+    def __init__(self, roller: _Roller, s: int, p: int, trips: int, probe: bool):
+        self.roller = roller
+        self.ins = roller.ins
+        self.s, self.p, self.limit, self.probe = s, p, trips, probe
+        self.inputs: list[Var] = []  # invariant vars and carry inits
+        self.input_values: list = []  # their recorded values
+        self.input_index: dict[int, int] = {}
+        self.const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
+        self.carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
+        self.carry_init: list = []  # (Var, recorded value) of each carry's initial value
+        self.gathered: list[Instruction] = []  # the stacks of lists read one item an iteration
+        self.stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
+        self.new_stacks: list[tuple] = []  # (those stacked by this run)
+        self.steps: list = []  # [prim, refs, static params, progressing params, outputs]
+
+    def at(self, t: int, k: int) -> Instruction:
+        return self.ins[self.s + t * self.p + k]
+
+    def input_of(self, v: Var, value) -> int:
+        m = self.input_index.get(v.id)
+        if m is None:
+            m = self.input_index[v.id] = len(self.inputs)
+            self.inputs.append(v)
+            self.input_values.append(value)
+        return m
+
+    def add_step(self, k: int) -> None:
+        """Body step k: where each operand comes from and how each param progresses (raises
+        _Differs when the iterations disagree)."""
+        first = self.at(0, k)
+        refs = []
+        for a, v0 in enumerate(first.invars):
+            refs.append(self.constant(k, a) if v0 is None else self.operand(k, a, first))
+        static, progress = self.params(k, first)
+        self.steps.append([first.prim, refs, static, progress, len(first.outvars)])
+
+    def constant(self, k: int, a: int) -> tuple:
+        """The ref of constant operand a of step k: equal in every iteration, or stacked."""
+        values = [self.at(t, k).args[a] for t in range(self.limit)]
+        key0 = _value_key(values[0])
+        if all(_value_key(x) == key0 for x in values[1:]):
+            return ("const", values[0])
+        # a constant that differs per iteration: stacked
+        arrs = [np.asarray(x) for x in values]
+        if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
+            raise _Differs
+        stacked = np.stack(arrs)
+        stacked.flags.writeable = False
+        python_scalar = isinstance(values[0], (bool, int, float, complex))
+        self.const_rows.append(stacked)
+        return ("crow", len(self.const_rows) - 1, python_scalar)
+
+    def operand(self, k: int, a: int, first: Instruction) -> tuple:
+        """The ref of traced operand a of step k (see _Roller.classify)."""
+        ref, bad = self.roller.classify(self.s, self.p, k, a, self.limit)
+        if ref is None or bad is not None:
+            raise _Differs(bad)
+        kind = ref[0]
+        if kind == "invariant":
+            return ("in", self.input_of(ref[1], first.args[a]))
+        if kind == "gather":  # one array of a list per iteration: stacked once
+            return self.gather(k, a, ref[1])
+        if kind == "rows":  # rows 0, 1, ... of a loop's stacked output
+            return ("row", self.input_of(ref[1], ref[2]), False)
+        if kind == "carry":
+            kj = ref[1]
+            if kj not in self.carries:
+                self.carries[kj] = len(self.carry_init)
+                self.carry_init.append((ref[2], first.args[a]))
+            elif self.carry_init[self.carries[kj]][0] is not ref[2]:
+                raise _Differs
+            return ("carry", self.carries[kj])
+        return ref
+
+    def gather(self, k: int, a: int, vs: list) -> tuple:
+        """The ref of operand a of step k, one item of a list per iteration: a row of the
+        list's stack (stacked before the run, or by it)."""
+        if self.probe:
+            return ("row", -1, False)
+        key = tuple(v.id for v in vs)
+        stacks = self.stacks
+        if key not in stacks:
+            stacks[key] = self.roller.stack_before(key, self.s)
+        if stacks[key] is None:
+            values = [self.at(t, k).args[a] for t in range(len(vs))]
+            stacks[key] = self.roller.stacked(vs, values, self.gathered)
+            self.new_stacks.append(key)
+        return ("row", self.input_of(*stacks[key]), False)
+
+    def params(self, k: int, first: Instruction) -> tuple[tuple, tuple]:
+        """(static params, progressing params) of step k."""
+        static, progress = [], []
+        for name in sorted(first.params):
+            values = [self.at(t, k).params[name] for t in range(self.limit)]
+            v0 = values[0]
+            if all(_param_equal(v, v0) for v in values[1:]):
+                static.append((name, v0))
+            else:
+                progress.append((name, *_progression(values, self.limit)))
+        return tuple(static), tuple(progress)
+
+    def finish(self, hoisted: set, guards: list) -> list:
+        """The loop instruction, after the instructions it needs before it (stacks of lists,
+        hoisted steps); the readers after the run and its guards are redirected to it."""
+        roller = self.roller
+        at = self.at
+        for k in hoisted:
+            for j, v in enumerate(at(0, k).outvars):
+                m = self.input_of(v, _value(at(0, k), j))
+                for t in range(1, self.limit):
+                    roller.subst[at(t, k).outvars[j].id] = ("var", v)
+                for step in self.steps:
+                    step[1] = [
+                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
+                    ]
+        renumber = {}
+        for k in range(self.p):
+            if k not in hoisted:
+                renumber[k] = len(renumber)
+        outputs, out_vars, out_values, later = self.outputs(hoisted, guards)
+        new = roller.capture(self.instruction(hoisted, renumber, outputs, out_vars, out_values))
+        pre = [roller.capture(x) for x in self.gathered]
+        for key in self.new_stacks:  # (a later run reading the same list reads the same stack)
+            roller.stacks[key] = (-1, *self.stacks[key])
+        pre += [roller.capture(at(0, k)) for k in sorted(hoisted)]
+        # readers after the run read the loop's outputs
+        for i, (kind, k, j) in enumerate(outputs):
+            if kind == "last":
+                roller.subst[at(self.limit - 1, k).outvars[j].id] = ("var", out_vars[i])
+        for v, i, t in later:
+            pos, j = roller.defpos[v.id]
+            value = _value(self.ins[pos], j)
+            roller.subst[v.id] = ("row", out_vars[i], t, out_values[i], value)
+        # the run's guards become one check of the stacked values
+        for gis, (k, j), first_guard, answers in guards:
+            i = outputs.index(("stack", k, j))
+            for gi in gis:
+                roller.guard_plan[gi] = None
+            where = f"{first_guard.where}{ROLLED_CHECK}"
+            roller.guard_plan[gis[0]] = Guard(out_vars[i], "value", answers, where)
+        return pre + [new]
+
+    def outputs(self, hoisted: set, guards: list) -> tuple:
+        """The loop's outputs: the values of the run read after it (or by guards, or outputs
+        of the tape), as ("last", k, j) or ("stack", k, j); their vars and values; and
+        (var, output index, iteration) of each stacked value read after the run."""
+        at, limit, roller = self.at, self.limit, self.roller
+        end = self.s + self.p * limit
+        guarded = [g[1] for g in guards]
+        outputs: list[tuple] = []
+        out_vars: list[Var] = []
+        out_values: list = []
+        later: list[tuple] = []
+        for k in range(self.p):
+            if k in hoisted:
+                continue
+            for j, v0 in enumerate(at(0, k).outvars):
+                read_after = [
+                    t for t in range(limit) if roller.read_outside(at(t, k).outvars[j], self.s, end)
+                ]
+                if not read_after and (k, j) not in guarded:
+                    continue
+                if read_after == [limit - 1] and (k, j) not in guarded:
+                    outputs.append(("last", k, j))
+                    out_vars.append(at(limit - 1, k).outvars[j])
+                    out_values.append(_value(at(limit - 1, k), j))
+                    continue
+                outputs.append(("stack", k, j))
+                out_vars.append(roller.new_var((limit, *v0.shape), v0.dtype))
+                values = [_value(at(t, k), j) for t in range(limit)]
+                out_values.append(np.stack([np.asarray(x) for x in values]))
+                for t in read_after:
+                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
+        return outputs, out_vars, out_values, later
+
+    def instruction(self, hoisted, renumber, outputs, out_vars, out_values) -> Instruction:
+        """The rolled_loop instruction: invariants and carry inits (vars), then the stacked
+        constants (constants), as its inputs."""
+        init_index = [self.input_of(var, value) for var, value in self.carry_init]
+        row_base = len(self.inputs)
+        body_steps = []
+        for k, (prim, refs, static, progress, n_out) in enumerate(self.steps):
+            if k in hoisted:
+                continue
+            refs = tuple(
+                ("row", row_base + r[1], r[2])
+                if r[0] == "crow"
+                else ("body", renumber[r[1]], r[2])
+                if r[0] == "body"
+                else r
+                for r in refs
+            )
+            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
+        carries_t = tuple(
+            (init_index[c], (renumber[kj[0]], kj[1]))
+            for kj, c in sorted(self.carries.items(), key=lambda e: e[1])
+        )
+        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
+        loop = RolledLoop(tuple(body_steps), self.limit, carries_t, loop_outputs)
+        invars = tuple(self.inputs) + (None,) * len(self.const_rows)
+        args = tuple(self.input_values) + tuple(self.const_rows)
+        return Instruction(
+            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
+        )
+
+
+def _progression(values: list, limit: int) -> tuple:
+    """(template, starts, steps) of a param whose integers progress arithmetically over the
+    iterations (raises _Differs otherwise)."""
+    flat0 = _flat_ints(values[0])
+    if flat0 is None:
+        raise _Differs
+    flat1 = _flat_ints(values[1])
+    if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
+        raise _Differs
+    step = [b - a for a, b in zip(flat0[1], flat1[1])]
+    for t in range(2, limit):
+        ft = _flat_ints(values[t])
+        if (
+            ft is None
+            or repr(ft[0]) != repr(flat0[0])
+            or any(x != a + t * d for x, a, d in zip(ft[1], flat0[1], step))
+        ):
+            raise _Differs(t)
+    if not _progression_valid(flat0[0], flat0[1], step, limit):
+        raise _Differs
+    return flat0[0], tuple(flat0[1]), tuple(step)
+
+
+def _index(instructions: list) -> tuple[dict, dict, dict, list]:
+    """(var id -> (position, output index) of the instruction computing it, var id -> first
+    position reading it, var id -> last position reading it, positions of concatenates),
+    in one walk over the instructions."""
+    defpos: dict[int, tuple[int, int]] = {}
+    first_reader: dict[int, int] = {}
+    last_reader: dict[int, int] = {}
+    concatenations = []
+    concatenate = shape.concatenate_p
+    first_of = first_reader.setdefault
+    for pos, ins in enumerate(instructions):
+        for v in ins.invars:
+            if v is not None:
+                first_of(v.id, pos)
+                last_reader[v.id] = pos
+        outvars = ins.outvars
+        if len(outvars) == 1:
+            defpos[outvars[0].id] = (pos, 0)
+        else:
+            for j, v in enumerate(outvars):
+                defpos[v.id] = (pos, j)
+        if ins.prim is concatenate:
+            concatenations.append(pos)
+    return defpos, first_reader, last_reader, concatenations
+
+
 class _Roller:
     """One pass over a tape's instructions (see roll_tape)."""
 
@@ -784,27 +1478,21 @@ class _Roller:
         capture,
         max_period: int,
         gathers: bool,
-        signatures: dict | None = None,
+        index: _TapeIndex,
     ):
         self.tape = tape
-        # id(instruction) -> (instruction, signature): shared by the passes over one tape
-        self.signatures = {} if signatures is None else signatures
+        self.signatures = index.signatures
         self.max_period = max_period
         self.gathers = gathers
         self.ins = tape.instructions
         self.next_id = next_id
         self.capture = capture
         self.work = 0
-        self.defpos: dict[int, tuple[int, int]] = {}
-        for pos, ins in enumerate(self.ins):
-            for j, v in enumerate(ins.outvars):
-                self.defpos[v.id] = (pos, j)
-        # readers: var id -> positions of instructions reading it; guards; outputs
-        self.readers: dict[int, list[int]] = {}
-        for pos, ins in enumerate(self.ins):
-            for v in ins.invars:
-                if v is not None:
-                    self.readers.setdefault(v.id, []).append(pos)
+        # where each var is computed (position, output index); the first and last positions
+        # reading it; the guards of each var; outputs
+        self.index = index
+        self.defpos, self.first_reader = index.defpos, index.first_reader
+        self.last_reader = index.last_reader
         self.guarded: dict[int, list[int]] = {}
         for gi, g in enumerate(tape.guards):
             self.guarded.setdefault(g.var.id, []).append(gi)
@@ -813,30 +1501,34 @@ class _Roller:
         # stacks of lists (see stacked): the lists' var ids -> (position, Var, value); a list
         # read one item per iteration by several loops is stacked once
         self.stacks: dict[tuple, tuple] = {}
-        reshapes = shape.reshape_p
-        for pos, ins in enumerate(self.ins):
-            if ins.prim is not shape.concatenate_p or ins.params.get("axis") != 0:
-                continue
-            sources = []
-            for v in ins.invars:
-                at = self.defpos.get(v.id) if v is not None else None
-                row = self.ins[at[0]] if at is not None else None
-                if (
-                    row is None
-                    or row.prim is not reshapes
-                    or row.invars[0] is None
-                    or row.outvars[0].shape != (1, *row.invars[0].shape)
-                ):
-                    break
-                sources.append(row.invars[0].id)
-            else:
-                self.stacks[tuple(sources)] = (pos, ins.outvars[0], ins.out)
+        for pos in index.concatenations:
+            self.stack_of_rows(pos)
         self.rolled_any = False
         self.match_end: dict[int, tuple[int, int]] = {}
         # period -> (end of its stretch, first position refused in it); period -> the
         # position before which it is not tried again (see refused)
         self.refusals: dict[int, tuple[int, int]] = {}
         self.refused_until: dict[int, int] = {}
+
+    def stack_of_rows(self, pos: int) -> None:
+        """Note the concatenate at `pos` in `stacks` when it stacks reshaped rows (as
+        `stacked` writes them)."""
+        ins = self.ins[pos]
+        if ins.params.get("axis") != 0:
+            return
+        sources = []
+        for v in ins.invars:
+            at = self.defpos.get(v.id) if v is not None else None
+            row = self.ins[at[0]] if at is not None else None
+            if (
+                row is None
+                or row.prim is not shape.reshape_p
+                or row.invars[0] is None
+                or row.outvars[0].shape != (1, *row.invars[0].shape)
+            ):
+                return
+            sources.append(row.invars[0].id)
+        self.stacks[tuple(sources)] = (pos, ins.outvars[0], ins.out)
 
     def new_var(self, shape, dtype) -> Var:
         v = Var(self.next_id, tuple(shape), np.dtype(dtype))
@@ -846,41 +1538,31 @@ class _Roller:
     def run(self) -> list:
         ins = self.ins
         n = len(ins)
-        codes = []
-        interned: dict = {}
-        signatures = self.signatures
-        for x in ins:
-            known = signatures.get(id(x))
-            if known is not None and known[0] is x:
-                sig = known[1]
-            else:
-                sig = _signature(x)
-                signatures[id(x)] = (x, sig)
-            codes.append(
-                -1 - len(codes) if sig is None else interned.setdefault(sig, len(interned))
-            )
-        nxt = [None] * n
-        last: dict = {}
-        for pos in range(n - 1, -1, -1):
-            nxt[pos] = last.get(codes[pos])
-            last[codes[pos]] = pos
+        codes, nxt = self.index.codes, self.index.next
         self.codes = codes
+        max_period = self.max_period
         out: list = []
         self.subst: dict[int, tuple] = {}  # var id -> (stacked var, row) | ("var", Var)
         self.guard_plan: dict[int, Any] = {}  # guard index -> None (dropped) | Guard
+        subst = self.subst
         pos = 0
         while pos < n:
-            found = None
-            if self.work < _WORK_LIMIT:
+            j = nxt[pos]
+            # (try_roll finds no candidate where the signature does not recur within reach)
+            if j is not None and j - pos <= max_period and self.work < _WORK_LIMIT:
                 found = self.try_roll(pos, nxt)
-            if found is not None:
-                new_instructions, length = found
-                for new_ins in new_instructions:
-                    out.extend(self.materialized(new_ins))
-                pos += length
-                self.rolled_any = True
-                continue
-            out.extend(self.materialized(ins[pos]))
+                if found is not None:
+                    new_instructions, length = found
+                    for new_ins in new_instructions:
+                        out.extend(self.materialized(new_ins))
+                    pos += length
+                    self.rolled_any = True
+                    continue
+            x = ins[pos]
+            if subst:
+                out.extend(self.materialized(x))
+            else:
+                out.append(x)
             pos += 1
         return out
 
@@ -975,219 +1657,41 @@ class _Roller:
         """The rolled instruction for the run at s, or the number of leading iterations
         that do form a loop (when a later one does not); None when none do. `probe`: only
         check (True when these iterations form a loop), change nothing."""
-        ins = self.ins
-        end = s + p * trips
         self.work += p * trips
-
-        def at(t, k):
-            return ins[s + t * p + k]
-
-        inputs: list[Var] = []  # invariant vars and carry inits
-        input_values: list = []  # their recorded values
-        const_rows: list[np.ndarray] = []  # constants that differ per iteration, stacked
-        input_index: dict[int, int] = {}
-
-        def input_of(v: Var, value) -> int:
-            m = input_index.get(v.id)
-            if m is None:
-                m = input_index[v.id] = len(inputs)
-                inputs.append(v)
-                input_values.append(value)
-            return m
-
-        carries: dict[tuple[int, int], int] = {}  # producer (k, j) -> carry index
-        gathered: list[Instruction] = []  # the stacks of the lists read one item per iteration
-        stacks: dict[tuple, tuple] = {}  # the lists' var ids -> (stacked Var, value)
-        new_stacks: list[tuple] = []  # (those stacked by this run)
-        carry_init: list = []  # (Var, recorded value) of each carry's initial value
-        steps = []
-        limit = trips  # first iteration that disagrees
-
-        for k in range(p):
-            first = at(0, k)
-            refs = []
-            for a, v0 in enumerate(first.invars):
-                if v0 is None:
-                    values = [at(t, k).args[a] for t in range(limit)]
-                    key0 = _value_key(values[0])
-                    if all(_value_key(x) == key0 for x in values[1:]):
-                        refs.append(("const", values[0]))
-                        continue
-                    # a constant that differs per iteration: stacked
-                    arrs = [np.asarray(x) for x in values]
-                    if any(x.dtype != arrs[0].dtype or x.shape != arrs[0].shape for x in arrs):
-                        return None
-                    stacked = np.stack(arrs)
-                    stacked.flags.writeable = False
-                    python_scalar = isinstance(values[0], (bool, int, float, complex))
-                    refs.append(("crow", len(const_rows), python_scalar))
-                    const_rows.append(stacked)
-                    continue
-                ref, bad = self.classify(s, p, k, a, limit)
-                if ref is None:
-                    return None if bad is None or bad < MIN_TRIPS else bad
-                if bad is not None:
-                    return bad if bad >= MIN_TRIPS else None
-                kind = ref[0]
-                if kind == "invariant":
-                    refs.append(("in", input_of(ref[1], first.args[a])))
-                elif kind == "gather":  # one array of a list per iteration: stacked once
-                    if probe:
-                        refs.append(("row", -1, False))
-                        continue
-                    key = tuple(v.id for v in ref[1])
-                    if key not in stacks:
-                        stacks[key] = self.stack_before(key, s)
-                    if stacks[key] is None:
-                        values = [at(t, k).args[a] for t in range(len(ref[1]))]
-                        stacks[key] = self.stacked(ref[1], values, gathered)
-                        new_stacks.append(key)
-                    refs.append(("row", input_of(*stacks[key]), False))
-                elif kind == "rows":  # rows 0, 1, ... of a loop's stacked output
-                    refs.append(("row", input_of(ref[1], ref[2]), False))
-                elif kind == "carry":
-                    kj = ref[1]
-                    if kj not in carries:
-                        carries[kj] = len(carry_init)
-                        carry_init.append((ref[2], first.args[a]))
-                    elif carry_init[carries[kj]][0] is not ref[2]:
-                        return None
-                    refs.append(("carry", carries[kj]))
-                else:
-                    refs.append(ref)
-            # params
-            static, progress = [], []
-            for name in sorted(first.params):
-                values = [at(t, k).params[name] for t in range(limit)]
-                v0 = values[0]
-                if all(_param_equal(v, v0) for v in values[1:]):
-                    static.append((name, v0))
-                    continue
-                flat0 = _flat_ints(v0)
-                if flat0 is None:
-                    return None
-                flat1 = _flat_ints(values[1])
-                if flat1 is None or repr(flat1[0]) != repr(flat0[0]):
-                    return None
-                step = [b - a for a, b in zip(flat0[1], flat1[1])]
-                for t in range(2, limit):
-                    ft = _flat_ints(values[t])
-                    if (
-                        ft is None
-                        or repr(ft[0]) != repr(flat0[0])
-                        or any(x != a + t * d for x, a, d in zip(ft[1], flat0[1], step))
-                    ):
-                        return t if t >= MIN_TRIPS else None
-                if not _progression_valid(flat0[0], flat0[1], step, limit):
-                    return None
-                progress.append((name, flat0[0], tuple(flat0[1]), tuple(step)))
-            steps.append([first.prim, refs, tuple(static), tuple(progress), len(first.outvars)])
-
+        if probe and not self.operands_classified(s, p, trips):
+            return None
+        run = _RunBuilder(self, s, p, trips, probe)
+        try:
+            for k in range(p):
+                run.add_step(k)
+        except _Differs as differs:
+            return differs.first
         # guards on values of the run
-        guards = self.run_guards(s, p, limit)
+        guards = self.run_guards(s, p, trips)
         if guards is None:
             return None
         # steps computing the same value in every iteration run once, before the loop
-        hoisted = self.invariant_steps(steps, carries, guards)
+        hoisted = self.invariant_steps(run.steps, run.carries, guards)
         if len(hoisted) == p or all(
-            step[0] in _MOVES for k, step in enumerate(steps) if k not in hoisted
+            step[0] in _MOVES for k, step in enumerate(run.steps) if k not in hoisted
         ):
             return None  # nothing to loop over, or a loop that only copies rows
         if probe:
             return True
-        for k in hoisted:
-            for j, v in enumerate(at(0, k).outvars):
-                m = input_of(v, _value(at(0, k), j))
-                for t in range(1, limit):
-                    self.subst[at(t, k).outvars[j].id] = ("var", v)
-                for step in steps:
-                    step[1] = [
-                        ("in", m) if r[:2] == ("body", k) and r[2] == j else r for r in step[1]
-                    ]
-        renumber = {}
+        return run.finish(hoisted, guards)
+
+    def operands_classified(self, s: int, p: int, trips: int) -> bool:
+        """Whether every traced operand of the first `trips` iterations at s comes from one
+        place (see classify): the check that refuses most probes, made before the constants
+        and params are compared (a probe's answer is the same whichever check refuses)."""
+        classify = self.classify
         for k in range(p):
-            if k not in hoisted:
-                renumber[k] = len(renumber)
-        # the outputs: values of the run read after it (or by guards, outputs of the tape)
-        outputs: list[tuple] = []
-        out_vars: list[Var] = []
-        out_values: list = []
-        later: list[tuple] = []  # (var id, output index, t) for stacked outputs
-        for k in range(p):
-            if k in hoisted:
-                continue
-            for j, v0 in enumerate(at(0, k).outvars):
-                read_after = []
-                for t in range(limit):
-                    v = at(t, k).outvars[j]
-                    if self.read_outside(v, s, end):
-                        read_after.append(t)
-                if not read_after and (k, j) not in [g[1] for g in guards]:
-                    continue
-                if read_after == [limit - 1] and (k, j) not in [g[1] for g in guards]:
-                    outputs.append(("last", k, j))
-                    v_last = at(limit - 1, k).outvars[j]
-                    out_vars.append(v_last)
-                    out_values.append(_value(at(limit - 1, k), j))
-                    continue
-                outputs.append(("stack", k, j))
-                stacked_var = self.new_var((limit, *v0.shape), v0.dtype)
-                out_vars.append(stacked_var)
-                values = [_value(at(t, k), j) for t in range(limit)]
-                out_values.append(np.stack([np.asarray(x) for x in values]))
-                for t in read_after:
-                    later.append((at(t, k).outvars[j], len(outputs) - 1, t))
-        # loop inputs: invariants and carry inits (vars), then stacked constants (constants)
-        init_index = [input_of(var, value) for var, value in carry_init]
-        row_base = len(inputs)
-        body_steps = []
-        for k, (prim, refs, static, progress, n_out) in enumerate(steps):
-            if k in hoisted:
-                continue
-            refs = tuple(
-                ("row", row_base + r[1], r[2])
-                if r[0] == "crow"
-                else ("body", renumber[r[1]], r[2])
-                if r[0] == "body"
-                else r
-                for r in refs
-            )
-            body_steps.append(BodyStep(prim, refs, static, progress, n_out))
-        carries_t = tuple(
-            (init_index[c], (renumber[kj[0]], kj[1]))
-            for kj, c in sorted(carries.items(), key=lambda e: e[1])
-        )
-        loop_outputs = tuple((kind, renumber[k], j) for kind, k, j in outputs)
-        loop = RolledLoop(tuple(body_steps), limit, carries_t, loop_outputs)
-        invars = tuple(inputs) + (None,) * len(const_rows)
-        args = tuple(input_values) + tuple(const_rows)
-        new = Instruction(
-            rolled_loop_p, invars, args, {"loop": loop}, tuple(out_vars), tuple(out_values)
-        )
-        new = self.capture(new)
-        pre = [self.capture(x) for x in gathered]
-        for key in new_stacks:  # (a later run reading the same list reads the same stack)
-            self.stacks[key] = (-1, *stacks[key])
-        pre += [self.capture(at(0, k)) for k in sorted(hoisted)]
-        # readers after the run read the loop's outputs
-        for i, (kind, k, j) in enumerate(outputs):
-            if kind == "last":
-                self.subst[at(limit - 1, k).outvars[j].id] = ("var", out_vars[i])
-        for v, i, t in later:
-            pos, j = self.defpos[v.id]
-            self.subst[v.id] = ("row", out_vars[i], t, out_values[i], _value(self.ins[pos], j))
-        # the run's guards become one check of the stacked values
-        for gis, (k, j), first_guard, answers in guards:
-            i = outputs.index(("stack", k, j))
-            for gi in gis:
-                self.guard_plan[gi] = None
-            self.guard_plan[gis[0]] = Guard(
-                out_vars[i],
-                "value",
-                answers,
-                f"{first_guard.where}{ROLLED_CHECK}",
-            )
-        return pre + [new]
+            for a, v in enumerate(self.ins[s + k].invars):
+                if v is not None:
+                    ref, bad = classify(s, p, k, a, trips)
+                    if ref is None or bad is not None:
+                        return False
+        return True
 
     @staticmethod
     def invariant_steps(steps: list, carries: dict, guards: list) -> set:
@@ -1296,7 +1800,8 @@ class _Roller:
     def read_outside(self, v: Var, s: int, end: int) -> bool:
         if v.id in self.output_ids or v.id in self.guarded:
             return True
-        return any(r < s or r >= end for r in self.readers.get(v.id, ()))
+        first = self.first_reader.get(v.id)
+        return first is not None and (first < s or self.last_reader[v.id] >= end)
 
     def run_guards(self, s: int, p: int, limit: int):
         """[(guard indices, (k, j), first guard, stacked answers)] of the run, or None when
@@ -1380,48 +1885,8 @@ def roll_tape(tape: Tape, capture=lambda ins: ins, min_length: int | None = None
         min_length = MIN_TAPE_LENGTH
     if len(tape.instructions) < max(2 * MIN_TRIPS, min_length):
         return tape
-    with _collector_paused():
+    with collector.collector_paused():  # (its full collections would traverse the tape)
         return _roll_long_tape(tape, capture)
-
-
-_pause_lock = threading.Lock()
-_pauses = 0  # searches running now (threads may search at once)
-_resume_collector = False  # whether the first of them found the collector running
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector paused while a long tape is searched, and resumed
-    (if it was running) when the last search running ends. The search allocates a few small
-    objects per instruction while the tape's hundreds of thousands of instructions are alive,
-    and each full collection traverses them all: measured on a time-stepping tape of 98,000
-    instructions, the collections took 40% of the search (about 11 s with them, 6 s without).
-    Nothing the search allocates forms a cycle that must be freed before it ends. Searches in
-    several threads share one pause (counted), so none resumes the collector under another."""
-    global _pauses, _resume_collector
-    with _pause_lock:
-        if _pauses == 0:
-            _resume_collector = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _pause_lock:
-            if _pauses:  # (0 in a forked child that renewed the count under this search)
-                _pauses -= 1
-                if _pauses == 0 and _resume_collector:
-                    gc.enable()
-
-
-def renew_locks_after_fork() -> None:
-    """In a child created by os.fork: the searches that paused the collector ran in threads the
-    child does not have; resume it as the last of them would have."""
-    global _pauses
-    if _pauses:
-        _pauses = 0
-        if _resume_collector:
-            gc.enable()
 
 
 def _roll_long_tape(tape: Tape, capture) -> Tape:
@@ -1438,11 +1903,14 @@ def _roll_long_tape(tape: Tape, capture) -> Tape:
         for _ in range(MAX_PASSES)
     ]
     skip = None
-    signatures: dict = {}
+    signatures = _Signatures()
+    index = None
     for limit, gathers in passes:
         if (limit, gathers) == skip:
             continue  # (this limit's last pass rolled nothing)
-        roller = _Roller(current, next_id, capture, limit, gathers, signatures)
+        if index is None or index.instructions is not current.instructions:
+            index = _TapeIndex(current.instructions, signatures)
+        roller = _Roller(current, next_id, capture, limit, gathers, index)
         instructions = roller.run()
         if not roller.rolled_any:
             skip = (limit, gathers)

@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from . import routes
+from . import collector, routes
 from .errors import GradtapeError, TracedAttributeError
 from .ir import Guard, Instruction, Released, Tape, Var
 
@@ -173,6 +173,8 @@ class new_level:
 
     def __enter__(self) -> Level:
         self.stack = _stack()
+        if self.level.kind in _STAGED:  # (a recording kept for replay: see core/collector.py)
+            collector.pause_full_collections()
         self.stack.append(self.level)
         return self.level
 
@@ -185,6 +187,12 @@ class new_level:
             top.active = False
             if top is level:
                 break
+        if level.kind in _STAGED:
+            collector.resume_full_collections()
+
+
+# levels whose tape is kept (and can be long): full collections wait while they record
+_STAGED = (LevelKind.STAGE, LevelKind.LOOP_BODY)
 
 
 def current_levels() -> list:
@@ -222,7 +230,14 @@ def bind(prim, args: tuple, params: dict):
             vals.append(a)
             invars.append(None)
     out = prim.impl(*vals, **params)
-    if not top.record_all and (prim.nondiff or not _inexact(out, prim.multiple_results)):
+    if top.record_all:
+        inexact = True  # (not asked)
+    elif prim.multiple_results:
+        inexact = _inexact(out, True)
+    else:
+        dt = getattr(out, "dtype", None)
+        inexact = isinstance(out, (float, complex)) if dt is None else dt.kind in "fc"
+    if not top.record_all and (prim.nondiff or not inexact):
         if prim.nondiff and not prim.complex_correct and _complex(out, prim.multiple_results):
             # np.sign(z): zero derivative on the reals, not on the complex plane
             raise GradtapeError(
@@ -343,6 +358,11 @@ def batch_bind(level: Level, prim, args: tuple, params: dict):
     if prim.aliases_input and type(args[0]) is Tracer:
         add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
     return tracer
+
+
+def batching_level() -> Level | None:
+    """The BATCH level whose batching rule is running (None outside a batching rule)."""
+    return getattr(_state, "batch_level", None)
 
 
 def read_above(level: Level | None = None) -> bool:
@@ -490,6 +510,43 @@ def user_source_line() -> str:
         caller = _first_frame_outside(f, scipy=True)
         if caller is not None:
             return f"{_frame_line(caller)}; inside SciPy at {where}"
+    return where
+
+
+def plain_write_error(exc: BaseException) -> GradtapeError | None:
+    """The clear error for NumPy's ValueError when a traced value is written into a plain
+    array (out[i] = x), naming the line that wrote; None for any other exception."""
+    if not isinstance(exc, ValueError) or "setting an array element with a sequence" not in str(
+        exc
+    ):
+        return None
+    return GradtapeError(
+        f"{traceback_source_line(exc.__traceback__)}: a traced value was written into a plain "
+        "NumPy array (a[i] = x): that would cut the gradient. Build the array from traced "
+        "values instead: y = np.zeros_like(x) (x traced) then y[i] = ..., or collect values "
+        "in a list and use np.stack."
+    )
+
+
+def traceback_source_line(tb) -> str:
+    """As user_source_line, for the innermost frames of a traceback outside gradtape and NumPy:
+    where an exception caught later was raised."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    outside = [
+        f
+        for f in frames
+        if not (f.f_code.co_filename.startswith(_PKG_DIR) or _NUMPY_DIR in f.f_code.co_filename)
+    ]
+    if not outside:
+        return "<unknown>"
+    where = _frame_line(outside[-1])
+    if _SCIPY_MARK in outside[-1].f_code.co_filename:
+        callers = [f for f in outside if _SCIPY_MARK not in f.f_code.co_filename]
+        if callers:
+            return f"{_frame_line(callers[-1])}; inside SciPy at {where}"
     return where
 
 
@@ -1165,6 +1222,22 @@ class Tracer:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    @property
+    def device(self) -> str:
+        """ "cpu", as for every NumPy array (SciPy's array-API helpers ask for it)."""
+        return "cpu"
+
+    def __array_namespace__(self, *, api_version=None):
+        """NumPy, as for an ndarray: array-API code (SciPy's helpers) then calls NumPy's
+        functions, which gradtape records, and treats the value as writeable."""
+        return np
+
+    def to_device(self, device: str, /, *, stream=None) -> Tracer:
+        """This value: NumPy arrays live on the CPU only (as ndarray.to_device)."""
+        if device != "cpu":
+            raise ValueError(f"unsupported device {device!r}: NumPy arrays live on 'cpu'")
+        return self
+
     def __getattr__(self, name: str):
         # reached only for names a Tracer does not have: the memory of a plain ndarray
         if name in _MEMORY_ATTRIBUTES:
@@ -1182,11 +1255,56 @@ class Tracer:
 # ndarray attributes about memory that a Tracer cannot have (`Tracer.__getattr__`)
 _MEMORY_ATTRIBUTES = frozenset(
     "flags strides ctypes data base view tobytes tostring resize byteswap setflags itemset "
-    "tofile dump dumps getfield setfield flat put device to_device".split()
+    "tofile dump dumps getfield setfield flat put".split()
 )
 
 
+def _gufunc_core_axes(ufunc, inputs, kwargs):
+    """A gufunc's `axes=`, `axis=` and `keepdims=` (np.vecdot(x, y, axis=0), ...): the inputs
+    with their core axes moved last, and a function placing the output's core axes where they
+    were asked for; NumPy's rules for which combinations are valid."""
+    axis, axes = kwargs.pop("axis", None), kwargs.pop("axes", None)
+    keepdims = kwargs.pop("keepdims", False)
+    signature = ufunc.signature
+    if ufunc.nout != 1:
+        raise GradtapeError(f"np.{ufunc.__name__} with axes=/axis= cannot be traced.")
+    # "(n),(n),()"; optional dimensions (matmul's n?, m?) taken as present
+    groups = signature.replace(" ", "").replace("?", "").replace("->", ",")[1:-1].split("),(")
+    cores = [tuple(d for d in group.split(",") if d) for group in groups]
+    in_cores, out_core = cores[: ufunc.nin], cores[ufunc.nin]
+    if axis is not None:
+        if axes is not None or any(len(c) > 1 for c in cores):
+            raise TypeError(f"np.{ufunc.__name__}: axis= needs core dimensions of at most one")
+        axes = [(axis,) if c else () for c in cores]
+    if axes is None:
+        axes = [tuple(range(-len(c), 0)) for c in cores]
+    axes = [(a,) if isinstance(a, (int, np.integer)) else tuple(a) for a in axes]
+    if len(axes) == ufunc.nin and not out_core:
+        axes.append(())
+    if len(axes) != ufunc.nin + 1 or any(len(a) != len(c) for a, c in zip(axes, cores)):
+        raise ValueError(f"np.{ufunc.__name__}: axes= does not match its signature {signature}")
+    moved = [
+        np.moveaxis(x, a, tuple(range(-len(a), 0))) if a else x
+        for x, a in zip(inputs, axes[: ufunc.nin])
+    ]
+
+    def place(out):
+        if keepdims:  # the reduced core axis kept with size one where the inputs had it
+            if out_core or len({len(c) for c in in_cores}) != 1:
+                raise ValueError(f"np.{ufunc.__name__}: keepdims= needs a reduction")
+            return np.expand_dims(out, axes[0]) if axes[0] else out
+        out_axes = axes[ufunc.nin]
+        if not out_axes:
+            return out
+        return np.moveaxis(out, tuple(range(-len(out_axes), 0)), out_axes)
+
+    return moved, place
+
+
 def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
+    place = None
+    if ufunc.signature is not None and {"axis", "axes", "keepdims"} & set(kwargs):
+        inputs, place = _gufunc_core_axes(ufunc, inputs, kwargs)
     where = kwargs.pop("where", True)
     dtype = kwargs.pop("dtype", None)
     kwargs.pop("casting", None)
@@ -1201,7 +1319,9 @@ def _ufunc_with_kwargs(prim, inputs, kwargs, ufunc):
             f"np.{ufunc.__name__}(..., where=mask) leaves masked entries uninitialised; "
             "write np.where(mask, np.f(x), fill) instead."
         )
-    out = bind(prim, inputs, {})
+    out = bind(prim, tuple(inputs), {})
+    if place is not None:
+        out = place(out)
     return _METHODS["astype"](out, np.dtype(dtype)) if dtype is not None else out
 
 

@@ -7,6 +7,8 @@ core.primitive.REGISTRY and its NumPy routes in core.routes).
 from . import (  # noqa: F401  (imported for their declarations)
     array_api,
     batching,
+    batching_linalg,
+    batching_search,
     conversion,
     elementwise,
     fft,
@@ -17,6 +19,8 @@ from . import (  # noqa: F401  (imported for their declarations)
     scalar_functions,
     scipy_linalg,
     scipy_misc,
+    scipy_ndimage,
+    scipy_spatial,
     scipy_special,
     scipy_stats,
     sequences,
@@ -28,3 +32,5 @@ from . import (  # noqa: F401  (imported for their declarations)
 
 ufunc_methods.register_all()  # the methods of every ufunc declared above
 batching.declare()  # the batching rules (vmap) of each category of primitive declared above
+batching_search.declare()  # ... of predicates, sorts, searches, counts, traced-integer indexing
+batching_linalg.declare()  # ... of SciPy's linear algebra, FFT, convolutions, padding

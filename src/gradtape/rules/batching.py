@@ -9,8 +9,11 @@ tape of ordinary primitives: the backends fuse it like any other.
 The categories: elementwise ufuncs (every ufunc without a core signature, scipy.special's
 ufuncs, where, astype), reductions with axes, cumulative reductions, shape operations, static
 indexing, matmul and einsum, and the linear-algebra functions that broadcast over leading
-axes. A primitive in none of them runs once per member of the batch (`tracing.loop_batch`);
-tests/test_registry.py lists those primitives, so a gap stays visible.
+axes. batching_search.py (predicates, sorts, searches, counts, traced-integer indexing) and
+batching_linalg.py (SciPy's linear algebra, the FFT, convolutions, padding) give the others
+theirs. A primitive with none runs once per member of the batch (`tracing.loop_batch`): those
+whose output's shape depends on each member's values, and a few more; tests/test_registry.py
+lists them with the reason for each, so a gap stays visible.
 """
 
 from __future__ import annotations
@@ -238,8 +241,8 @@ def declare() -> None:
     shape.broadcast_p.batch = _broadcast_batch
     shape.concatenate_p.batch = _concatenate_batch
     shape.full_like_p.batch = _full_like_batch
-    indexing.getitem_p.batch = _getitem_batch
-    indexing.setitem_p.batch = indexing.scatter_add_p.batch = _write_batch
+    # static indexing and writes (_getitem_batch, _write_batch) are given by batching_search,
+    # whose rules first take out the index's parts that are members of the batch
     linalg.matmul_p.batch = _matmul_batch
     linalg.einsum_p.batch = _einsum_batch
     linalg.solve_p.batch = _solve_batch

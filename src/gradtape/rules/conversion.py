@@ -268,3 +268,17 @@ def vectorize_call(self, *args, **kwargs):
             out = out.astype(np.dtype(self.otypes[k]))
         outputs.append(out)
     return tuple(outputs) if several else outputs[0]
+
+
+def array_api_clip(x, /, min=None, max=None, *, out=None, **kwargs):
+    """array_api_compat's clip for NumPy (SciPy's array-API namespace): np.clip. Its own writes
+    the traced value into an np.empty array, which would cut the gradient."""
+    if out is not None:
+        return np.clip(x, min, max, out=out)
+    if min is None and max is None:
+        return np.asarray(x).copy()
+    return np.clip(x, min, max)
+
+
+for _module in ("scipy._lib.array_api_compat.numpy", "array_api_compat.numpy"):
+    implements_module_function(_module, "clip")(array_api_clip)

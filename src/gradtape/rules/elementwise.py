@@ -87,6 +87,8 @@ def _times_safe(g, partial, ans, args):
     p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
     if not config.nan_safe():  # GRADTAPE_NAN_SAFE=0: JAX's and autograd's plain product
         return g * p
+    if type(p) is float and p - p == 0:  # a finite Python constant (x * 0.5): nothing to mask
+        return g * p
     traced_g = type(g) is Tracer
     traced_p = type(p) is Tracer
     if not traced_g and not traced_p:
@@ -374,9 +376,8 @@ maximum = _np("maximum", (_max_dx, lambda ans, x, y: _max_dx(ans, y, x)), native
 minimum = _np("minimum", (_min_dx, lambda ans, x, y: _min_dx(ans, y, x)), native="np.minimum")
 fmax = _np("fmax", (_fmax_dx, lambda ans, x, y: _fmax_dx(ans, y, x)), native="np.fmax")
 fmin = _np("fmin", (_fmin_dx, lambda ans, x, y: _fmin_dx(ans, y, x)), native="np.fmin")
-copysign = _np(
-    "copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), None), native="np.copysign"
-)
+# in y a step function (the sign it takes): zero derivative, as np.sign's and JAX's
+copysign = _np("copysign", (lambda ans, x, y: np.sign(x) * np.sign(ans), 0), native="np.copysign")
 hypot = _np(
     "hypot", (lambda ans, x, y: x / ans, lambda ans, x, y: y / ans), safe=True, native="np.hypot"
 )
@@ -511,8 +512,9 @@ SCIPY_UFUNCS["exp10"] = _spec("exp10", (lambda ans, x: ans * _LN10,))
 
 # --- scipy.special, the long tail -----------------------------------------------------------------
 # Bessel functions are differentiated in their argument (the recurrences below); their order
-# has no closed-form derivative, and gammainc/betainc have none in their shape parameters:
-# differentiating those arguments raises an error naming them.
+# has no closed-form derivative: differentiating it raises an error naming it. The derivatives
+# of gammainc and betainc in their shape parameters are computed by their series and continued
+# fractions (rules/incomplete_gamma.py, rules/incomplete_beta.py).
 def _no_derivative(name: str, argument: str, why: str):
     """A partial that refuses: the derivative in `argument` of scipy.special.`name` is unknown."""
 
@@ -585,31 +587,80 @@ def _betainc_dx(ans, a, b, x):
     return np.exp(_sp().xlogy(a - 1, x) + _sp().xlog1py(b - 1, -x) - _sp().betaln(a, b))
 
 
-gammainc = _spec(
-    "gammainc", (_no_derivative("gammainc", "a (argument 0)", _SHAPE), _gammainc_dx), safe=True
+def _no_second_derivative(functions: str, parameters: str):
+    """A partial of a shape-parameter derivative, which is itself computed by a series."""
+
+    def partial(ans, *args):
+        raise GradtapeError(
+            f"scipy.special.{functions}: a second derivative involving the shape parameter "
+            f"{parameters} is not available (the first derivative in it is computed by a series "
+            "that has no rule of its own). If it is a constant, pass it through "
+            "gradtape.stop_gradient; otherwise give the function a rule with "
+            "gradtape.custom_vjp."
+        )
+
+    return partial
+
+
+def _incomplete_gamma_da(a, x):
+    from . import incomplete_gamma
+
+    return incomplete_gamma.gammainc_da(a, x)
+
+
+# d/da gammainc(a, x): the series or continued fraction of gammainc differentiated term by term
+# (rules/incomplete_gamma.py); its own derivatives are not known
+_GAMMA_SECOND = _no_second_derivative("gammainc/gammaincc", "a")
+gammainc_da = elementwise(
+    "gammainc_da", _incomplete_gamma_da, (_GAMMA_SECOND, _GAMMA_SECOND), safe=True
 )
+
+
+def _gammainc_da(ans, a, x):
+    return bind(gammainc_da, (a, x), {})
+
+
+gammainc = _spec("gammainc", (_gammainc_da, _gammainc_dx), safe=True)
 gammaincc = _spec(
     "gammaincc",
-    (
-        _no_derivative("gammaincc", "a (argument 0)", _SHAPE),
-        lambda ans, a, x: -_gammainc_dx(ans, a, x),
-    ),
+    (lambda ans, a, x: -_gammainc_da(ans, a, x), lambda ans, a, x: -_gammainc_dx(ans, a, x)),
     safe=True,
 )
-betainc = _spec(
-    "betainc",
-    (
-        _no_derivative("betainc", "a (argument 0)", _SHAPE),
-        _no_derivative("betainc", "b (argument 1)", _SHAPE),
-        _betainc_dx,
-    ),
-    safe=True,
-)
+
+
+def _incomplete_beta_da(a, b, x):
+    from . import incomplete_beta
+
+    return incomplete_beta.betainc_da(a, b, x)
+
+
+def _incomplete_beta_db(a, b, x):
+    from . import incomplete_beta
+
+    return incomplete_beta.betainc_db(a, b, x)
+
+
+# d/da and d/db betainc(a, b, x): its continued fraction differentiated term by term
+# (rules/incomplete_beta.py); their own derivatives are not known
+_BETA_SECOND = _no_second_derivative("betainc/betaincc and the t distribution", "a or b")
+betainc_da = elementwise("betainc_da", _incomplete_beta_da, (_BETA_SECOND,) * 3, safe=True)
+betainc_db = elementwise("betainc_db", _incomplete_beta_db, (_BETA_SECOND,) * 3, safe=True)
+
+
+def _betainc_da(ans, a, b, x):
+    return bind(betainc_da, (a, b, x), {})
+
+
+def _betainc_db(ans, a, b, x):
+    return bind(betainc_db, (a, b, x), {})
+
+
+betainc = _spec("betainc", (_betainc_da, _betainc_db, _betainc_dx), safe=True)
 betaincc = _spec(
     "betaincc",
     (
-        _no_derivative("betaincc", "a (argument 0)", _SHAPE),
-        _no_derivative("betaincc", "b (argument 1)", _SHAPE),
+        lambda ans, a, b, x: -_betainc_da(ans, a, b, x),
+        lambda ans, a, b, x: -_betainc_db(ans, a, b, x),
         lambda ans, a, b, x: -_betainc_dx(ans, a, b, x),
     ),
     safe=True,
@@ -741,38 +792,44 @@ lambertw_real = elementwise(
 
 # --- the scipy.special functions behind scipy.stats' cdfs and ppfs ------------------------------
 # An inverse's derivative in its probability is 1 / (the forward function's derivative at the
-# answer); in the shape parameters there is no closed form.
+# answer), and in a shape parameter -(the forward function's derivative in it) / (its derivative
+# in x), both at the answer.
 def _gammainc_inv_dq(ans, a, q):
     return np.exp(_sp().gammaln(a) + ans - _sp().xlogy(a - 1, ans))
 
 
-gammaincinv = _spec(
-    "gammaincinv",
-    (_no_derivative("gammaincinv", "a (argument 0)", _SHAPE), _gammainc_inv_dq),
-    safe=True,
-)
+def _gammainc_inv_da(ans, a, q):
+    # gammainc(a, ans) = q: d ans/da = -(dP/da) / (dP/dx) at x = ans
+    return -_gammainc_da(None, a, ans) * _gammainc_inv_dq(ans, a, q)
+
+
+gammaincinv = _spec("gammaincinv", (_gammainc_inv_da, _gammainc_inv_dq), safe=True)
 gammainccinv = _spec(
     "gammainccinv",
-    (
-        _no_derivative("gammainccinv", "a (argument 0)", _SHAPE),
-        lambda ans, a, q: -_gammainc_inv_dq(ans, a, q),
-    ),
+    (_gammainc_inv_da, lambda ans, a, q: -_gammainc_inv_dq(ans, a, q)),
     safe=True,
 )
+
+
+def _betainc_inv(shape_partial):
+    # betainc(a, b, ans) = q: d ans/d(a or b) = -(dI/d(a or b)) / (dI/dx) at x = ans
+    return lambda ans, a, b, q: -shape_partial(None, a, b, ans) / _betainc_dx(None, a, b, ans)
+
+
 betaincinv = _spec(
     "betaincinv",
     (
-        _no_derivative("betaincinv", "a (argument 0)", _SHAPE),
-        _no_derivative("betaincinv", "b (argument 1)", _SHAPE),
+        _betainc_inv(_betainc_da),
+        _betainc_inv(_betainc_db),
         lambda ans, a, b, q: 1 / _betainc_dx(None, a, b, ans),
     ),
     safe=True,
 )
-betainccinv = _spec(
+betainccinv = _spec(  # betaincc(a, b, ans) = q: the same shape derivatives as betaincinv's
     "betainccinv",
     (
-        _no_derivative("betainccinv", "a (argument 0)", _SHAPE),
-        _no_derivative("betainccinv", "b (argument 1)", _SHAPE),
+        _betainc_inv(_betainc_da),
+        _betainc_inv(_betainc_db),
         lambda ans, a, b, q: -1 / _betainc_dx(None, a, b, ans),
     ),
     safe=True,
@@ -792,19 +849,32 @@ def t_logpdf(t, df):
     return np.where(finite, log_t, -0.5 * t * t - _LOG_SQRT_2PI)
 
 
-_DF = "the derivative in the degrees of freedom has no closed form"
-stdtr = _spec(
-    "stdtr",
-    (_no_derivative("stdtr", "df (argument 0)", _DF), lambda ans, df, t: np.exp(t_logpdf(t, df))),
-)
-stdtrit = _spec(
-    "stdtrit",
-    (
-        _no_derivative("stdtrit", "df (argument 0)", _DF),
-        lambda ans, df, p: np.exp(-t_logpdf(ans, df)),
-    ),
-    safe=True,
-)
+def _stdtr_ddf(ans, df, t):
+    """d/d(df) of Student's t cdf: stdtr(df, t) = 1 - tail for t >= 0 (its mirror image below),
+    tail = I_x(df/2, 1/2) / 2 = (1 - I_y(1/2, df/2)) / 2 with x = df / (df + t^2) and
+    y = t^2 / (df + t^2) = 1 - x, written in whichever of x and y is the smaller (the other
+    rounds to 1 near the ends); 0 where the cdf does not depend on df (t = 0, an infinite df
+    or t; also where t^2 underflows: the derivative is of the order of |t| there)."""
+    square = t * t
+    inside = np.isfinite(df) & np.isfinite(square) & (square != 0)  # (t^2 may underflow)
+    d = np.where(inside, df, 1.0)
+    t2 = np.where(inside, square, 1.0)
+    x, y = d / (d + t2), t2 / (d + t2)
+    dx = t2 / ((d + t2) * (d + t2))  # = -dy
+    half = 0.5 * np.ones_like(x)
+    in_x = 0.5 * (0.5 * _betainc_da(None, d / 2, half, x) + _betainc_dx(None, d / 2, half, x) * dx)
+    in_y = -0.5 * (0.5 * _betainc_db(None, half, d / 2, y) - _betainc_dx(None, half, d / 2, y) * dx)
+    d_tail = np.where(x < y, in_x, in_y)
+    return np.where(inside, np.where(t >= 0, -d_tail, d_tail), 0.0)
+
+
+def _stdtrit_ddf(ans, df, p):
+    # stdtr(df, ans) = p: d ans/d(df) = -(d stdtr/d(df)) / (its density at ans)
+    return -_stdtr_ddf(None, df, ans) * np.exp(-t_logpdf(ans, df))
+
+
+stdtr = _spec("stdtr", (_stdtr_ddf, lambda ans, df, t: np.exp(t_logpdf(t, df))))
+stdtrit = _spec("stdtrit", (_stdtrit_ddf, lambda ans, df, p: np.exp(-t_logpdf(ans, df))), safe=True)
 
 _COUNT = "a count is an integer: the function is a step function of it"
 

@@ -38,6 +38,10 @@ def is_basic(idx: tuple) -> bool:
 def _concrete(x, kind="value"):
     """The concrete value of a Tracer used as an index, recording a guard at each level."""
     while type(x) is trace.Tracer:
+        if x._level.batch_size is not None:
+            # a member of a vmap batch: one value for every member (or a clear error), never
+            # the whole batch's values taken as one member's
+            return np.asarray(x.tolist(), dtype=x.dtype)
         x._level.add_guard(x._var, kind, np.array(_innermost(x)))
         x = x._value
     return x
@@ -60,6 +64,9 @@ def normalize_index(idx) -> tuple:
                 raise IndexError(
                     f"arrays used as indices must be of integer or boolean type, not {i.dtype}"
                 )
+            if i._level.batch_size is not None:  # each member's own: the batching rules
+                out.append(i)  # of indexing take it out of the index
+                continue
             i = _concrete(i)
         if isinstance(i, (bool, np.bool_)):
             out.append(np.asarray(i))
@@ -263,6 +270,10 @@ scatter_add_p = Primitive(
 def _setitem_impl(x, v, idx):
     if type(x) is trace.Tracer or type(v) is trace.Tracer:
         return bind(setitem_p, (x, v), {"idx": idx})  # recorded at the lower level
+    if isinstance(x, np.generic):  # a 0-d value held as a NumPy scalar: written as a 0-d array
+        out = np.array(x)
+        out[idx] = v
+        return out[()]
     out = x.copy()
     out[idx] = v
     return out
@@ -274,11 +285,16 @@ def _zero_at(g, idx):
     return c
 
 
+def _traced_scalar(i) -> bool:
+    return type(i) is trace.Tracer and i.ndim == 0
+
+
 def _written_vjp(g, x, v, idx):
     """Cotangent of the value written by `x[idx] = v`: g at idx, except where a repeated
     index was overwritten by a later element (NumPy keeps the last write)."""
     picked = g[idx]
-    if not is_basic(idx):
+    # a traced integer (a loop counter, a member's argmax under vmap) is one position
+    if not is_basic(tuple(0 if _traced_scalar(i) else i for i in idx)):
         idx_c = tuple(_innermost(i) for i in idx)
         shape = shape_of(_innermost(x)[idx_c])
         order = np.arange(int(np.prod(shape))).reshape(shape)

@@ -620,6 +620,17 @@ scipy_eigh_general_p = _primitive(
 scipy_eigh_general_p.vjp_all = _eigh_general_vjp_all
 
 
+def _subset_signs_raw(a, v, b=None, *, lower, index):
+    """+-1 per column of v: the sign that makes it SciPy's eigenvector of that subset."""
+    import scipy.linalg
+
+    _, expected = scipy.linalg.eigh(a, b, lower=lower, subset_by_index=list(index))
+    return np.where(np.sum(v * expected, axis=0) < 0, -1.0, 1.0)
+
+
+_subset_signs_p = _primitive("eigh_subset_signs", _subset_signs_raw, nondiff=True)
+
+
 def eigh(
     a,
     b=None,
@@ -634,13 +645,31 @@ def eigh(
     subset_by_value=None,
     driver=None,
 ):
-    """Standard and generalized (type 1) symmetric problems; one triangle of each matrix read."""
+    """Standard and generalized (type 1) symmetric problems; one triangle of each matrix read.
+    A subset (by index, or by value in (lo, hi]) is selected from all of them, as SciPy's."""
     a = _real_square(a, "eigh")
     if subset_by_index is not None or subset_by_value is not None:
-        raise GradtapeError(
-            "scipy.linalg.eigh with a subset of the eigenvalues has no "
-            "derivative rule; compute all of them and select."
-        )
+        if subset_by_index is not None and subset_by_value is not None:
+            raise ValueError("Either index or value subset can be requested.")
+        w, v = eigh(a, b, lower=lower, type=type, driver=None)
+        if subset_by_index is not None:
+            first, last = (int(i) for i in subset_by_index)
+            if not 0 <= first <= last < shape_of(w)[-1]:
+                raise ValueError(f"Requested eigenvalue indices are not valid: {subset_by_index}")
+        else:
+            lo, hi = subset_by_value
+            inside = np.flatnonzero((w > lo) & (w <= hi))  # (guards: the recorded selection)
+            if len(inside) == 0:
+                empty = w[:0]
+                return empty if eigvals_only else (empty, v[:, :0])
+            first, last = int(inside[0]), int(inside[-1])
+        w, v = w[first : last + 1], v[:, first : last + 1]
+        if eigvals_only:
+            return w
+        # SciPy computes a subset with another LAPACK driver, whose eigenvectors may have the
+        # other sign: take SciPy's (a sign per vector is locally constant: no derivative)
+        signs = _subset_signs_p.impl(a, v, b, lower=bool(lower), index=(first, last))
+        return w, v * signs
     if b is None:
         w, v = scipy_eigh_p.impl(a, UPLO="L" if lower else "U", driver=driver)
     else:

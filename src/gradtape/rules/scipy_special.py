@@ -123,7 +123,43 @@ def multigammaln(a, d):
     return res
 
 
+def _exact_refused(name: str):
+    raise GradtapeError(
+        f"scipy.special.{name}(..., exact=True) of a traced value: an exact integer count has no "
+        f"derivative. Use exact=False (a float), or pass the arguments through "
+        "gradtape.stop_gradient."
+    )
+
+
+def comb(N, k, *, exact=False, repetition=False):
+    """scipy.special.comb with exact=False on traced values: binom(N, k), 0 where k > N,
+    N < 0 or k < 0 (SciPy's rule, written with np.where instead of a write into the result)."""
+    import scipy.special as sp
+
+    if exact:
+        _exact_refused("comb")
+    N, k = np.asarray(N), np.asarray(k)
+    if repetition:  # C(N + k - 1, k), with C(N, 0) = 1 for N >= 0
+        return np.where((k == 0) & (N >= 0), 1.0, comb(N + k - 1, k))
+    inside = (k <= N) & (N >= 0) & (k >= 0)
+    return np.where(inside, sp.binom(N, k), 0.0)
+
+
+def perm(N, k, exact=False):
+    """scipy.special.perm with exact=False on traced values: poch(N - k + 1, k), 0 where k > N,
+    N < 0 or k < 0."""
+    import scipy.special as sp
+
+    if exact:
+        _exact_refused("perm")
+    N, k = np.asarray(N), np.asarray(k)
+    inside = (k <= N) & (N >= 0) & (k >= 0)
+    return np.where(inside, sp.poch(N - k + 1, k), 0.0)
+
+
 for _name, _traced in {
+    "comb": comb,
+    "perm": perm,
     "logsumexp": logsumexp,
     "polygamma": polygamma,
     "softmax": softmax,

@@ -11,7 +11,7 @@ from ..core import tracing as trace
 from ..core.errors import GradtapeError
 from ..core.ir import Tape, source_text
 from ..core.pytree import tree_flatten, tree_map, tree_unflatten
-from ..core.tracing import LevelKind, new_level
+from ..core.tracing import LevelKind, new_level, plain_write_error
 from ..rules._complex import check_complex, real_part
 from ..rules._util import dtype_of
 from ..rules.indexing import SparseCotangent, materialize
@@ -235,12 +235,9 @@ def _trace_call(f, args, kwargs, argnums, level):
             raise clear from e
         raise
     except ValueError as e:
-        if "setting an array element with a sequence" in str(e):
-            raise GradtapeError(
-                "a traced value was written into a plain NumPy array (a[i] = x): that would cut "
-                "the gradient. Build the array from traced values instead: y = np.zeros_like(x) "
-                "(x traced) then y[i] = ..., or collect values in a list and use np.stack."
-            ) from e
+        clear = plain_write_error(e)
+        if clear is not None:
+            raise clear from e
         raise
 
 

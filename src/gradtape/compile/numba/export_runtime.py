@@ -183,81 +183,101 @@ class _Body:
 
     # the body
     def write(self):
-        from .handle_status import (
-            STATUS_BAD_DATA,
-            STATUS_LAYOUT,
-            STATUS_NONFINITE,
-            STATUS_OK,
-            STATUS_OTHER_PATH,
-            STATUS_RAISED,
-        )
-        from .status import STATUS_CHECK
-
-        plan, context, b = self.plan, self.context, self.builder
+        """The body: the data descriptor checked, each kernel called, the results written
+        and checked for NaN and infinity; returns the LLVM function."""
         x, value, grad, data = self.function.args
         buffers = [value, grad]
-        if plan.consts:
-            self._return_if(cgutils.is_null(b, data), STATUS_BAD_DATA)
-            tag = b.load(data)
-            self._return_if(b.icmp_signed("!=", tag, self._const(plan.tag)), STATUS_BAD_DATA)
+        self._check_data(data)
         values: dict[int, tuple] = {}  # var id -> (Numba type, LLVM value)
-        for call in plan.calls:
-            symbol, restype, argtypes = self.kernels[call.name]
-            args = []
-            for (kind, ref), ty in zip(call.args, argtypes):
-                if kind == "x":
-                    if isinstance(ty, types.Array):
-                        args.append(self._array(ty, x, plan.input_shape))
-                    else:
-                        args.append(context.cast(b, b.load(x), types.float64, ty))
-                elif kind == "const":
-                    array = plan.consts[ref]
-                    pointer = self._pointer_at(data, ref + 1, array.dtype)
-                    if isinstance(ty, types.Array):
-                        args.append(self._array(ty, pointer, array.shape))
-                    else:
-                        args.append(b.load(pointer))
-                elif kind == "out":
-                    args.append(self._array(ty, buffers[ref], plan.output_shapes[ref]))
-                else:  # a value an earlier kernel returned
-                    vty, v = values[ref]
-                    if vty != ty and not (
-                        isinstance(ty, types.Array) or isinstance(vty, types.Array)
-                    ):
-                        v = context.cast(b, v, vty, ty)
-                    elif vty != ty:
-                        raise GradtapeError(
-                            f"as_native: kernel {call.name} takes {ty} where the kernel "
-                            f"before it returns {vty}; this program cannot be exported (call "
-                            "the compiled function instead)"
-                        )
-                    args.append(v)
-            fnty = context.call_conv.get_function_type(restype, argtypes)
-            # the compiled kernel, by its symbol: the JIT links it to the kernel's machine code
-            # (loaded or compiled) in this process, so this code can be cached
-            callee = self.module.globals.get(symbol) or ir.Function(self.module, fnty, symbol)
-            status, result = context.call_conv.call_function(b, callee, restype, argtypes, args)
-            self._return_if(status.is_error, STATUS_RAISED)
-            members = list(restype)
-            kernel_status = b.extract_value(result, 0)
-            for pos, var_id in call.returns:
-                mty = members[pos]
-                member = b.extract_value(result, pos)
-                values[var_id] = (mty, member)
-                if isinstance(mty, types.Array):
-                    self.owned.append((mty, member))
-            failed = b.icmp_signed("!=", kernel_status, ir.Constant(kernel_status.type, 0))
-            with b.if_then(failed, likely=False):
-                other_path = b.icmp_signed(
-                    "==", kernel_status, ir.Constant(kernel_status.type, STATUS_CHECK)
+        for call in self.plan.calls:
+            self._call_kernel(call, x, data, buffers, values)
+        self._write_results(x, data, buffers, values)
+        self._return_checked(buffers)
+        return self.function
+
+    def _check_data(self, data) -> None:
+        """A NULL descriptor, or one whose tag is another plan's, returns STATUS_BAD_DATA
+        (a plan without constants reads no data)."""
+        from .handle_status import STATUS_BAD_DATA
+
+        if not self.plan.consts:
+            return
+        b = self.builder
+        self._return_if(cgutils.is_null(b, data), STATUS_BAD_DATA)
+        tag = b.load(data)
+        self._return_if(b.icmp_signed("!=", tag, self._const(self.plan.tag)), STATUS_BAD_DATA)
+
+    def _kernel_arg(self, call, kind: str, ref, ty, x, data, buffers, values: dict):
+        """One argument of a kernel call: x, a constant of the data, a result buffer, or a
+        value an earlier kernel returned."""
+        context, b, plan = self.context, self.builder, self.plan
+        if kind == "x":
+            if isinstance(ty, types.Array):
+                return self._array(ty, x, plan.input_shape)
+            return context.cast(b, b.load(x), types.float64, ty)
+        if kind == "const":
+            array = plan.consts[ref]
+            pointer = self._pointer_at(data, ref + 1, array.dtype)
+            if isinstance(ty, types.Array):
+                return self._array(ty, pointer, array.shape)
+            return b.load(pointer)
+        if kind == "out":
+            return self._array(ty, buffers[ref], plan.output_shapes[ref])
+        vty, v = values[ref]  # a value an earlier kernel returned
+        if vty == ty:
+            return v
+        if isinstance(ty, types.Array) or isinstance(vty, types.Array):
+            raise GradtapeError(
+                f"as_native: kernel {call.name} takes {ty} where the kernel "
+                f"before it returns {vty}; this program cannot be exported (call "
+                "the compiled function instead)"
+            )
+        return context.cast(b, v, vty, ty)
+
+    def _call_kernel(self, call, x, data, buffers, values: dict) -> None:
+        """Call one kernel by its symbol; an error raised in it returns STATUS_RAISED, a
+        failed check STATUS_OTHER_PATH, a layout it refuses STATUS_LAYOUT. Its returned
+        values are kept in `values` (arrays are released on return)."""
+        from .handle_status import STATUS_LAYOUT, STATUS_OTHER_PATH, STATUS_RAISED
+        from .status import STATUS_CHECK
+
+        context, b = self.context, self.builder
+        symbol, restype, argtypes = self.kernels[call.name]
+        args = [
+            self._kernel_arg(call, kind, ref, ty, x, data, buffers, values)
+            for (kind, ref), ty in zip(call.args, argtypes)
+        ]
+        fnty = context.call_conv.get_function_type(restype, argtypes)
+        # the compiled kernel, by its symbol: the JIT links it to the kernel's machine code
+        # (loaded or compiled) in this process, so this code can be cached
+        callee = self.module.globals.get(symbol) or ir.Function(self.module, fnty, symbol)
+        status, result = context.call_conv.call_function(b, callee, restype, argtypes, args)
+        self._return_if(status.is_error, STATUS_RAISED)
+        members = list(restype)
+        kernel_status = b.extract_value(result, 0)
+        for pos, var_id in call.returns:
+            mty = members[pos]
+            member = b.extract_value(result, pos)
+            values[var_id] = (mty, member)
+            if isinstance(mty, types.Array):
+                self.owned.append((mty, member))
+        failed = b.icmp_signed("!=", kernel_status, ir.Constant(kernel_status.type, 0))
+        with b.if_then(failed, likely=False):
+            other_path = b.icmp_signed(
+                "==", kernel_status, ir.Constant(kernel_status.type, STATUS_CHECK)
+            )
+            self._return(
+                b.select(
+                    other_path,
+                    self._const(STATUS_OTHER_PATH, 32),
+                    self._const(STATUS_LAYOUT, 32),
                 )
-                self._return(
-                    b.select(
-                        other_path,
-                        self._const(STATUS_OTHER_PATH, 32),
-                        self._const(STATUS_LAYOUT, 32),
-                    )
-                )
+            )
+
+    def _write_results(self, x, data, buffers, values: dict) -> None:
+        """Each result not written in place by a kernel: copied from another result, x, a
+        constant or a value a kernel returned."""
+        context, b, plan = self.context, self.builder, self.plan
         for k, (kind, ref) in enumerate(plan.outputs):
             buffer, size = buffers[k], plan.output_sizes[k]
             if kind == "written":
@@ -275,11 +295,16 @@ class _Body:
                     self._copy_array(vty, v, buffer)
                 else:
                     b.store(context.cast(b, v, vty, types.float64), buffer)
+
+    def _return_checked(self, buffers) -> None:
+        """Return STATUS_NONFINITE when a result holds NaN or infinity, else STATUS_OK."""
+        from .handle_status import STATUS_NONFINITE, STATUS_OK
+
+        b = self.builder
         bad = ir.Constant(ir.IntType(1), 0)
-        for k, size in enumerate(plan.output_sizes):
+        for k, size in enumerate(self.plan.output_sizes):
             bad = b.or_(bad, self._not_finite(buffers[k], size))
         self._return(b.select(bad, self._const(STATUS_NONFINITE, 32), self._const(STATUS_OK, 32)))
-        return self.function
 
 
 def _define(module, fnty, prefix: str):

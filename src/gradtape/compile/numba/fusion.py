@@ -33,7 +33,21 @@ M of shape (N, k)), or `M.T @ g` with M.T a transpose of such an M (or with g a 
 loop and M.T of at most MAX_COLUMN_STREAMS rows), folds into the loop over (N,) that
 produces g, like a reduction: its result of shape (k,) is an array available after the loop.
 `X @ w` followed by elementwise work and `X.T @ r` (a regression's gradient) thus reads X in
-one pass.
+one pass. A product with a constant matrix of few columns (matmul.small_product) is a plain
+member of the loop instead (an expression per element, or accumulators like a reduction's):
+the loop stays unblocked and may iterate by axes.
+
+**Reshapes inside loops.** A reshape of a loop's value (`reshape`, or an index that only
+adds unit axes, `v[:, None]`) is the same elements in the same order: it joins that loop, and
+the loop then also takes the instructions of the new shape, so `(X @ b).reshape(G, R) +
+a[:, None]` and the backward pass that reshapes the gradient back run in one loop. A loop
+holds values of several shapes of one size; it iterates by the axes of the one shape whose
+members read operands that broadcast partially (at most one such shape per loop, and then
+no blocked matrix product in it), and reads every value of another shape by the flat index.
+A sum (product, max, min) over the trailing axes of a value of a loop that iterates by that
+value's axes is accumulated in the loop too, one accumulator per element of the kept axes
+(`(y - exp(eta)).sum(axis=1)`, the gradient of a per-group intercept): its result, like a full
+reduction's, is an array available after the loop.
 
 **Bounded kernels.** Numba's compile time grows faster than the size of one function (a
 fused loop of 4000 elementwise instructions: about 25 s of CPU; Numba's own passes, before
@@ -61,10 +75,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.ir import Instruction, Var
+from ...rules.indexing import getitem_p
 from ...rules.linalg import matmul_p
-from ...rules.shape import transpose_p
+from ...rules.shape import reshape_p, transpose_p
 from ..program import Program
 from .lowering import REDUCTIONS
+from .matmul import small_product
 
 LOOP, SCALAR, OP, PYTHON, CHECK = "loop", "scalar", "op", "python", "check"
 MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see plan)
@@ -87,6 +103,9 @@ class Stage:
     members: list[Instruction] = field(default_factory=list)
     shape: tuple = ()  # loops: the iteration shape
     nested: bool = False  # loops: some operand broadcasts partially (index per axis)
+    shapes: set = field(default_factory=set)  # loops: the shapes of its values (one size)
+    nest: tuple | None = None  # loops: the shape whose members broadcast partially
+    blocked: bool = False  # loops: a blocked matrix product is a member (never nested)
     check: int = -1  # checks: index into program.checks
     segment: int = 0
 
@@ -192,6 +211,51 @@ def broadcasts_partially(shape: tuple, target: tuple) -> bool:
     return shape != target and size_of(shape) != 1
 
 
+def nest_shape(ins: Instruction, shape: tuple) -> tuple | None:
+    """`shape` when a member of that shape reads an operand that broadcasts partially (the
+    loop must then iterate by its axes), else None."""
+    if ins.prim is matmul_p:
+        return None
+    return shape if any(broadcasts_partially(s, shape) for s in operand_shapes(ins)) else None
+
+
+def reshaped_operand(ins: Instruction) -> Var | None:
+    """The traced operand of a reshape (or of an index adding only unit axes, `v[:, None]`)
+    that keeps the elements in order, else None."""
+    v = ins.invars[0] if ins.invars else None
+    if v is None or len(ins.outvars) != 1 or ins.outvars[0].dtype != v.dtype:
+        return None
+    if ins.prim is reshape_p:
+        return v
+    if ins.prim is getitem_p:
+        idx = ins.params.get("idx")
+        if (
+            isinstance(idx, tuple)
+            and all(i is None or (isinstance(i, slice) and i == slice(None)) for i in idx)
+            and sum(i is not None for i in idx) == len(v.shape)
+        ):
+            return v
+    return None
+
+
+def trailing_reduction(ins: Instruction) -> bool:
+    """A floating reduction over the trailing axes (not all) of one traced value, into its
+    own dtype (fused into a loop iterating by that value's axes, see the module docstring)."""
+    reduction = REDUCTIONS.get(ins.prim)
+    if reduction is None or reduction.partial is None or reduction.truth:
+        return False
+    if len(ins.invars) != 1 or ins.invars[0] is None or len(ins.outvars) != 1:
+        return False
+    x, out = ins.invars[0], ins.outvars[0]
+    axes = sorted(a % len(x.shape) for a in ins.params.get("axes", ())) if x.shape else []
+    return (
+        x.dtype == out.dtype
+        and x.dtype.kind == "f"
+        and 0 < len(axes) < len(x.shape)
+        and axes == list(range(len(x.shape) - len(axes), len(x.shape)))
+    )
+
+
 def plan(
     program: Program,
     fusable: Callable[[Instruction], bool],
@@ -206,13 +270,8 @@ def plan(
     planner.schedule()
     stages = planner.stages
     for stage in stages:
-        if stage.kind == LOOP:
-            stage.nested = any(
-                broadcasts_partially(shape, stage.shape)
-                for ins in stage.members
-                if ins.prim is not matmul_p
-                for shape in operand_shapes(ins)
-            )
+        if stage.kind == LOOP and stage.nest is not None:
+            stage.nested, stage.shape = True, stage.nest
     nsegments = _number_segments(stages)
     last_use, stored, read_by_op, output_of = planner.reads()
     storage, buffers = _assign_storage(
@@ -250,6 +309,8 @@ class _Planner:
 
     def new_stage(self, kind: str, ins: Instruction | None = None, **kw) -> Stage:
         stage = Stage(kind, len(self.stages), [ins] if ins is not None else [], **kw)
+        if kind == LOOP:
+            stage.shapes.add(stage.shape)
         self.stages.append(stage)
         return stage
 
@@ -263,21 +324,63 @@ class _Planner:
         return stage.index < loop.index or stage is loop
 
     def join_loop(
-        self, ins: Instruction, shape: tuple, reads: list[Var], before: tuple[Var, ...] = ()
+        self,
+        ins: Instruction,
+        shape: tuple,
+        reads: list[Var],
+        before: tuple[Var, ...] = (),
+        blocked: bool = False,
     ) -> Stage:
-        """The latest loop of `shape` that can read `reads` (and `before`, which must be
-        computed before it), or a new one."""
+        """The latest loop holding values of `shape` that can read `reads` (and `before`,
+        which must be computed before it) and iterate as `ins` needs, or a new one; `blocked`:
+        `ins` is a blocked matrix product."""
+        nest = nest_shape(ins, shape)
         for stage in reversed(self.stages):
             if (
                 stage.kind == LOOP
-                and stage.shape == shape
+                and shape in stage.shapes
                 and len(stage.members) < MAX_LOOP_MEMBERS  # full: another loop after it
+                and (nest is None or (stage.nest in (None, nest) and not stage.blocked))
+                and not (blocked and stage.nest is not None)
                 and all(self.usable_in(v, stage) for v in reads)
                 and all(self.defined_in.get(v.id) is not stage for v in before)
             ):
                 stage.members.append(ins)
-                return stage
-        return self.new_stage(LOOP, ins, shape=shape)
+                break
+        else:
+            stage = self.new_stage(LOOP, ins, shape=shape)
+        stage.nest = stage.nest or nest
+        stage.blocked = stage.blocked or blocked
+        return stage
+
+    def reduce_in_loop(self, ins: Instruction) -> Stage | None:
+        """The loop a reduction over trailing axes joins: the one that computes its operand,
+        when it iterates by the operand's axes (see the module docstring), else None."""
+        if not trailing_reduction(ins):
+            return None
+        v = ins.invars[0]
+        stage = self.defined_in.get(v.id)
+        if (
+            self.held.get(v.id) != HELD_LOOP
+            or stage is None
+            or stage.nest != v.shape
+            or len(stage.members) >= MAX_LOOP_MEMBERS
+        ):
+            return None
+        stage.members.append(ins)
+        return stage
+
+    def reshape_in_loop(self, ins: Instruction) -> Stage | None:
+        """The loop a reshape of one of its values joins (see the module docstring), or None."""
+        v = reshaped_operand(ins)
+        if v is None or self.held.get(v.id) != HELD_LOOP:
+            return None
+        stage = self.defined_in[v.id]
+        if stage.kind != LOOP or len(stage.members) >= MAX_LOOP_MEMBERS:
+            return None
+        stage.members.append(ins)
+        stage.shapes.add(ins.outvars[0].shape)
+        return stage
 
     def transposed(self, v: Var | None) -> bool:
         """Whether `v` is a transpose of a matrix (its rows are the matrix's columns)."""
@@ -312,19 +415,39 @@ class _Planner:
     def place(self, ins: Instruction) -> None:
         held, defined_in = self.held, self.defined_in
         outs = ins.outvars
-        if full_reduction(ins) or vector_dot(ins):
+        small = small_product(ins)
+        loop = None if small is not None else self.reshape_in_loop(ins)
+        if small is not None and small.kind == "row":
+            vector = (ins.invars[small.vector],)
+            loop = self.join_loop(ins, outs[0].shape, list(vector), before=vector)
+            held[outs[0].id] = HELD_LOOP
+            defined_in[outs[0].id] = loop
+        elif small is not None:  # a column accumulation: accumulators of the loop over g
+            g = ins.invars[small.vector]
+            loop = self.join_loop(ins, g.shape, [g])
+            self.reductions[outs[0].id] = loop
+            held[outs[0].id] = HELD_ARRAY
+            defined_in[outs[0].id] = loop
+        elif loop is not None:  # a reshape of the loop's value: a value of the loop
+            held[outs[0].id] = HELD_LOOP
+            defined_in[outs[0].id] = loop
+        elif (loop := self.reduce_in_loop(ins)) is not None:  # accumulated per kept element
+            self.reductions[outs[0].id] = loop
+            held[outs[0].id] = HELD_ARRAY
+            defined_in[outs[0].id] = loop
+        elif full_reduction(ins) or vector_dot(ins):
             loop = self.join_loop(ins, ins.invars[0].shape, operands(ins))
             self.reductions[outs[0].id] = loop
             held[outs[0].id] = HELD_SCALAR
             defined_in[outs[0].id] = loop
         elif self.column_accumulation(ins):
-            loop = self.join_loop(ins, accumulated_vector(ins).shape, operands(ins))
+            loop = self.join_loop(ins, accumulated_vector(ins).shape, operands(ins), blocked=True)
             self.reductions[outs[0].id] = loop
             held[outs[0].id] = HELD_ARRAY
             defined_in[outs[0].id] = loop
         elif row_product(ins):
             ops = tuple(operands(ins))
-            loop = self.join_loop(ins, outs[0].shape, list(ops), before=ops)
+            loop = self.join_loop(ins, outs[0].shape, list(ops), before=ops, blocked=True)
             held[outs[0].id] = HELD_LOOP
             defined_in[outs[0].id] = loop
         elif len(outs) == 1 and self.fusable(ins):

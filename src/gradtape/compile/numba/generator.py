@@ -4,6 +4,7 @@ kernels' descriptions, and the generated result. Plain data: it imports no write
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,16 +44,28 @@ class Consts:
     def __init__(self):
         self.arrays: list[np.ndarray] = []
         self._by_id: dict[int, str] = {}
+        self._by_contents: dict[tuple, str] = {}
         self._by_value: dict[tuple, tuple[str, int]] = {}
         self._tables: dict[str, tuple[str, int, list]] = {}  # dtype -> scalars of that dtype
 
     def name(self, a: np.ndarray) -> str:
-        """The argument name of constant `a` (C-contiguous copies are kept in `arrays`)."""
+        """The argument name of constant `a` (C-contiguous copies are kept in `arrays`).
+        Equal arrays are one argument (the backward pass often holds a copy of a forward
+        constant: a loop then reads one stream, not two)."""
         key = id(a)
         n = self._by_id.get(key)
         if n is None:
-            n = self._by_id[key] = f"c{len(self.arrays)}"
-            self.arrays.append(np.ascontiguousarray(a))
+            a = np.asarray(a)
+            contents = (
+                (a.shape, a.dtype.str, hashlib.sha256(np.ascontiguousarray(a)).digest())
+                if not a.dtype.hasobject
+                else key
+            )
+            n = self._by_contents.get(contents)
+            if n is None:
+                n = self._by_contents[contents] = f"c{len(self.arrays)}"
+                self.arrays.append(np.ascontiguousarray(a))
+            self._by_id[key] = n
         return n
 
     def scalar(self, value, dtype: np.dtype) -> tuple[str, int]:
@@ -101,6 +114,7 @@ class Generator:
         self.loops: dict = {}  # id(instruction) -> NativeLoop (set by generate)
         self.input_pos = {v.id: k for k, v in enumerate(program.inputs)}
         self.consts = Consts()
+        self.small_columns: dict = {}  # a small product's constant as columns (matmul.py)
         self.var_of: dict[int, Var] = {v.id: v for v in program.inputs}
         for ins in program.instructions:
             for v in ins.outvars:

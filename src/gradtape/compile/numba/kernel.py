@@ -21,7 +21,18 @@ import numpy as np
 
 from ...core.ir import Instruction, Var
 from . import indexing, matmul
-from .fusion import CHECK, HELD_ARRAY, HELD_LOOP, HELD_SCALAR, LOOP, OP, SCALAR, Stage
+from .fusion import (
+    CHECK,
+    HELD_ARRAY,
+    HELD_LOOP,
+    HELD_SCALAR,
+    LOOP,
+    OP,
+    SCALAR,
+    Stage,
+    reshaped_operand,
+    trailing_reduction,
+)
 from .generator import Generator, Kernel, KernelArg
 from .lowering import LOWERINGS, REDUCTIONS
 from .parallel import parallel_loop
@@ -256,11 +267,22 @@ class KernelWriter:
         products = matmul.LoopProducts()
         for ins in stage.members:
             out = ins.outvars[0]
-            if matmul.matrix_member(ins):
+            small = matmul.small_product(ins)
+            if small is not None and small.kind == "column":
+                body.extend(matmul.small_column_step(self, ins, small, reads, accumulators))
+                continue
+            if small is not None:
+                body.append(matmul.small_row_step(self, ins, small, reads))
+            elif matmul.matrix_member(ins):
                 body.append(matmul.matrix_step(self, ins, reads.access, reads.pre, products))
+            elif trailing_reduction(ins):
+                body.append(reads.trailing_reduction_step(ins))
+                continue
             elif out.id in self.plan.reductions:
                 body.extend(self.reduction_step(ins, reads.access, accumulators, reads.pre))
                 continue
+            elif reshaped_operand(ins) is not None:  # the same element under another shape
+                body.append(f"v{out.id} = {reads.access(reshaped_operand(ins))}")
             else:
                 args = self.operand_exprs(ins, reads.access, reads.const_access)
                 body.append(f"v{out.id} = {scalar_expression(ins, args, in_loop=True)}")
@@ -278,11 +300,7 @@ class KernelWriter:
         if products.rows or products.columns:
             lines.extend(matmul.blocked_loop(self, reads.size, inner, accumulators, products))
         elif stage.nested:
-            indent = ""
-            for k, d in enumerate(stage.shape):
-                lines.append(f"{indent}for {reads.index_names[k]} in range({self.dim(d)}):")
-                indent += "    "
-            lines.extend(indent + s for s in inner)
+            lines.extend(reads.nested_loop(inner))
         elif self.gen.threads > 1:
             lines.extend(parallel_loop(self.tmp, self.gen.threads, reads.size, inner, accumulators))
         else:
@@ -290,6 +308,7 @@ class KernelWriter:
             lines.extend("    " + s for s in inner)
         lines.extend(acc[2] for acc in accumulators)
         lines.extend(products.finish)
+        lines.extend(reads.after)
         return lines
 
     def reduction_step(self, ins: Instruction, access, accumulators: list, pre: list) -> list[str]:
@@ -427,9 +446,10 @@ class KernelWriter:
 class LoopReads:
     """How the body of one loop reads its operands: each distinct read is loaded once into a
     temporary (`t<loop>_<k>`), by the flat index `i` (through a flattened view for arrays of
-    several axes) or, in a nested loop, by one index per axis (0 on a broadcast axis).
-    `pre` collects the statements before the loop (views, and the products' and reductions'
-    set-up)."""
+    several axes) or, in a nested loop, by one index per axis (0 on a broadcast axis); a
+    nested loop reads the values of its other shapes (reshapes, fusion.py) by the flat index,
+    computed from the axes' indices. `pre` collects the statements before the loop (views,
+    and the products' and reductions' set-up)."""
 
     def __init__(self, w: KernelWriter, stage: Stage):
         self.w = w
@@ -441,25 +461,87 @@ class LoopReads:
         self.pre: list[str] = []
         self.loads: dict[str, str] = {}  # access text -> temporary
         self.flat_views: dict[str, str] = {}
+        self.flat_used = False  # a nested loop's body reads by the flat index
+        # reductions over trailing axes: (kept axes, accumulator, initial value, store)
+        self.row_accumulators: list[tuple[int, str, str, str]] = []
+        self.after: list[str] = []  # statements after the loop
+
+    def trailing_reduction_step(self, ins: Instruction) -> str:
+        """The accumulator update of a reduction over the trailing axes of a value of this
+        nested loop (fusion.trailing_reduction): the accumulator starts before the loop over
+        the first reduced axis and is stored after it, into the array of the kept axes."""
+        x, out = ins.invars[0], ins.outvars[0]
+        kept = len(x.shape) - len(ins.params["axes"])
+        init, step = REDUCTIONS[ins.prim].start(out.dtype)
+        acc, partial = f"r{out.id}", f"p{out.id}"
+        self.pre.append(
+            f"{partial} = np.empty({self.w.shape_expr(x.shape[:kept])}, {numpy_type(out.dtype)})"
+        )
+        store = f"{partial}[{', '.join(self.index_names[:kept])}] = {acc}"
+        self.row_accumulators.append((kept, acc, init, store))
+        self.after.append(f"a{out.id} = {partial}.reshape({self.w.shape_expr(out.shape)})")
+        return f"{acc} = {step.format(a=acc, b=self.access(x))}"
+
+    def flat_index(self) -> str:
+        """The flat index of the current element (in a nested loop, computed from the axes'
+        indices)."""
+        self.flat_used = True
+        return "i"
+
+    def nested_loop(self, inner: list[str]) -> list[str]:
+        """The loops over each axis of the shape around `inner` (and the flat index `i` first
+        in the innermost body when something reads by it)."""
+        w, lines, indent = self.w, [], ""
+        for k, d in enumerate(self.shape):
+            lines += [
+                indent + f"{acc} = {init}"
+                for kept, acc, init, _ in self.row_accumulators
+                if kept == k
+            ]
+            lines.append(f"{indent}for {self.index_names[k]} in range({w.dim(d)}):")
+            indent += "    "
+        if self.flat_used:
+            flat = self.index_names[0]
+            for k in range(1, len(self.shape)):
+                flat = f"({flat}) * {w.dim(self.shape[k])} + {self.index_names[k]}"
+            lines.append(f"{indent}i = {flat}")
+        lines += [indent + s for s in inner]
+        for k in reversed(range(len(self.shape))):
+            lines += [
+                "    " * k + store for kept, _, _, store in self.row_accumulators if kept == k
+            ]
+        return lines
 
     def indexed(self, name: str, vshape: tuple) -> str:
-        """The current element of array `name` (of shape `vshape`) in this loop."""
+        """The current element of array `name` (of shape `vshape`) in this loop, read through
+        a flat view: by the flat index when it has the loop's size, else (in a nested loop, an
+        operand that broadcasts partially) by the offset of the axes it does not broadcast
+        (measured on a nested loop of 50 x 40: 1.4x faster than indexing by axes, whose
+        index arithmetic and wraparound checks LLVM repeats per element)."""
         if math.prod(vshape) == 1:
             return zeros_index(name, vshape)
-        if not self.nested:
-            if len(vshape) > 1:
-                view = self.flat_views.get(name)
-                if view is None:
-                    view = self.flat_views[name] = f"f{len(self.flat_views)}_{self.w.tmp}"
-                    self.pre.append(f"{view} = {name}.reshape({self.size})")
-                name = view
-            return f"{name}[i]"
+        if len(vshape) > 1:
+            view = self.flat_views.get(name)
+            if view is None:
+                view = self.flat_views[name] = f"f{len(self.flat_views)}_{self.w.tmp}"
+                self.pre.append(f"{view} = {name}.reshape({self.w.size_expr(vshape)})")
+            name = view
+        if not self.nested or math.prod(vshape) == math.prod(self.shape):
+            return f"{name}[{self.flat_index()}]"
+        return f"{name}[{self.broadcast_offset(vshape)}]"
+
+    def broadcast_offset(self, vshape: tuple) -> str:
+        """The flat offset, in an array of `vshape`, of the nested loop's current element
+        (0 on the axes the array broadcasts along)."""
         offset = len(self.shape) - len(vshape)
-        parts = [
-            "0" if d == 1 and self.shape[offset + k] != 1 else self.index_names[offset + k]
-            for k, d in enumerate(vshape)
-        ]
-        return f"{name}[{', '.join(parts)}]"
+        terms, stride = [], []
+        for k in reversed(range(len(vshape))):
+            d = vshape[k]
+            if not (d == 1 and self.shape[offset + k] != 1) and d != 1:
+                terms.append(" * ".join([self.index_names[offset + k], *stride]))
+            if d != 1:
+                stride.append(self.w.dim(d))
+        return " + ".join(reversed(terms)) if terms else "0"
 
     def load(self, text: str) -> str:
         """The temporary holding the read `text` (one per distinct read)."""

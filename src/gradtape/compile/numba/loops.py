@@ -305,10 +305,7 @@ def forward_spec(params: dict, args: tuple) -> LoopSpec:
 def backward_spec(params: dict, args: tuple) -> LoopSpec:
     body = params["program"]
     nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
-    g_carry, g_ys = args[:nc], args[nc : nc + ny]
-    stored, xs = args[nc + ny : 2 * nc + ny], args[2 * nc + ny : 2 * nc + ny + nx]
-    rest = args[2 * nc + ny + nx :]
-    caps = rest[: len(rest) - nc] if params["stored_cotangents"] else rest
+    g_carry, g_ys, stored, xs, caps, added = _backward_arguments(params, args)
     every = params["checkpoint"] or 1
     vjp, tape, positions = _recorded_step_vjp(params, g_carry, g_ys, stored, xs, caps)
     gen = _step_kernel(step_program(vjp, vjp.inputs, roll=False))
@@ -319,20 +316,9 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
     st = [w.value_arg(f"st{j}", a) for j, a in enumerate(stored)]
     xa = [w.value_arg(f"xs{i}", a) for i, a in enumerate(xs)]
     cp = [w.value_arg(f"cp{i}", a) for i, a in enumerate(caps)]
-    gs = [w.value_arg(f"gs{j}", a) for j, a in enumerate(rest[len(caps) :])]
+    gs = [w.value_arg(f"gs{j}", a) for j, a in enumerate(added)]
     w.add_arg("T", _I64, None)
-
-    def cotangent_output(a, per_step: bool) -> _Output:
-        a = np.asarray(a)
-        shape = a.shape[1:] if per_step else a.shape
-        dtype = a.dtype if a.dtype.kind in "fc" else np.dtype(np.float64)
-        return _Output(shape, dtype, per_step, True)
-
-    outputs = (
-        [_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in g_carry]
-        + [cotangent_output(x, True) for x in xs]
-        + [cotangent_output(c, False) for c in caps]
-    )
+    outputs = _backward_outputs(g_carry, xs, caps)
     finals = [w.out_arg(f"ogc{j}", o) for j, o in enumerate(outputs[:nc])]
     ogx = [w.out_arg(f"ogx{i}", o) for i, o in enumerate(outputs[nc : nc + nx])]
     ogp = [w.out_arg(f"ogp{i}", o) for i, o in enumerate(outputs[nc + nx :])]
@@ -345,6 +331,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
     if every == 1:
         w.lines.append("for k in range(T - 1, -1, -1):")
         carry_at = [f"{st[j]}[k]" for j in range(nc)]
+        forward = None
     else:  # recompute each segment's carries from its stored one, then walk it back
         forward = _step_kernel(step_program(tape, body_inputs(tape), roll=False))
         _recompute_segments(w, forward, params, body, st, xa, cp, positions, scalar_carry)
@@ -365,14 +352,7 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
     w.step(step_inputs, targets)
     for i, p in enumerate(positions):
         w.body(f"{ogp[p]}[0] += qs{i}" if scalar_cap[i] else f"add_into({ogp[p]}, q{i})")
-    if gs and every > 1:
-        w.body(f"if k % {every} == 0:")
-    for j, g in enumerate(gs):
-        at = "k" if every == 1 else f"k // {every}"
-        w.body(
-            ("    " if every > 1 else "")
-            + (f"n{j} += {g}[{at}]" if scalar_carry[j] else f"add_into(b{j}, {g}[{at}])")
-        )
+    _add_carry_cotangents(w, gs, every, scalar_carry)
     w.swap_carries(scalar_carry)
     w.indent = "    "
     w.close_carries(finals, scalar_carry)
@@ -386,6 +366,49 @@ def backward_spec(params: dict, args: tuple) -> LoopSpec:
         length_from=length_from,
         helpers={"forward_step": forward} if every > 1 else None,
     )
+
+
+def _backward_arguments(params: dict, args: tuple) -> tuple:
+    """The backward loop's arguments by role: (cotangents of the final carries, cotangents of
+    the per-step outputs, the stored carries, the per-step inputs, the captured values, the
+    cotangents added to the carries per step or per checkpoint segment (or none))."""
+    nc, nx, ny = params["n_carry"], params["n_x"], params["n_y"]
+    g_carry, g_ys = args[:nc], args[nc : nc + ny]
+    stored, xs = args[nc + ny : 2 * nc + ny], args[2 * nc + ny : 2 * nc + ny + nx]
+    rest = args[2 * nc + ny + nx :]
+    caps = rest[: len(rest) - nc] if params["stored_cotangents"] else rest
+    return g_carry, g_ys, stored, xs, caps, rest[len(caps) :]
+
+
+def _backward_outputs(g_carry: tuple, xs: tuple, caps: tuple) -> list:
+    """The backward loop's outputs: the cotangents of the initial carries, of each step's
+    inputs (one row per step) and of the captured values (floats: an integer input's
+    cotangent is a float zero)."""
+
+    def cotangent_output(a, per_step: bool) -> _Output:
+        a = np.asarray(a)
+        shape = a.shape[1:] if per_step else a.shape
+        dtype = a.dtype if a.dtype.kind in "fc" else np.dtype(np.float64)
+        return _Output(shape, dtype, per_step, True)
+
+    return (
+        [_Output(np.shape(a), np.asarray(a).dtype, False, False) for a in g_carry]
+        + [cotangent_output(x, True) for x in xs]
+        + [cotangent_output(c, False) for c in caps]
+    )
+
+
+def _add_carry_cotangents(w: _DriverWriter, gs: list, every: int, scalar_carry: list) -> None:
+    """The loop's lines adding the stored cotangents `gs` into the carries' cotangents (each
+    step's, or with checkpoint=, each segment's at its first step)."""
+    if gs and every > 1:
+        w.body(f"if k % {every} == 0:")
+    for j, g in enumerate(gs):
+        at = "k" if every == 1 else f"k // {every}"
+        w.body(
+            ("    " if every > 1 else "")
+            + (f"n{j} += {g}[{at}]" if scalar_carry[j] else f"add_into(b{j}, {g}[{at}])")
+        )
 
 
 def _recorded_step_vjp(params: dict, g_carry, g_ys, stored, xs, caps) -> tuple:

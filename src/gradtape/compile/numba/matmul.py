@@ -6,6 +6,18 @@ products `M @ v` into buffers, then the elementwise loop (it reads the products 
 the weights of the column accumulations `g @ M` into buffers), then the column accumulations.
 `X @ w`, the elementwise work and `X.T @ r` thus read X from memory once. The functions here
 take the kernel writer `w` (kernel.py) for names, arguments and the thread setting.
+
+**Small products.** A product of a constant matrix with at most SMALL_PRODUCT_COLUMNS
+columns (a regression's design matrix of a few predictors, X of shape (N, k)) is not blocked:
+the kernel receives the matrix once as k contiguous columns (a (k, N) copy made when the
+kernel is generated; a matrix of more than SMALL_PRODUCT_MAX_ELEMENTS elements is not
+copied, its products stay blocked), and the product is a plain member of the loop over the
+N rows. The row product `X @ v` is an expression per row (`X[:, 0][i] * v0 + ... +
+X[:, k-1][i] * v(k-1)`, the vector's k elements read before the loop), the column
+accumulation `g @ X` is k accumulators of the loop (`r_j += g[i] * X[:, j][i]`). Every
+stream is contiguous along the loop, so the loop vectorizes (a row of 5 elements read across
+rows does not: stride-5 gathers), and both products and all the elementwise work between
+them read each column once per pass (the guide's sampling section has the figures).
 """
 
 from __future__ import annotations
@@ -19,6 +31,10 @@ from ...rules.linalg import matmul_p
 from .parallel import PARALLEL_MIN_CHUNK, chunk_names, combined
 from .scalar import literal, numpy_type
 
+SMALL_PRODUCT_COLUMNS = 8  # a constant matrix of at most this many columns: a small product
+# ... and at most this many elements (its columns are a copy: 32 MB at most in float64; a
+# larger matrix is read in place by blocked products, its memory not doubled)
+SMALL_PRODUCT_MAX_ELEMENTS = 1 << 22
 ROW_BLOCK = 256  # rows per block of a loop with matrix products (its row buffers stay in L1)
 ROW_GROUP = 4  # rows per pass of a product's inner loop (four independent sums)
 BLAS_MIN_WORK = 32**3  # multiply-adds from which a matrix-matrix product calls BLAS (np.dot)
@@ -34,6 +50,119 @@ class LoopProducts:
     finish: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SmallProduct:
+    """A product of a constant matrix with few columns (see the module docstring).
+
+    `kind` is "row" (the result has one element per row of the long axis: `X @ v`, `v @
+    X.T`) or "column" (the result has one element per column: `g @ X`, `X.T @ g`); `vector`
+    is the position of the traced operand; `matrix` the constant as given, `columns_first`
+    whether it is already (k, N) (k columns, each a contiguous row of it)."""
+
+    kind: str
+    vector: int
+    matrix: np.ndarray
+    columns_first: bool
+
+    @property
+    def k(self) -> int:
+        """The number of columns (the short axis)."""
+        return self.matrix.shape[0 if self.columns_first else 1]
+
+    @property
+    def length(self) -> int:
+        """The number of rows (the long axis, the loop's)."""
+        return self.matrix.shape[1 if self.columns_first else 0]
+
+
+def small_product(ins: Instruction) -> SmallProduct | None:
+    """The small product of a matmul of a traced vector with a constant matrix of one
+    floating dtype whose short axis has at most SMALL_PRODUCT_COLUMNS elements and whose
+    long axis more, else None."""
+    if ins.prim is not matmul_p or len(ins.outvars) != 1 or len(ins.invars) != 2:
+        return None
+    out = ins.outvars[0]
+    if out.dtype.kind != "f" or len(out.shape) != 1:
+        return None
+    for vector in (0, 1):
+        v, matrix = ins.invars[vector], ins.args[1 - vector]
+        if v is None or ins.invars[1 - vector] is not None:
+            continue
+        if not isinstance(matrix, np.ndarray) or matrix.ndim != 2 or len(v.shape) != 1:
+            continue
+        if matrix.dtype != out.dtype or v.dtype != out.dtype:
+            continue
+        if matrix.size > SMALL_PRODUCT_MAX_ELEMENTS:
+            continue
+        contracted = 1 if vector == 1 else 0  # M @ v contracts M's axis 1, v @ M its axis 0
+        free = 1 - contracted
+        short, long_ = (
+            (free, contracted)
+            if matrix.shape[free] <= SMALL_PRODUCT_COLUMNS
+            else (contracted, free)
+        )
+        if not (
+            matrix.shape[short] <= SMALL_PRODUCT_COLUMNS < matrix.shape[long_]
+            and matrix.shape[short] >= 1
+        ):
+            continue
+        # the result runs along the long axis: a row product, else a column accumulation
+        kind = "row" if long_ == free else "column"
+        return SmallProduct(kind, vector, matrix, columns_first=short == 0)
+    return None
+
+
+def columns_of(gen, product: SmallProduct) -> np.ndarray:
+    """The constant matrix of `product` as k contiguous columns ((k, N), C order): one copy
+    per matrix contents in a generated module (the product and its transpose in the
+    backward pass read the same columns)."""
+    import hashlib
+
+    m = product.matrix
+    key = (m.shape, m.dtype.str, product.columns_first, hashlib.sha256(m.tobytes()).digest())
+    found = gen.small_columns.get(key)
+    if found is None:
+        found = gen.small_columns[key] = np.ascontiguousarray(m if product.columns_first else m.T)
+    return found
+
+
+def small_row_step(w, ins: Instruction, product: SmallProduct, reads) -> str:
+    """The loop-body line of a small row product: the vector's elements read before the
+    loop, one column element per term."""
+    out = ins.outvars[0]
+    vid = out.id
+    vector = w.op_operand(ins.invars[product.vector], None)
+    columns = w.const_array(columns_of(w.gen, product))
+    index = reads.flat_index()
+    terms = []
+    for j in range(product.k):
+        reads.pre.append(f"vs{vid}_{j} = {vector}[{j}]")
+        terms.append(f"{reads.load(f'{columns}[{j}, {index}]')} * vs{vid}_{j}")
+    return f"v{vid} = {pairwise_sum(terms)}"
+
+
+def small_column_step(
+    w, ins: Instruction, product: SmallProduct, reads, accumulators: list
+) -> list[str]:
+    """The loop-body lines of a small column accumulation: k accumulators of the loop
+    (combined like a reduction's across parallel chunks), written into the result after it."""
+    out = ins.outvars[0]
+    vid, dtype = out.id, out.dtype
+    columns = w.const_array(columns_of(w.gen, product))
+    g = reads.access(ins.invars[product.vector])
+    index = reads.flat_index()
+    reads.pre.append(f"a{vid} = np.empty(({product.k}, ), {numpy_type(dtype)})")
+    lines = []
+    for j in range(product.k):
+        acc = f"r{vid}_{j}"
+        reads.pre.append(f"{acc} = {literal(0.0, dtype)}")
+        step = "reduce_add({a}, {b})"
+        accumulators.append((acc, literal(0.0, dtype), f"a{vid}[{j}] = {acc}", step, dtype))
+        term = f"({g} * {reads.load(f'{columns}[{j}, {index}]')})"
+        lines.append(f"{acc} = {step.format(a=acc, b=term)}")
+    return lines
+
+
 def blas_matmul(ins: Instruction) -> bool:
     """A matrix-matrix product large enough for BLAS to pay (np.dot): the loops written
     instead do not block for the caches, and a kernel calling BLAS costs Numba about 1.5 s
@@ -47,8 +176,9 @@ def blas_matmul(ins: Instruction) -> bool:
 
 
 def matrix_member(ins: Instruction) -> bool:
-    """A row product or column accumulation of a loop (fusion.py): a matmul with a 1-d result."""
-    return ins.prim is matmul_p and len(ins.outvars[0].shape) == 1
+    """A blocked row product or column accumulation of a loop (fusion.py): a matmul with a
+    1-d result that is not a small product."""
+    return ins.prim is matmul_p and len(ins.outvars[0].shape) == 1 and small_product(ins) is None
 
 
 def pairwise_sum(terms: list[str]) -> str:
