@@ -616,6 +616,8 @@ def translate(module_text: str, kernels: list) -> tuple[str, list[str]]:
     from llvmlite import ir
 
     _init()
+    if not kernels:
+        raise NotServed("a module without kernels")
     tree = ast.parse(module_text)
     if any(
         isinstance(n, ast.Assign)
