@@ -1292,7 +1292,11 @@ class Translator:
         if name in runtime_helpers() and name in _RUNTIME_INLINE:
             args = [self.expr(a, scope) for a in e.args]
             return self.inline(runtime_helpers()[name], args, scope.flags)
-        args = [self.expr(a, scope) for a in e.args]
+        return self.scalar_call(name, [self.scalar(a, scope) for a in e.args], e)
+
+    def scalar_call(self, name: str | None, args: list, e: ast.Call) -> Val:
+        """A builtin, NumPy or math function of scalars."""
+        b = self.b
         if name == "abs" and len(args) == 1:
             x = args[0]
             if is_float(x.t):
@@ -1311,14 +1315,7 @@ class Translator:
             x, y = (self.convert(a, t) for a in args)
             return Val(b.call(self.intrinsic("llvm.copysign", t, 2), [x.v, y.v]), t)
         if name in ("min", "max") and len(args) == 2:
-            x, y = args
-            t = unify(x.t, y.t)
-            if is_float(t) or t == BOOL:
-                raise NotServed(f"{name} of {t}")
-            x, y = self.convert(x, t), self.convert(y, t)
-            symbol = "<" if name == "min" else ">"
-            less = (b.icmp_unsigned if t == U64 else b.icmp_signed)(symbol, y.v, x.v)
-            return Val(b.select(less, y.v, x.v), t)  # (Python's: the first of equals)
+            return self.integer_extremum(name, *args)
         if name in ("np.maximum", "np.minimum") and len(args) == 2:
             return self.extremum(name == "np.maximum", *args)
         if name in ("np.isnan", "math.isnan") and len(args) == 1:
@@ -1341,6 +1338,16 @@ class Translator:
                     symbol = _LIBM_EXTERN[fn] + ("f" if t == F32 else "")
                     return Val(b.call(self.declare(symbol, LL[t], [LL[t]]), [x.v]), t)
         raise NotServed(f"call of {name or ast.unparse(e.func)}")
+
+    def integer_extremum(self, name: str, x: Val, y: Val) -> Val:
+        """Python's min and max of integers (the first of equals)."""
+        t = unify(x.t, y.t)
+        if is_float(t) or t == BOOL:
+            raise NotServed(f"{name} of {t}")
+        x, y = self.convert(x, t), self.convert(y, t)
+        symbol = "<" if name == "min" else ">"
+        before = (self.b.icmp_unsigned if t == U64 else self.b.icmp_signed)(symbol, y.v, x.v)
+        return Val(self.b.select(before, y.v, x.v), t)
 
     def extremum(self, maximum: bool, x: Val, y: Val) -> Val:
         """Numba's np.maximum / np.minimum of floats: NaN propagates (the first one)."""
