@@ -81,6 +81,15 @@ for name, (f, x) in cases.items():
 out["generators"] = sorted({nk.generator for nk in backend._REGISTRY.values()})
 out["modules"] = len(backend._REGISTRY)
 out["numba imported"] = "numba" in sys.modules
+# a scan (an RNN; np.zeros in its step kernel): some of its modules go to each generator
+from gradtape.bench.workloads import WORKLOADS
+
+rnn = WORKLOADS["rnn_scan"]
+problem = rnn.make_problem(10, np.random.default_rng(0))
+value, grad = gt.compile(
+    gt.value_and_grad(lambda x: rnn.body(np, x, *problem.consts)), backend="numba"
+)(problem.x)
+out["rnn"] = np.concatenate([[value], np.ravel(grad)]).tobytes().hex()
 print(json.dumps(out))
 """
 
@@ -103,15 +112,16 @@ def _run(code: str, cache_dir, **env_extra) -> dict:
 @pytest.mark.native
 def test_loops_matvec_and_array_handing_kernels_equal_numbas_bit_for_bit(tmp_path):
     """Rolled loops (drivers, step kernels), matrix-vector loops and kernels returning
-    arrays: every module goes to the llvmlite generator, Numba is never imported, and the
-    values and gradients equal those of Numba's kernels of the same text bit for bit."""
+    arrays: every module goes to the llvmlite generator, Numba is never imported (until the
+    RNN's scan, one of whose modules it still compiles), and the values and gradients equal
+    those of Numba's kernels of the same text bit for bit."""
     got = _run(_PROGRAMS, tmp_path / "llvm")
     want = _run(_PROGRAMS, tmp_path / "numba", GRADTAPE_LLVM="0")
     assert got["generators"] == ["llvm"]
     assert got["numba imported"] is False
     assert want["generators"] == ["numba"]
     assert got["modules"] == want["modules"] >= 6  # (3 rolled loops: a driver each way)
-    for name in ("time_stepping", "stacked_rows", "windows", "logistic"):
+    for name in ("time_stepping", "stacked_rows", "windows", "logistic", "rnn"):
         assert got[name] == want[name], name
 
 

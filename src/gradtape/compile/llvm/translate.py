@@ -537,6 +537,13 @@ class Translator:
         func = _dotted(call.func)
         if func in ("np.empty", "np.full"):
             return self.empty(call, scope, name)
+        if func == "np.zeros" and len(call.args) == 2 and not call.keywords:
+            array = self.empty(ast.Call(ast.Name("np.empty"), call.args, []), scope, name)
+            i8p = ir.IntType(8).as_pointer()
+            memset = self.declare("memset", i8p, [i8p, ir.IntType(32), LL[I64]])
+            raw = self.b.bitcast(array.data, i8p)
+            self.b.call(memset, [raw, ir.Constant(ir.IntType(32), 0), self.nbytes(array)])
+            return array  # (all bytes 0: 0.0, 0, False)
         if isinstance(call.func, ast.Attribute) and call.func.attr in ("reshape", "copy", "ravel"):
             if call.func.attr == "reshape":
                 return self.reshape(call, scope)
