@@ -53,10 +53,13 @@ from .translate import (
     STORE,
     ArrayArg,
     NotServed,
+    Placeholder,
     Scope,
     Translator,
+    Val,
     finish_ir,
     is_float,
+    rebound_names,
 )
 
 __all__ = ["build", "NotServed", "Unusable", "available", "translator_digest"]
@@ -93,6 +96,8 @@ _PYTHON_API = (
     "PyEval_SaveThread",
     "PyEval_RestoreThread",
     "Py_DecRef",
+    "Py_IncRef",
+    "PyObject_CallFunctionObjArgs",
 )
 
 
@@ -155,7 +160,11 @@ def _init():
         for name in _PYTHON_API:
             function = getattr(ctypes.pythonapi, name)
             llvm.add_symbol(name, ctypes.cast(function, ctypes.c_void_p).value)
-        cells = {"gradtape_ndarray_type": id(np.ndarray)}
+        cells = {
+            "gradtape_ndarray_type": id(np.ndarray),
+            "gradtape_np_empty": id(np.empty),
+            "gradtape_none": id(None),
+        }
         cells.update({f"gradtape_scalar_{t}": id(s) for t, s in _SCALAR_TYPES.items()})
         for name, address in cells.items():
             cell = _cells[name] = ctypes.c_void_p(address)
@@ -198,178 +207,407 @@ def translator_digest() -> str:
 
 
 # --- the entry points -----------------------------------------------------------------------
-def _written_names(node: ast.FunctionDef) -> set[str]:
-    names = set()
+def _base_name(e: ast.expr) -> str | None:
+    """The array a target or an argument writes into: `a` of `a`, `a[i]`, `a[i, 2:5]`."""
+    while isinstance(e, ast.Subscript):
+        e = e.value
+    return e.id if isinstance(e, ast.Name) else None
+
+
+def _aliases(node: ast.FunctionDef) -> dict[str, str]:
+    """Names bound to a view of another array (`u = a[:-1]`, `a.reshape(n)`, ...)."""
+    aliases = {}
+    for n in ast.walk(node):
+        if not (isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)):
+            continue
+        value = n.value
+        if isinstance(value, ast.Call) and (
+            (isinstance(value.func, ast.Attribute) and value.func.attr == "reshape")
+            or (isinstance(value.func, ast.Attribute) and value.func.attr == "ascontiguousarray")
+        ):
+            value = value.func.value if value.func.attr == "reshape" else value.args[0]
+        base = _base_name(value) if isinstance(value, (ast.Subscript, ast.Name)) else None
+        if base is not None:
+            aliases[n.targets[0].id] = base
+    return aliases
+
+
+def _written_names(node: ast.FunctionDef, functions: dict, memo: dict | None = None) -> set:
+    """The arrays a function writes into: subscript targets, copy_into's and add_into's
+    first argument, the arguments of module functions it calls that they write, and the
+    arrays these are views of."""
+    memo = {} if memo is None else memo
+    if node.name in memo:
+        return memo[node.name]
+    memo[node.name] = names = set()
     for n in ast.walk(node):
         targets = []
         if isinstance(n, ast.Assign):
-            targets = n.targets
+            targets = [t for t in n.targets if isinstance(t, ast.Subscript)]
         elif isinstance(n, ast.AugAssign):
             targets = [n.target]
-        for t in targets:
-            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
-                names.add(t.value.id)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            if n.func.id in ("copy_into", "add_into") and n.args:
+                targets = [n.args[0]]
+            elif n.func.id in functions:
+                callee = functions[n.func.id]
+                written = _written_names(callee, functions, memo)
+                params = [a.arg for a in callee.args.args]
+                targets = [a for p, a in zip(params, n.args) if p in written]
+        names.update(b for b in map(_base_name, targets) if b is not None)
+    aliases = _aliases(node)
+    grown = True
+    while grown:
+        more = {aliases[n] for n in names if n in aliases} - names
+        names |= more
+        grown = bool(more)
     return names
 
 
-def _entry(module, node: ast.FunctionDef, kernel, large: list) -> str:
-    """Write kernel `kernel`'s entry point (its Python function `node`) into `module`."""
-    from llvmlite import ir
+def _returned_names(node: ast.FunctionDef) -> set[str]:
+    """Names in the tuples a kernel returns (arrays among them are allocated as ndarrays)."""
+    return {
+        e.id
+        for n in ast.walk(node)
+        if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
+        for e in n.value.elts
+        if isinstance(e, ast.Name)
+    }
 
-    i8p = ir.IntType(8).as_pointer()
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    fnty = ir.FunctionType(i8p, [i8p, i8p.as_pointer(), i64])
-    name = f"gradtape_{kernel.name}"
-    fn = ir.Function(module, fnty, name=name)
-    fn.attributes.add("nounwind")
-    entry_block = fn.append_basic_block("entry")
-    body_block = fn.append_basic_block("unbox")
-    fail_block = fn.append_basic_block("fail")
-    exit_block = fn.append_basic_block("exit")
-    entry = ir.IRBuilder(entry_block)
-    b = ir.IRBuilder(body_block)
-    self_arg, args, nargs = fn.args
 
-    def declare(symbol, ret, params):
-        f = module.globals.get(symbol)
+class _EntryWriter:
+    """Writes one kernel's entry point: a METH_FASTCALL function that checks and unboxes
+    its arguments, releases the GIL, runs the kernel's body (translate.Translator) and
+    returns what it returns boxed: a tuple (the status, scalars and ndarrays), or one
+    number (a loop driver's status)."""
+
+    def __init__(self, module, node: ast.FunctionDef, kernel, functions: dict):
+        from llvmlite import ir
+
+        self.ir = ir
+        self.module, self.node, self.kernel = module, node, kernel
+        self.i8p = ir.IntType(8).as_pointer()
+        self.i32, self.i64 = ir.IntType(32), ir.IntType(64)
+        fnty = ir.FunctionType(self.i8p, [self.i8p, self.i8p.as_pointer(), self.i64])
+        self.name = f"gradtape_{kernel.name}"
+        self.fn = ir.Function(module, fnty, name=self.name)
+        self.fn.attributes.add("nounwind")
+        self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.b = ir.IRBuilder(self.fn.append_basic_block("unbox"))
+        self.fail_block = self.fn.append_basic_block("fail")
+        self.functions = functions
+        self.written = _written_names(node, functions)
+        self.py_objects: list = []  # slots of the ndarrays the kernel allocated
+        self.translator = None
+        self.null = ir.Constant(self.i8p, None)
+        self.error_block = self.status_block = None
+
+    def declare(self, symbol: str, ret, params: list, var_arg: bool = False):
+        f = self.module.globals.get(symbol)
         if f is None:
-            f = ir.Function(module, ir.FunctionType(ret, params), name=symbol)
+            ftype = self.ir.FunctionType(ret, params, var_arg=var_arg)
+            f = self.ir.Function(self.module, ftype, name=symbol)
         return f
 
-    def cell(symbol):
-        g = module.globals.get(symbol)
+    def cell(self, symbol: str):
+        g = self.module.globals.get(symbol)
         if g is None:
-            g = ir.GlobalVariable(module, i8p, name=symbol)
+            g = self.ir.GlobalVariable(self.module, self.i8p, name=symbol)
             g.linkage = "external"
         return g
 
-    def field(ptr, offset, ty):
-        address = b.gep(ptr, [ir.Constant(i64, offset)])
-        return b.load(b.bitcast(address, ty.as_pointer()))
+    def field(self, ptr, offset: int, ty):
+        address = self.b.gep(ptr, [self.ir.Constant(self.i64, offset)])
+        return self.b.load(self.b.bitcast(address, ty.as_pointer()))
 
-    def check(ok):
-        good = fn.append_basic_block("ok")
-        b.cbranch(ok, good, fail_block)
-        b.position_at_end(good)
+    def check(self, ok) -> None:
+        good = self.fn.append_basic_block("ok")
+        self.b.cbranch(ok, good, self.fail_block)
+        self.b.position_at_end(good)
 
-    returns = []
-    for _kind, var in kernel.returns:
-        if var.shape != () or var.dtype not in DTYPE_TYPE:
-            raise NotServed("a kernel handing an array to a later one")
-        returns.append(DTYPE_TYPE[var.dtype])
-    params = [a.arg for a in node.args.args]
-    if params != [a.name for a in kernel.args]:
-        raise NotServed("kernel arguments differ from its signature")
-    written = _written_names(node)
+    def python_call(self, name: str, ret, params: list, args: list):
+        return self.b.call(self.declare(name, ret, params), args)
 
-    check(b.icmp_signed("==", nargs, ir.Constant(i64, len(params))))
-    scope = Scope({}, ())
-    ndarray_type = b.load(cell("gradtape_ndarray_type"))
-    for k, karg in enumerate(kernel.args):
-        obj = b.load(b.gep(args, [ir.Constant(i64, k)]))
-        t = DTYPE_TYPE.get(np.dtype(karg.dtype))
-        if t is None:
-            raise NotServed(f"an argument of dtype {karg.dtype}")
-        if karg.ndim is None:
-            if is_float(t):
-                got = b.call(declare("PyFloat_AsDouble", ir.DoubleType(), [i8p]), [obj])
-                failed = b.fcmp_ordered("==", got, ir.Constant(ir.DoubleType(), -1.0))
-                with b.if_then(failed, likely=False):
-                    occurred = b.call(declare("PyErr_Occurred", i8p, []), [])
-                    check(b.icmp_unsigned("==", occurred, ir.Constant(i8p, None)))
-                value = got if t == F64 else b.fptrunc(got, LL[F32])
-            elif t == I64:
-                value = b.call(declare("PyLong_AsLongLong", i64, [i8p]), [obj])
-                failed = b.icmp_signed("==", value, ir.Constant(i64, -1))
-                with b.if_then(failed, likely=False):
-                    occurred = b.call(declare("PyErr_Occurred", i8p, []), [])
-                    check(b.icmp_unsigned("==", occurred, ir.Constant(i8p, None)))
-            else:
-                truth = b.call(declare("PyObject_IsTrue", i32, [i8p]), [obj])
-                check(b.icmp_signed(">=", truth, ir.Constant(i32, 0)))
-                value = b.icmp_signed("!=", truth, ir.Constant(i32, 0))
-            slot = entry.alloca(LL[t], name=karg.name)
-            b.store(value, slot)
-            scope.vars[karg.name] = (slot, t)
-            continue
-        if karg.ndim == 0:
-            raise NotServed("a 0-d array argument")
-        check(b.icmp_unsigned("==", field(obj, 8, i8p), ndarray_type))
-        check(b.icmp_signed("==", field(obj, _ND, i32), ir.Constant(i32, karg.ndim)))
-        descr = field(obj, _DESCR, i8p)
-        scalar_type = b.load(cell(f"gradtape_scalar_{t}"))
-        check(b.icmp_unsigned("==", field(descr, _TYPEOBJ, i8p), scalar_type))
-        check(
-            b.icmp_unsigned(
-                "!=", field(descr, _BYTEORDER, ir.IntType(8)), ir.Constant(ir.IntType(8), ord(">"))
-            )
-        )
-        flags = field(obj, _FLAGS, i32)
-        need = _ALIGNED | (_WRITEABLE if karg.name in written else 0)
-        check(b.icmp_unsigned("==", b.and_(flags, ir.Constant(i32, need)), ir.Constant(i32, need)))
-        data = b.bitcast(field(obj, _DATA, i8p), STORE[t].as_pointer())
-        dims_ptr = b.bitcast(field(obj, _DIMS, i8p), i64.as_pointer())
-        dims = [b.load(b.gep(dims_ptr, [ir.Constant(i64, d)])) for d in range(karg.ndim)]
-        scope.values[karg.name] = ArrayArg(data, dims, t, flags)
-    thread_state = b.call(declare("PyEval_SaveThread", i8p, []), [])
-
-    # the kernel's returns store into these slots and branch to exit (the GIL is taken back
-    # there and the tuple built)
-    slots = [entry.alloca(LL[t]) for t in [I64] + returns]
-
-    def on_return(values: list, builder) -> None:
-        if len(values) != len(slots):
-            raise NotServed("a return of another length")
-        for v, slot, t in zip(values, slots, [I64] + returns):
-            builder.store(translator.convert(v, t).v, slot)
-        builder.branch(exit_block)
-
-    translator = Translator(module, b, entry)
-    translator.top_block = b.block
-    translator.on_return = on_return
-    translator.body(node.body, scope, nested=False)
-    if not b.block.is_terminated:
-        raise NotServed("a kernel that may end without a return")
-    if translator.wide_vectors:
-        set.add(fn.attributes, '"prefer-vector-width"="512"')
-    large[0] += translator.large_loops
-    b.position_at_end(exit_block)
-    b.call(declare("PyEval_RestoreThread", ir.VoidType(), [i8p]), [thread_state])
-    _box(b, declare, fn, [b.load(s) for s in slots], [I64] + returns)
-    # arguments that fail a check: (STATUS_CHECK, placeholders), the numpy backend answers
-    b.position_at_end(fail_block)
-    b.call(declare("PyErr_Clear", ir.VoidType(), []), [])
-    placeholders = [ir.Constant(i64, STATUS_CHECK)] + [
-        ir.Constant(LL[t], 0.0 if is_float(t) else 0) for t in returns
-    ]
-    _box(b, declare, fn, placeholders, [I64] + returns)
-    entry.branch(body_block)
-    return name
-
-
-def _box(b, declare, fn, values: list, types: list) -> None:
-    """Return the tuple of `values` (NULL with Python's error set if an allocation fails)."""
-    from llvmlite import ir
-
-    i8p = ir.IntType(8).as_pointer()
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    null = ir.Constant(i8p, None)
-    tup = b.call(declare("PyTuple_New", i8p, [i64]), [ir.Constant(i64, len(values))])
-    with b.if_then(b.icmp_unsigned("==", tup, null), likely=False):
-        b.ret(null)
-    for k, (v, t) in enumerate(zip(values, types)):
-        if t == I64:
-            item = b.call(declare("PyLong_FromLongLong", i8p, [i64]), [v])
-        elif t == BOOL:
-            item = b.call(declare("PyBool_FromLong", i8p, [i64]), [b.zext(v, i64)])
+    def unbox_scalar(self, obj, t: str, name: str):
+        """A Python number as the kernel's scalar type (a failed conversion: fail)."""
+        ir, b = self.ir, self.b
+        if is_float(t):
+            got = self.python_call("PyFloat_AsDouble", ir.DoubleType(), [self.i8p], [obj])
+            failed = b.fcmp_ordered("==", got, ir.Constant(ir.DoubleType(), -1.0))
+            value = got if t == F64 else b.fptrunc(got, LL[F32])
+        elif t == I64:
+            value = self.python_call("PyLong_AsLongLong", self.i64, [self.i8p], [obj])
+            failed = b.icmp_signed("==", value, ir.Constant(self.i64, -1))
         else:
-            v = v if t == F64 else b.fpext(v, ir.DoubleType())
-            item = b.call(declare("PyFloat_FromDouble", i8p, [ir.DoubleType()]), [v])
-        with b.if_then(b.icmp_unsigned("==", item, null), likely=False):
-            b.call(declare("Py_DecRef", ir.VoidType(), [i8p]), [tup])
-            b.ret(null)
-        b.call(declare("PyTuple_SetItem", i32, [i8p, i64, i8p]), [tup, ir.Constant(i64, k), item])
-    b.ret(tup)
+            truth = self.python_call("PyObject_IsTrue", self.i32, [self.i8p], [obj])
+            self.check(b.icmp_signed(">=", truth, ir.Constant(self.i32, 0)))
+            failed = None
+            value = b.icmp_signed("!=", truth, ir.Constant(self.i32, 0))
+        if failed is not None:
+            with b.if_then(failed, likely=False):
+                occurred = self.python_call("PyErr_Occurred", self.i8p, [], [])
+                self.check(b.icmp_unsigned("==", occurred, self.null))
+        slot = self.entry.alloca(LL[t], name=name)
+        b.store(value, slot)
+        return slot
+
+    def unbox_array(self, obj, t: str, karg) -> ArrayArg:
+        """An ndarray of exactly this dtype (native byte order) and axes, aligned, writeable
+        if the kernel writes it (C-contiguous too for a kernel that does not check)."""
+        ir, b = self.ir, self.b
+        i8 = ir.IntType(8)
+        self.check(b.icmp_unsigned("==", self.field(obj, 8, self.i8p), self.ndarray_type))
+        self.check(
+            b.icmp_signed("==", self.field(obj, _ND, self.i32), ir.Constant(self.i32, karg.ndim))
+        )
+        descr = self.field(obj, _DESCR, self.i8p)
+        scalar_type = b.load(self.cell(f"gradtape_scalar_{t}"))
+        self.check(b.icmp_unsigned("==", self.field(descr, _TYPEOBJ, self.i8p), scalar_type))
+        order = self.field(descr, _BYTEORDER, i8)
+        self.check(b.icmp_unsigned("!=", order, ir.Constant(i8, ord(">"))))
+        flags = self.field(obj, _FLAGS, self.i32)
+        need = _ALIGNED | (_WRITEABLE if karg.name in self.written else 0)
+        need |= 0 if self.checks_layout else _C_CONTIGUOUS
+        need = ir.Constant(self.i32, need)
+        self.check(b.icmp_unsigned("==", b.and_(flags, need), need))
+        data = b.bitcast(self.field(obj, _DATA, self.i8p), STORE[t].as_pointer())
+        dims_ptr = b.bitcast(self.field(obj, _DIMS, self.i8p), self.i64.as_pointer())
+        dims = [b.load(b.gep(dims_ptr, [ir.Constant(self.i64, d)])) for d in range(karg.ndim)]
+        return ArrayArg(data, dims, t, flags)
+
+    def unbox(self, args, nargs) -> Scope:
+        ir, b = self.ir, self.b
+        params = [a.arg for a in self.node.args.args]
+        if params != [a.name for a in self.kernel.args]:
+            raise NotServed("kernel arguments differ from its signature")
+        self.checks_layout = any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "is_c"
+            for n in ast.walk(self.node)
+        )
+        self.check(b.icmp_signed("==", nargs, ir.Constant(self.i64, len(params))))
+        scope = Scope({}, ())
+        self.ndarray_type = b.load(self.cell("gradtape_ndarray_type"))
+        for k, karg in enumerate(self.kernel.args):
+            obj = b.load(b.gep(args, [ir.Constant(self.i64, k)]))
+            t = DTYPE_TYPE.get(np.dtype(karg.dtype))
+            if t is None:
+                raise NotServed(f"an argument of dtype {karg.dtype}")
+            if karg.ndim is None:
+                scope.vars[karg.name] = (self.unbox_scalar(obj, t, karg.name), t)
+            elif karg.ndim == 0:
+                raise NotServed("a 0-d array argument")
+            else:
+                scope.values[karg.name] = self.unbox_array(obj, t, karg)
+        return scope
+
+    # --- ndarrays the kernel allocates (results it returns) ---
+    def new_ndarray(self, t: str, dims: list):
+        """np.empty(dims, dtype) called with the GIL held; NULL (an exception): the kernel
+        frees what it holds and returns NULL."""
+        ir, b = self.ir, self.b
+        shape = self.python_call(
+            "PyTuple_New", self.i8p, [self.i64], [ir.Constant(self.i64, len(dims))]
+        )
+        self.not_null(shape)
+        for k, d in enumerate(dims):
+            item = self.python_call("PyLong_FromLongLong", self.i8p, [self.i64], [d])
+            self.not_null(item, shape)
+            self.python_call(
+                "PyTuple_SetItem",
+                self.i32,
+                [self.i8p, self.i64, self.i8p],
+                [shape, ir.Constant(self.i64, k), item],
+            )
+        dtype = b.load(self.cell(f"gradtape_scalar_{t}"))
+        call = self.declare("PyObject_CallFunctionObjArgs", self.i8p, [self.i8p], var_arg=True)
+        empty = b.load(self.cell("gradtape_np_empty"))
+        obj = b.call(call, [empty, shape, dtype, self.null])
+        self.python_call("Py_DecRef", ir.VoidType(), [self.i8p], [shape])
+        self.not_null(obj)
+        return obj
+
+    def not_null(self, value, *owned) -> None:
+        """Continue if `value` is not NULL; else release `owned` and what the kernel holds,
+        and return NULL (Python's exception is set; the GIL is held)."""
+        ir, b = self.ir, self.b
+        if self.error_block is None:
+            self.error_block = self.fn.append_basic_block("error")
+        failed = b.icmp_unsigned("==", value, self.null)
+        if not owned:
+            good = self.fn.append_basic_block("ok")
+            b.cbranch(failed, self.error_block, good)
+            b.position_at_end(good)
+            return
+        with b.if_then(failed, likely=False):
+            for o in owned:
+                self.python_call("Py_DecRef", ir.VoidType(), [self.i8p], [o])
+            b.branch(self.error_block)
+
+    def release(self) -> None:
+        """Free the kernel's buffers and drop its ndarrays (at a return; the GIL held)."""
+        if self.translator is not None:
+            self.translator.free_buffers()
+        for slot in self.py_objects:
+            obj = self.b.load(slot)
+            self.python_call("Py_DecRef", self.ir.VoidType(), [self.i8p], [obj])
+
+    def allocate(self, t: str, dims: list) -> ArrayArg:
+        """An ndarray the kernel fills and returns: allocated by NumPy (the GIL taken for
+        the call), held in a slot until the return hands it over."""
+        b = self.b
+        restore = self.declare("PyEval_RestoreThread", self.ir.VoidType(), [self.i8p])
+        b.call(restore, [b.load(self.thread_state)])
+        obj = self.new_ndarray(t, dims)
+        slot = self.entry.alloca(self.i8p, name="ndarray")
+        self.entry.store(self.null, slot)
+        self.py_objects.append(slot)
+        b.store(obj, slot)
+        data = b.bitcast(self.field(obj, _DATA, self.i8p), STORE[t].as_pointer())
+        b.store(self.python_call("PyEval_SaveThread", self.i8p, [], []), self.thread_state)
+        return ArrayArg(data, dims, t, None, pyobj=slot)
+
+    # --- the whole entry point ---
+    def write(self, large: list, compiled: dict) -> str:
+        """Write the entry point; its symbol's name."""
+        b = self.b
+        _self_arg, args, nargs = self.fn.args
+        self.scalar_return = any(
+            isinstance(n, ast.Return) and n.value is not None and not isinstance(n.value, ast.Tuple)
+            for n in ast.walk(self.node)
+        )
+        self.returns = []
+        for _kind, var in self.kernel.returns:
+            if var.dtype not in DTYPE_TYPE:
+                raise NotServed(f"a result of dtype {var.dtype}")
+            self.returns.append((DTYPE_TYPE[var.dtype], len(var.shape)))
+        scope = self.unbox(args, nargs)
+        self.thread_state = self.entry.alloca(self.i8p, name="thread_state")
+        b.store(self.python_call("PyEval_SaveThread", self.i8p, [], []), self.thread_state)
+        translator = self.translator = Translator(self.module, b, self.entry)
+        translator.functions = self.functions
+        translator.compiled = compiled
+        translator.returned = _returned_names(self.node)
+        translator.rebound = rebound_names(self.node)
+        translator.allocator = self.allocate
+        translator.top_block = b.block
+        translator.on_return = self.on_return
+        translator.status_exit = self.status_exit
+        translator.body(self.node.body, scope, nested=False)
+        if not b.block.is_terminated:
+            raise NotServed("a kernel that may end without a return")
+        if translator.wide_vectors:
+            set.add(self.fn.attributes, '"prefer-vector-width"="512"')
+        large[0] += translator.large_loops
+        self.write_fail()
+        self.write_exits()
+        self.entry.branch(self.fn.blocks[1])
+        return self.name
+
+    def write_fail(self) -> None:
+        """Arguments that fail a check: STATUS_CHECK (the numpy backend answers the call)."""
+        ir, b = self.ir, self.b
+        b.position_at_end(self.fail_block)
+        self.python_call("PyErr_Clear", ir.VoidType(), [], [])
+        status = Val(ir.Constant(self.i64, STATUS_CHECK), I64)
+        if self.scalar_return:
+            b.ret(self.box(status))
+            return
+        values = [status] + [
+            Placeholder(t, ndim) if ndim else Val(ir.Constant(LL[t], 0), t)
+            for t, ndim in self.returns
+        ]
+        b.ret(self.tuple_of(values, none_for_placeholders=True))
+
+    def status_exit(self, builder, free_buffers) -> None:
+        """Return STATUS_CHECK from here (a check Numba would raise on failed): the wrapper
+        or the loop's caller answers the call another way (one block, written last)."""
+        if self.status_block is None:
+            self.status_block = self.fn.append_basic_block("status")
+        builder.branch(self.status_block)
+
+    def write_exits(self) -> None:
+        """The blocks every failed check and every failed allocation branch to: they free
+        all the buffers and ndarrays (those not made yet are NULL)."""
+        b = self.b
+        if self.status_block is not None:
+            b.position_at_end(self.status_block)
+            status = Val(self.ir.Constant(self.i64, STATUS_CHECK), I64)
+            zeros = [
+                Placeholder(t, ndim) if ndim else Val(self.ir.Constant(LL[t], 0), t)
+                for t, ndim in self.returns
+            ]
+            self.on_return(status if self.scalar_return else (status, *zeros), b, None)
+        if self.error_block is not None:
+            b.position_at_end(self.error_block)
+            self.release()
+            b.ret(self.null)
+
+    def on_return(self, value, builder, free_buffers) -> None:
+        """A return of the kernel: take the GIL back, box the results, free the buffers,
+        drop the ndarrays not returned, return."""
+        ir = self.ir
+        restore = self.declare("PyEval_RestoreThread", ir.VoidType(), [self.i8p])
+        builder.call(restore, [builder.load(self.thread_state)])
+        if self.scalar_return:
+            if not isinstance(value, Val):
+                raise NotServed("a kernel returning a scalar and a tuple")
+            result = self.box(value)
+            self.not_null(result)
+        else:
+            if not isinstance(value, tuple) or len(value) != len(self.returns) + 1:
+                raise NotServed("a return of another length")
+            values = [self.translator.convert(value[0], I64)]
+            for v, (t, ndim) in zip(value[1:], self.returns):
+                if isinstance(v, (ArrayArg, Placeholder)) != bool(ndim) or v.t != t:
+                    raise NotServed("a return of another kind than the kernel's")
+                values.append(v if ndim else self.translator.convert(v, t))
+            result = self.tuple_of(values)
+        self.release()
+        builder.ret(result)
+
+    def box(self, v: Val):
+        ir = self.ir
+        if v.t == I64:
+            return self.python_call("PyLong_FromLongLong", self.i8p, [self.i64], [v.v])
+        if v.t == BOOL:
+            as_long = self.b.zext(v.v, self.i64)
+            return self.python_call("PyBool_FromLong", self.i8p, [self.i64], [as_long])
+        x = v.v if v.t == F64 else self.b.fpext(v.v, ir.DoubleType())
+        return self.python_call("PyFloat_FromDouble", self.i8p, [ir.DoubleType()], [x])
+
+    def boxed_array(self, v):
+        """A returned array as an ndarray: the one the kernel allocated (a new reference),
+        else a new ndarray with a copy of its elements (views, buffers, placeholders)."""
+        ir, b = self.ir, self.b
+        if isinstance(v, ArrayArg) and v.pyobj is not None:
+            obj = b.load(v.pyobj)
+            self.python_call("Py_IncRef", ir.VoidType(), [self.i8p], [obj])
+            return obj
+        if isinstance(v, Placeholder):
+            return self.new_ndarray(v.t, [ir.Constant(self.i64, 0)] * v.ndim)
+        obj = self.new_ndarray(v.t, v.dims)
+        data = b.bitcast(self.field(obj, _DATA, self.i8p), STORE[v.t].as_pointer())
+        self.translator.copy_data(ArrayArg(data, v.dims, v.t), v)
+        return obj
+
+    def tuple_of(self, values: list, none_for_placeholders: bool = False):
+        """The tuple of `values` (scalars boxed, arrays as ndarrays)."""
+        ir, b = self.ir, self.b
+        n = ir.Constant(self.i64, len(values))
+        tup = self.python_call("PyTuple_New", self.i8p, [self.i64], [n])
+        self.not_null(tup)
+        for k, v in enumerate(values):
+            if isinstance(v, Val):
+                item = self.box(v)
+            elif none_for_placeholders:
+                item = b.load(self.cell("gradtape_none"))
+                self.python_call("Py_IncRef", ir.VoidType(), [self.i8p], [item])
+            else:
+                item = self.boxed_array(v)
+            self.not_null(item, tup)
+            args = [tup, ir.Constant(self.i64, k), item]
+            self.python_call("PyTuple_SetItem", self.i32, [self.i8p, self.i64, self.i8p], args)
+        return tup
 
 
 def translate(module_text: str, kernels: list) -> tuple[str, list[str]]:
@@ -378,30 +616,29 @@ def translate(module_text: str, kernels: list) -> tuple[str, list[str]]:
     from llvmlite import ir
 
     _init()
+    if not kernels:
+        raise NotServed("a module without kernels")
     tree = ast.parse(module_text)
     if any(
         isinstance(n, ast.Assign)
         and isinstance(n.targets[0], ast.Name)
-        and n.targets[0].id in ("PARALLEL", "HELPERS")
-        and not (
-            n.targets[0].id == "PARALLEL"
-            and isinstance(n.value, ast.Constant)
-            and n.value.value is False
-        )
+        and n.targets[0].id == "PARALLEL"
+        and not (isinstance(n.value, ast.Constant) and n.value.value is False)
         for n in tree.body
     ):
-        raise NotServed("parallel loops or native loop helpers")
+        raise NotServed("parallel loops")
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     llvm = _ready[0]
     module = ir.Module(name="gradtape_kernels")
     module.triple = llvm.get_process_triple()
     names = []
     large = [0]
+    compiled: dict = {}  # the module functions the kernels call (translate.FunctionCalls)
     for kernel in kernels:
         node = functions.get(kernel.name)
         if node is None:
             raise NotServed(f"no function {kernel.name}")
-        names.append(_entry(module, node, kernel, large))
+        names.append(_EntryWriter(module, node, kernel, functions).write(large, compiled))
     text = finish_ir(str(module))
     if large[0]:
         text = _NO_SLP + text

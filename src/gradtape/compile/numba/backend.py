@@ -145,9 +145,10 @@ class NativeKernels:
         self.compile_seconds = 0.0  # building or loading these kernels (startup excluded)
         self.startup_seconds = 0.0  # Numba's import and initialization, if this paid for it
         self.from_cache = False
-        # a variant's kernels (codegen.generate; not a loop driver's module): the llvmlite
-        # generator may build them (compile/llvm); "llvm" or "numba" once built
-        self.llvm_candidate = getattr(generated, "plan", None) is not None
+        # a variant's kernels or a loop driver's module: the llvmlite generator may build
+        # them (compile/llvm; it refuses what it does not translate); "llvm" or "numba"
+        # once built
+        self.llvm_candidate = True
         self.generator: str | None = None
 
     def when_ready(self, callback: Callable[[NativeKernels], None]) -> None:
