@@ -417,6 +417,8 @@ CASES = {
         ("discrete_ppf",),
     ),
 }
+if not hasattr(np, "matvec"):  # (NumPy's matvec and vecmat are new in 2.2)
+    del CASES["matvec"]
 
 
 def _stack(members, axis):
