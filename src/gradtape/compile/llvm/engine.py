@@ -10,7 +10,8 @@ them unchanged.
 An entry point is a CPython builtin function (`METH_FASTCALL`, built with
 `PyCFunction_NewEx`): Python calls it as directly as Numba's compiled entry point, with no
 ctypes conversion per argument. It checks each array (exactly an ndarray, the expected dtype
-in native byte order, the number of axes, aligned, writeable when written) and reads its data
+in native byte order, the number of axes, writeable when written; any alignment, as the
+kernels' loads and stores assume none) and reads its data
 pointer and shape from NumPy's array struct, whose field offsets are verified against a real
 array when the process first uses this module; an argument that fails a check makes the call
 return the status STATUS_CHECK, answered by the numpy backend. The GIL is released while the
@@ -52,6 +53,7 @@ from .translate import (
     LL,
     STORE,
     ArrayArg,
+    Builder,
     NotServed,
     Placeholder,
     Scope,
@@ -292,8 +294,8 @@ class _EntryWriter:
         self.name = f"gradtape_{kernel.name}"
         self.fn = ir.Function(module, fnty, name=self.name)
         self.fn.attributes.add("nounwind")
-        self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        self.b = ir.IRBuilder(self.fn.append_basic_block("unbox"))
+        self.entry = Builder(self.fn.append_basic_block("entry"))
+        self.b = Builder(self.fn.append_basic_block("unbox"))
         self.fail_block = self.fn.append_basic_block("fail")
         self.functions = functions
         self.written = _written_names(node, functions)
@@ -366,7 +368,7 @@ class _EntryWriter:
         order = self.field(descr, _BYTEORDER, i8)
         self.check(b.icmp_unsigned("!=", order, ir.Constant(i8, ord(">"))))
         flags = self.field(obj, _FLAGS, self.i32)
-        need = _ALIGNED | (_WRITEABLE if karg.name in self.written else 0)
+        need = _WRITEABLE if karg.name in self.written else 0  # (any alignment: align-1 loads)
         need |= 0 if self.checks_layout else _C_CONTIGUOUS
         need = ir.Constant(self.i32, need)
         self.check(b.icmp_unsigned("==", b.and_(flags, need), need))

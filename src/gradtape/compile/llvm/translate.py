@@ -85,6 +85,18 @@ def unify(a: str, b: str) -> str:
     return I64
 
 
+class Builder(ir.IRBuilder):
+    """An IRBuilder whose loads and stores assume no alignment unless told (align 1): an
+    array's data may be unaligned (Dask hands over arrays deserialized from its frames), and
+    x86-64 and AArch64 use the same instructions for aligned and unaligned elements."""
+
+    def load(self, ptr, name="", align=None, typ=None):
+        return super().load(ptr, name, 1 if align is None else align, typ)
+
+    def store(self, value, ptr, align=None):
+        return super().store(value, ptr, 1 if align is None else align)
+
+
 @dataclass
 class Val:
     """A scalar value: its LLVM value and type."""
@@ -1474,7 +1486,7 @@ class Translator:
             fn.attributes.add("nounwind")
             entry_block = fn.append_basic_block("entry")
             body_block = fn.append_basic_block("body")
-            inner = Translator(self.module, ir.IRBuilder(body_block), ir.IRBuilder(entry_block))
+            inner = Translator(self.module, Builder(body_block), Builder(entry_block))
             inner._fast_functions = self._fast_functions
             inner.top_block = body_block
             scope = Scope(dict(func.names), FAST_FLAGS)
@@ -1620,7 +1632,7 @@ class FunctionCalls:
     def translator(tr: Translator, fn: ir.Function) -> Translator:
         entry_block = fn.append_basic_block("entry")
         body_block = fn.append_basic_block("body")
-        inner = Translator(tr.module, ir.IRBuilder(body_block), ir.IRBuilder(entry_block))
+        inner = Translator(tr.module, Builder(body_block), Builder(entry_block))
         inner._fast_functions = tr._fast_functions
         inner.functions = tr.functions
         inner.compiled = tr.compiled
