@@ -89,6 +89,8 @@ def test_refusals_name_the_metric_and_out():
         gt.grad(lambda x: np.sum(distance.pdist(x, "jensenshannon")))(X)
     with pytest.raises(gt.GradtapeError, match="out="):
         gt.grad(lambda x: np.sum(distance.cdist(x, x, out=np.empty((3, 3)))))(X)
+    with pytest.raises(gt.GradtapeError, match="complex"):
+        gt.grad(lambda x: np.sum(distance.cdist(x + 0j, x).real))(X)
     with pytest.raises(ValueError, match="same number of columns"):
         gt.grad(lambda x: np.sum(distance.cdist(x, x[:, :1])))(X)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import GradtapeError
 from ..core.routes import implements_module_function
-from ._util import ndim_of, shape_of
+from ._util import dtype_of, ndim_of, shape_of
 
 
 def _weighted(terms, w):
@@ -139,6 +139,8 @@ def _metric(name, where: str):
 def _matrix(x, where: str, name: str):
     if ndim_of(x) != 2:
         raise ValueError(f"{where}: {name} must be a 2-dimensional array.")
+    if dtype_of(x).kind == "c":  # (SciPy refuses complex too)
+        raise GradtapeError(f"scipy.spatial.distance.{where} of complex values cannot be traced.")
     return x
 
 
