@@ -463,3 +463,27 @@ def test_von_mises_density():
 
     for i, g in enumerate(gt.grad(total, argnums=(0, 1, 2))(*args)):
         np.testing.assert_allclose(g, central_difference_grad(total, args, i), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: st.gamma.logpdf([0.5, 2.0], a=np.exp(p[0]), scale=np.exp(p[1])),
+        lambda p: st.beta.cdf([0.2, 0.7], np.exp(p[0]), [2.0, 3.0]),
+        lambda p: st.norm(p[0], [1.0, 2.0]).logsf([0.1, 0.3]),
+        lambda p: st.t.pdf(1.5, [3.0, 5.0], loc=p[0], scale=np.exp(p[1])),
+        lambda p: st.binom.logpmf([0, 3, 7], 10, np.exp(-(p[0] ** 2)) * 0.5),
+        lambda p: st.nbinom.logpmf([0, 3, 7], np.exp(p[0]), 0.4),
+        lambda p: st.poisson.logcdf([0, 3, 7], np.exp(p[1]) * 2.0),
+    ],
+    ids=["gamma", "beta_cdf", "frozen_norm", "t_pdf", "binom", "nbinom", "poisson_cdf"],
+)
+def test_lists_and_python_numbers_are_taken_as_scipy_takes_them(call):
+    p = np.array([0.3, -0.2])
+
+    def f(p):
+        return np.sum(call(p))
+
+    value, grad = gt.value_and_grad(f)(p)
+    np.testing.assert_allclose(value, f(p), rtol=1e-12)
+    np.testing.assert_allclose(grad, central_difference_grad(f, (p,), 0), rtol=1e-5, atol=1e-8)

@@ -429,6 +429,12 @@ def _rule(dist, method: str, table: dict) -> _Dist:
 _DERIVED = {"pdf", "pmf", "logcdf", "logsf", "sf", "isf"}
 
 
+def _as_arrays(x, shapes, loc, scale):
+    """x, the shape parameters, loc and scale as arrays, as SciPy's methods take them (lists
+    and Python numbers are converted; a traced value passes through np.asarray)."""
+    return np.asarray(x), tuple(np.asarray(a) for a in shapes), np.asarray(loc), np.asarray(scale)
+
+
 def _float_dtype(*xs):
     dt = np.result_type(*[getattr(x, "dtype", None) or np.result_type(x) for x in xs])
     return np.promote_types(dt, np.float64)
@@ -482,7 +488,8 @@ _OUTSIDE = {  # method: (value below the support, value above it)
 def _continuous_method(method: str):
     def traced(self, x, *args, **kwds):
         rule = _rule(self, method, CONTINUOUS)
-        shapes, loc, scale = self._parse_args(*args, **kwds)
+        # as SciPy does: lists and scalars become arrays (a traced value passes through)
+        x, shapes, loc, scale = _as_arrays(x, *self._parse_args(*args, **kwds))
         _a, _b = self._get_support(*shapes)
         valid = np.logical_and(self._argcheck(*shapes), scale > 0)
         safe_scale = np.where(scale > 0, scale, 1.0)
@@ -562,7 +569,7 @@ def _discrete_method(method: str):
         if method == "ppf":
             return _discrete_ppf(self, k, *args, **kwds)
         rule = _rule(self, method, DISCRETE)
-        shapes, loc, _ = self._parse_args(*args, **kwds)
+        k, shapes, loc, _ = _as_arrays(k, *self._parse_args(*args, **kwds))
         _refuse_derivative(k, f"scipy.stats.{self.name}.{method}: k")
         _refuse_derivative(loc, f"scipy.stats.{self.name}.{method}: loc")
         for i in rule.counts:
