@@ -1084,8 +1084,8 @@ class _RunBuilder:
         return outputs, out_vars, out_values, later
 
     def read_after(self, k: int, j: int, end: int) -> list:
-        """The iterations whose output j of step k is read outside the run (as
-        `_Roller.read_outside`, for every iteration at once)."""
+        """The iterations whose output j of step k is read outside the run: by an output
+        of the tape (or a capture), a guard, or an instruction before or after the run."""
         roller = self.roller
         outside = roller.output_ids
         guarded, first_reader, last_reader = roller.guarded, roller.first_reader, roller.last_reader
@@ -1544,12 +1544,6 @@ class _Roller:
         if t and all(d[0] < s for d in defs[:t]) and t >= MIN_TRIPS:
             return ("gather", vs[:t]), t
         return None, None
-
-    def read_outside(self, v: Var, s: int, end: int) -> bool:
-        if v.id in self.output_ids or v.id in self.guarded:
-            return True
-        first = self.first_reader.get(v.id)
-        return first is not None and (first < s or self.last_reader[v.id] >= end)
 
     def run_guards(self, s: int, p: int, limit: int):
         """[(guard indices, (k, j), first guard, stacked answers)] of the run, or None when
