@@ -66,7 +66,7 @@ def segment_lengths(plan, weighed: bool) -> list[int]:
 def test_llvm_kernels_are_bounded_by_their_cost(f, monkeypatch):
     prog = program_of(f, np.linspace(0.1, 0.9, 6), monkeypatch)
     monkeypatch.setattr(fusion, "LLVM_KERNEL_COST", 40)
-    monkeypatch.setattr(fusion, "LLVM_LOOP_MEMBERS", 16)
+    monkeypatch.setattr(fusion, "MAX_LOOP_MEMBERS", 16)
     bounds = fusion.limits(True)
     assert bounds == fusion.Limits(16, 40, weighed=True)
     plan = fusion.plan(prog, scalar.fusable, lowering.lowerable, bounds)
@@ -76,6 +76,7 @@ def test_llvm_kernels_are_bounded_by_their_cost(f, monkeypatch):
     assert max(lengths) <= 40 + longest_stage
     assert all(len(s.members) <= 16 for s in plan.stages if s.kind == fusion.LOOP)
     # Numba's bounds (instructions, far larger) keep this program in one kernel
+    monkeypatch.setattr(fusion, "MAX_LOOP_MEMBERS", 8192)
     assert fusion.plan(prog, scalar.fusable, lowering.lowerable).segments == 1
     # and a plan that must stay one kernel (a loop's step) is never cut
     one = fusion.plan(prog, scalar.fusable, lowering.lowerable, fusion.limits(True, True))
@@ -111,7 +112,6 @@ def test_a_program_split_for_llvm_gives_the_eager_numbers(f, monkeypatch):
     pytest.importorskip("numba")
     monkeypatch.setenv(config.ROLL, "0")
     monkeypatch.setattr(fusion, "LLVM_KERNEL_COST", 40)
-    monkeypatch.setattr(fusion, "LLVM_LOOP_MEMBERS", 16)
     monkeypatch.setattr(fusion, "MAX_KERNEL_MEMBERS", 40)
     monkeypatch.setattr(fusion, "MAX_LOOP_MEMBERS", 16)
     memo.forget_all()

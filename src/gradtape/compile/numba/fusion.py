@@ -65,7 +65,8 @@ LLVM's generator compiles (compile/llvm/) are bounded far shorter (`limits`): LL
 optimization and code generation are superlinear in one function's length, and there a
 value handed on costs an argument. Their length is weighed by `stage_cost`: a loop's
 members, and OP_COST for each other stage (a slice or a small product writes loops of its
-own), so a kernel of many short stages is cut as early as one long loop. A loop driver's
+own), so a kernel of many short stages is cut as early as one long loop; a kernel is cut
+between stages only, never inside a loop (see LLVM_KERNEL_COST). A loop driver's
 step is planned as one kernel (`limits(..., one_kernel=True)`): its length is bounded where
 it is rolled (rolling.MAX_STEP_INSTRUCTIONS).
 
@@ -97,12 +98,15 @@ MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see 
 # loop cost Numba more than the length of one loop)
 MAX_LOOP_MEMBERS = 8192
 MAX_KERNEL_MEMBERS = 16384
-# the same bounds for kernels LLVM compiles directly (compile/llvm/), far shorter: LLVM's
-# optimization and code generation are superlinear in one function's length, Numba's own
-# passes are not in the way, and a value handed to the next kernel costs little. A kernel's
-# length is its cost: a loop's members and OP_COST for each other stage, so many short
-# stages (slices, small products, each its own loops) count as what LLVM sees.
-LLVM_LOOP_MEMBERS = 1024
+# the kernels LLVM compiles directly (compile/llvm/) are far shorter: LLVM's optimization
+# and code generation are superlinear in one function's length, Numba's own passes are not
+# in the way, and a value handed to the next kernel costs an argument. A kernel's length is
+# its cost: a loop's members and OP_COST for each other stage, so many short stages (slices,
+# small products, each its own loops) count as what LLVM sees. Loops keep Numba's bound: a
+# fused loop cut in two stores every value the second part reads, and a loop storing into
+# hundreds of arrays is what LLVM compiles slowest (its vectorizer checks every pair of
+# them for overlap; a straight line of 1,000 operations cut into loops of 1,024 took over
+# 300 s, against 0.5 s as one loop)
 LLVM_KERNEL_COST = 256
 OP_COST = 4
 
@@ -122,12 +126,11 @@ def limits(direct_llvm: bool, one_kernel: bool = False) -> Limits:
     """The bounds of a plan: for Numba, or for the kernels LLVM compiles directly
     (`direct_llvm`); `one_kernel`: no bound on a kernel's length (the plan's stages must stay
     in one kernel). Read when called, so that tests can make the bounds small."""
-    if not direct_llvm:
-        return Limits(MAX_LOOP_MEMBERS, None if one_kernel else MAX_KERNEL_MEMBERS)
-    loop = min(MAX_LOOP_MEMBERS, LLVM_LOOP_MEMBERS)
     if one_kernel:
-        return Limits(loop, None)
-    return Limits(loop, min(MAX_KERNEL_MEMBERS, LLVM_KERNEL_COST), weighed=True)
+        return Limits(MAX_LOOP_MEMBERS, None)
+    if not direct_llvm:
+        return Limits(MAX_LOOP_MEMBERS, MAX_KERNEL_MEMBERS)
+    return Limits(MAX_LOOP_MEMBERS, min(MAX_KERNEL_MEMBERS, LLVM_KERNEL_COST), weighed=True)
 
 
 # where a value lives in generated code
