@@ -67,8 +67,12 @@ def test_llvm_kernels_are_bounded_by_their_cost(f, monkeypatch):
     prog = program_of(f, np.linspace(0.1, 0.9, 6), monkeypatch)
     monkeypatch.setattr(fusion, "LLVM_KERNEL_COST", 40)
     monkeypatch.setattr(fusion, "MAX_LOOP_MEMBERS", 16)
+    # a program below LLVM_WHOLE_BELOW stays whole
+    whole = fusion.plan(prog, scalar.fusable, lowering.lowerable, fusion.limits(True))
+    assert whole.segments == 1
+    monkeypatch.setattr(fusion, "LLVM_WHOLE_BELOW", 0)
     bounds = fusion.limits(True)
-    assert bounds == fusion.Limits(16, 40, weighed=True)
+    assert bounds == fusion.Limits(16, 40, weighed=True, whole_below=0)
     plan = fusion.plan(prog, scalar.fusable, lowering.lowerable, bounds)
     lengths = segment_lengths(plan, weighed=True)
     assert plan.segments > 2
@@ -112,6 +116,7 @@ def test_a_program_split_for_llvm_gives_the_eager_numbers(f, monkeypatch):
     pytest.importorskip("numba")
     monkeypatch.setenv(config.ROLL, "0")
     monkeypatch.setattr(fusion, "LLVM_KERNEL_COST", 40)
+    monkeypatch.setattr(fusion, "LLVM_WHOLE_BELOW", 0)
     monkeypatch.setattr(fusion, "MAX_KERNEL_MEMBERS", 40)
     monkeypatch.setattr(fusion, "MAX_LOOP_MEMBERS", 16)
     memo.forget_all()

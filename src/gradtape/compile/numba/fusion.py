@@ -66,7 +66,8 @@ optimization and code generation are superlinear in one function's length, and t
 value handed on costs an argument. Their length is weighed by `stage_cost`: a loop's
 members, and OP_COST for each other stage (a slice or a small product writes loops of its
 own), so a kernel of many short stages is cut as early as one long loop; a kernel is cut
-between stages only, never inside a loop (see LLVM_KERNEL_COST). A loop driver's
+between stages only, never inside a loop (see LLVM_KERNEL_COST), and a program whose whole
+cost is below LLVM_WHOLE_BELOW is not cut (each kernel costs a call its own entry). A loop driver's
 step is planned as one kernel (`limits(..., one_kernel=True)`): its length is bounded where
 it is rolled (rolling.MAX_STEP_INSTRUCTIONS).
 
@@ -109,6 +110,10 @@ MAX_KERNEL_MEMBERS = 16384
 # 300 s, against 0.5 s as one loop)
 LLVM_KERNEL_COST = 256
 OP_COST = 4
+# a program whose whole cost is below this is not cut at all: LLVM compiles it in about a
+# second whole, and every further kernel costs each call its own entry (a scalar loop of
+# 100 steps, cost 600, took 1.13 us per call as 3 kernels against 0.70 us as one)
+LLVM_WHOLE_BELOW = 4096
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ class Limits:
     loop_members: int
     kernel: int | None
     weighed: bool = False
+    whole_below: int = 0  # (weighed) a program of a smaller cost stays one kernel
 
 
 def limits(direct_llvm: bool, one_kernel: bool = False) -> Limits:
@@ -130,7 +136,12 @@ def limits(direct_llvm: bool, one_kernel: bool = False) -> Limits:
         return Limits(MAX_LOOP_MEMBERS, None)
     if not direct_llvm:
         return Limits(MAX_LOOP_MEMBERS, MAX_KERNEL_MEMBERS)
-    return Limits(MAX_LOOP_MEMBERS, min(MAX_KERNEL_MEMBERS, LLVM_KERNEL_COST), weighed=True)
+    return Limits(
+        MAX_LOOP_MEMBERS,
+        min(MAX_KERNEL_MEMBERS, LLVM_KERNEL_COST),
+        weighed=True,
+        whole_below=min(MAX_KERNEL_MEMBERS, LLVM_WHOLE_BELOW),
+    )
 
 
 # where a value lives in generated code
@@ -561,6 +572,9 @@ def _number_segments(stages: list[Stage], bounds: Limits) -> int:
     also ends once it holds `bounds.kernel` instructions (or that cost: bounded kernels)."""
     segment = 0
     length = 0
+    limit = bounds.kernel
+    if bounds.weighed and sum(stage_cost(s) for s in stages) < bounds.whole_below:
+        limit = None
     for stage in stages:
         if stage.kind == PYTHON:
             segment += 1
@@ -568,7 +582,7 @@ def _number_segments(stages: list[Stage], bounds: Limits) -> int:
             segment += 1
             length = 0
             continue
-        if bounds.kernel is not None and length >= bounds.kernel and stage.kind != CHECK:
+        if limit is not None and length >= limit and stage.kind != CHECK:
             segment += 1
             length = 0
         stage.segment = segment
