@@ -134,3 +134,21 @@ def test_a_program_split_for_llvm_gives_the_eager_numbers(f, monkeypatch):
 test_a_program_split_for_llvm_gives_the_eager_numbers = pytest.mark.native(
     test_a_program_split_for_llvm_gives_the_eager_numbers
 )
+
+
+def test_a_kernel_is_not_cut_where_many_values_are_live(monkeypatch):
+    """A forward and backward pass whose fused loops hand hundreds of values on is not cut
+    between them: the cut waits for a stage before which at most LLVM_MAX_HANDED are live."""
+    prog = program_of(long_chain, np.linspace(0.1, 0.9, 6), monkeypatch)
+    monkeypatch.setattr(fusion, "LLVM_KERNEL_COST", 40)
+    monkeypatch.setattr(fusion, "LLVM_WHOLE_BELOW", 0)
+    monkeypatch.setattr(fusion, "MAX_LOOP_MEMBERS", 100)
+    cut = fusion.plan(prog, scalar.fusable, lowering.lowerable, fusion.limits(True))
+    assert cut.segments > 1
+    monkeypatch.setattr(fusion, "LLVM_MAX_HANDED", 2)
+    kept = fusion.plan(prog, scalar.fusable, lowering.lowerable, fusion.limits(True))
+    assert kept.segments < cut.segments
+    live = fusion._live_across(kept.stages, kept.defined_in, kept.last_use)
+    for stage in kept.stages[1:]:
+        if stage.segment != kept.stages[stage.index - 1].segment:
+            assert live[stage.index] <= 2

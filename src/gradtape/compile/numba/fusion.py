@@ -114,6 +114,10 @@ OP_COST = 4
 # second whole, and every further kernel costs each call its own entry (a scalar loop of
 # 100 steps, cost 600, took 1.13 us per call as 3 kernels against 0.70 us as one)
 LLVM_WHOLE_BELOW = 4096
+# nor is a program cut where more values than this would be handed to the next kernel (a
+# fused forward and backward pass split between its loops hands on hundreds: a straight
+# line of 4,000 operations cut there compiled far slower than whole)
+LLVM_MAX_HANDED = 256
 
 
 @dataclass(frozen=True)
@@ -329,8 +333,9 @@ def plan(
     for stage in stages:
         if stage.kind == LOOP and stage.nest is not None:
             stage.nested, stage.shape = True, stage.nest
-    nsegments = _number_segments(stages, bounds)
     last_use, stored, read_by_op, output_of = planner.reads()
+    live = _live_across(stages, planner.defined_in, last_use) if bounds.weighed else None
+    nsegments = _number_segments(stages, bounds, live)
     storage, buffers = _assign_storage(
         program, stages, planner.defined_in, stored, last_use, output_of, read_by_op
     )
@@ -567,9 +572,26 @@ def stage_cost(stage: Stage) -> int:
     return 1 if stage.kind == SCALAR else 0
 
 
-def _number_segments(stages: list[Stage], bounds: Limits) -> int:
+def _live_across(stages: list[Stage], defined_in: dict, last_use: dict) -> list[int]:
+    """For each stage index i, how many values computed before stage i are read at or
+    after it (what a kernel ending before stage i would hand on)."""
+    change = [0] * (len(stages) + 2)
+    for vid, stage in defined_in.items():
+        last = last_use.get(vid, -1)
+        if last > stage.index:
+            change[stage.index + 1] += 1
+            change[min(last, len(stages)) + 1] -= 1
+    live, running = [], 0
+    for i in range(len(stages)):
+        running += change[i]
+        live.append(running)
+    return live
+
+
+def _number_segments(stages: list[Stage], bounds: Limits, live: list[int] | None = None) -> int:
     """Python stages separate native kernels: each gets a segment of its own. A segment
-    also ends once it holds `bounds.kernel` instructions (or that cost: bounded kernels)."""
+    also ends once it holds `bounds.kernel` instructions (or that cost: bounded kernels),
+    at the first stage before which at most LLVM_MAX_HANDED values are live (`live`)."""
     segment = 0
     length = 0
     limit = bounds.kernel
@@ -582,7 +604,12 @@ def _number_segments(stages: list[Stage], bounds: Limits) -> int:
             segment += 1
             length = 0
             continue
-        if limit is not None and length >= limit and stage.kind != CHECK:
+        if (
+            limit is not None
+            and length >= limit
+            and stage.kind != CHECK
+            and (live is None or live[stage.index] <= LLVM_MAX_HANDED)
+        ):
             segment += 1
             length = 0
         stage.segment = segment
