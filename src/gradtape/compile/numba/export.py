@@ -279,7 +279,7 @@ def _entry_plan(program: Program, generated: Generated) -> _EntryPlan:
 def entry_plan(program: Program, name: str) -> tuple[str, str, _EntryPlan]:
     """The kernels' module text of `program`, its cache key and the plan of its entry
     points (its constants in data order); refuses what cannot be exported."""
-    generated = codegen.generate(program, threads=1)
+    generated = codegen.generate(program, threads=1, numba_only=True)
     _check_exportable(program, generated, name)
     plan = _entry_plan(program, generated)
     text = generated.module
