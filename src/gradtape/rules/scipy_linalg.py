@@ -396,8 +396,10 @@ def lu(a, permute_l=False, overwrite_a=False, check_finite=True, p_indices=False
         return _rows(low, inverse), up
     if p_indices:
         return inverse, low, up
-    p = np.take(np.eye(m, dtype=dt), stop_gradient(inverse), axis=0)
-    return p, low, up
+    # P[i, j] = (inverse[i] == j): elementwise in the row indices, so a batch of them
+    # (vmap) gives each member its own permutation
+    rows = stop_gradient(np.expand_dims(inverse, -1))
+    return (rows == np.arange(m)).astype(dt), low, up
 
 
 # --- solve, inv, det ----------------------------------------------------------------------------
