@@ -345,3 +345,83 @@ def test_add_at_with_a_tuple_of_traced_index_arrays_is_a_multi_axis_index():
     xs, batch_rows = np.ones((2, 3, 3)), np.array([[0, 1, 1], [2, 2, 0]])
     want = np.stack([f(x, r, cols) for x, r in zip(xs, batch_rows)])
     np.testing.assert_array_equal(gt.vmap(f, in_axes=(0, 0, None))(xs, batch_rows, cols), want)
+
+
+# --- x[mask] reads and writes with a mask per member ---------------------------------------------
+def _mask_read_write(x):
+    y = x * 1.0
+    y[x > 0] = x[x > 0] ** 2  # as many values as the mask selects
+    return y * np.sum(x[x < 0])
+
+
+def _piecewise(x):
+    return np.piecewise(x, [x < -0.5, x > 0.5], [np.sin, np.exp, lambda v: -v])
+
+
+def _zscore(x):
+    return sps.zscore(x)  # SciPy writes through its array-API helpers at a mask
+
+
+sps = pytest.importorskip("scipy.stats")
+SAME_COUNTS = {
+    "x[mask] read and write": _mask_read_write,
+    "piecewise": _piecewise,
+    "zscore": _zscore,
+}
+
+
+def _same_counts(seed: int, size: int, n: int) -> np.ndarray:
+    """Members that are permutations of one another: every mask selects as many elements."""
+    rng = np.random.default_rng(seed)
+    first = rng.normal(size=n)
+    return np.stack([rng.permutation(first) for _ in range(size)])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(SAME_COUNTS)),
+    size=st.integers(1, 4),
+    n=st.integers(2, 7),
+    seed=st.integers(0, 2**16),
+)
+def test_masks_per_member_that_select_as_many_elements(name, size, n, seed):
+    f = SAME_COUNTS[name]
+    x = _same_counts(seed, size, n)
+    _assert_tree_close(gt.vmap(f)(x), np.stack([f(m) for m in x]))
+    loss = lambda x: np.sum(np.sin(f(x)))  # noqa: E731
+    grads = np.stack([gt.grad(loss)(m) for m in x])
+    _assert_tree_close(gt.vmap(gt.grad(loss))(x), grads)
+    _assert_tree_close(gt.grad(lambda x: np.sum(gt.vmap(loss)(x)))(x), grads)
+    jac = np.stack([gt.jacrev(f)(m) for m in x])
+    _assert_tree_close(gt.vmap(gt.jacfwd(f))(x), jac)
+    _assert_tree_close(gt.vmap(gt.jacrev(f))(x), jac)
+
+
+def test_a_mask_per_member_is_one_batched_gather_not_a_loop():
+    def recorded(size):
+        x = _same_counts(0, size, 6)
+        return [ins.prim.name for ins in gt.trace(gt.vmap(_mask_read_write), x).instructions]
+
+    assert recorded(2) == recorded(5)
+
+
+def test_masks_that_select_different_numbers_of_elements_are_refused_clearly():
+    x = np.array([[1.0, -2.0, 3.0], [1.0, 2.0, 3.0]])
+    with pytest.raises(gt.GradtapeError, match="different number of elements"):
+        gt.vmap(_mask_read_write)(x)
+
+    def write(x):
+        y = x * 1.0
+        y[x > 0] = np.array([5.0, 6.0])
+        return y
+
+    with pytest.raises(ValueError, match="cannot assign 2 input values"):
+        gt.vmap(write)(x)
+
+
+def test_histogram_edges_from_each_members_range():
+    x = np.random.default_rng(2).normal(size=(3, 8))
+    for bins in (4, "auto"):
+        f = lambda x: np.histogram(x, bins=bins)[1]  # noqa: E731
+        _assert_tree_close(gt.vmap(f)(x), np.stack([f(m) for m in x]))
+        _assert_tree_close(gt.vmap(gt.jacrev(f))(x), np.stack([gt.jacrev(f)(m) for m in x]))

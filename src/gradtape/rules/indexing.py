@@ -122,6 +122,9 @@ def _batch_first(t, k: int):
 def _getitem_jvp(ts, ans, x, idx):
     t = ts[0]
     k = len(batch_shape(t, x))
+    mask = _member_mask(idx)
+    if mask is not None:  # the tangents' batch axes last: they follow the selected elements
+        return _batch_first(_masked_read(_batch_last(t, k), mask), k)
     if k == 0:
         return t[idx]
     if is_basic(idx):
@@ -140,6 +143,12 @@ def _write_jvp(prim, ts, ans, x, v, idx):
     if t_v is None:
         t_v = np.zeros(lead + shape_of(v), dtype_of(ans))
     k = len(lead)
+    mask = _member_mask(idx)
+    if mask is not None:  # the tangents' batch axes last, behind each selected element's
+        written = _masked_write(
+            _batch_last(t_x, k), mask, _batch_last(t_v, k), add=prim is scatter_add_p
+        )
+        return _batch_first(written, k)
     if k == 0:
         return prim(t_x, t_v, idx=idx)
     # batch axes last: the written values then broadcast against x[idx] as they did
@@ -159,6 +168,9 @@ getitem_p = Primitive(
 
 @implements_method("__getitem__")
 def getitem(x, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_read(x, mask)
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
         template, positions, index_values = dynamic
@@ -257,6 +269,9 @@ def _dyn_set_jvp(ts, ans, x, v, iv, template, positions):
 
 
 def _scatter_add_impl(base, vals, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(base, mask, vals, add=True)
     dynamic = _split_dynamic(idx) if _has_tracer(idx) else None
     if dynamic is not None:  # integers of a lower level (a member of a vmap batch)
         template, positions, index_values = dynamic
@@ -290,6 +305,9 @@ scatter_add_p = Primitive(
 
 
 def _setitem_impl(x, v, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(x, mask, v, add=False)
     dynamic = _split_dynamic(idx) if _has_tracer(idx) else None
     if dynamic is not None:  # integers of a lower level (a member of a vmap batch)
         template, positions, index_values = dynamic
@@ -308,6 +326,9 @@ def _setitem_impl(x, v, idx):
 
 
 def _zero_at(g, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(g, mask, np.zeros((), dtype_of(g)), add=False)
     if type(g) is trace.Tracer or _has_tracer(idx):
         return setitem(g, idx, np.zeros((), dtype_of(g)))
     c = g.copy()
@@ -382,11 +403,97 @@ setitem_p = Primitive(
 )
 
 
+def _member_mask(idx):
+    """The boolean mask of `x[mask]` when it is a member of a vmap batch (each member
+    selects its own elements), else None."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if len(parts) != 1 or not _batch_member(parts[0]) or dtype_of(parts[0]).kind != "b":
+        return None
+    return parts[0]
+
+
+def _every_member(check) -> bool:
+    """Whether a boolean holds for every member of the batches it belongs to: asked of the
+    values one level below each batch level (a guard where that level records)."""
+    while _batch_member(check):
+        check = np.all(check._value)
+    return bool(check)
+
+
+def _masked_write(x, mask, v, add: bool):
+    """x[mask] = v (x[mask] += v) with a mask that differs per member, as elementwise
+    operations with one shape for every member: the k-th selected element takes v[k] (a
+    gather at each member's running count of the mask), or v itself when it holds one value
+    for all. Each member must select as many elements as v has (NumPy's rule)."""
+    xs, ms = shape_of(x), shape_of(mask)
+    if xs[: len(ms)] != ms:
+        raise IndexError(
+            f"boolean index did not match indexed array along axis 0; size of axis is "
+            f"{xs[0] if xs else 0} but size of corresponding boolean axis is {ms[0] if ms else 0}"
+        )
+    rest = xs[len(ms) :]
+    selected = np.reshape(mask, ms + (1,) * len(rest))
+    v = _operand(v)
+    vs = shape_of(v)
+    lead = vs[0] if len(vs) > len(rest) else 1
+    if lead != 1:
+        count = np.sum(mask)
+        if not _every_member(np.equal(count, lead)):
+            counts = sorted({int(c) for c in np.ravel(_innermost(count))})
+            raise ValueError(
+                f"NumPy boolean array indexing assignment cannot assign {lead} input values "
+                f"to the {counts} output values where the mask is true"
+            )
+        if lead == 0:  # no member selects an element
+            return x
+        rank = np.reshape(np.cumsum(np.ravel(mask).astype(np.intp)) - 1, ms)
+        v = getitem(v, np.clip(rank, 0, lead - 1))  # (ms + the value's other axes)
+        v = np.reshape(v, ms + (1,) * (len(xs) - ndim_of(v)) + shape_of(v)[len(ms) :])
+    elif len(vs) > len(rest):
+        v = np.reshape(v, vs[1:])
+    if dtype_of(v) != dtype_of(x):
+        v = (
+            np.asarray(v).astype(dtype_of(x))
+            if type(v) is not trace.Tracer
+            else v.astype(dtype_of(x))
+        )
+    return np.where(selected, x + v if add else v, x)
+
+
+def _masked_read(x, mask):
+    """x[mask] with a mask that differs per member: each member's selected elements in
+    order, a gather at the positions a stable argsort of the unselected-first order puts
+    first. Every member must select as many elements (a batch has one shape)."""
+    xs, ms = shape_of(x), shape_of(mask)
+    if xs[: len(ms)] != ms:
+        raise IndexError(
+            f"boolean index did not match indexed array along axis 0; size of axis is "
+            f"{xs[0] if xs else 0} but size of corresponding boolean axis is {ms[0] if ms else 0}"
+        )
+    count_traced = np.sum(mask)
+    count = int(np.ravel(_innermost(count_traced))[0])
+    if not _every_member(np.equal(count_traced, count)):
+        raise GradtapeError(
+            f"{trace.user_source_line()}: vmap: x[mask] with a boolean mask that is a member "
+            "of the batch selects a different number of elements in different members, and a "
+            "batch needs one shape. Write np.where(mask, value, x) for x[mask] = value, or "
+            "np.sum(np.where(mask, x, 0)) for a sum over x[mask]."
+        )
+    flat = np.reshape(x, (int(np.prod(ms)),) + xs[len(ms) :])
+    if count == 0:
+        return flat[:0]
+    order = np.argsort(np.logical_not(np.ravel(mask)), kind="stable")[:count]
+    return getitem(flat, order)
+
+
 @implements_method("__setitem__")
 def setitem(x, idx, v):
     """`x[idx] = v` as a new value (the Tracer that called it is rebound to the result)."""
     if hasattr(v, "dtype") and dtype_of(v).kind == "c" and dtype_of(x).kind != "c":
         raise GradtapeError("cannot write a complex value into a real array")
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(x, mask, v, add=False)
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
         template, positions, index_values = dynamic
@@ -405,6 +512,10 @@ def add_at(a, indices, b=None):
             "Start from a traced array instead: acc = np.zeros_like(x) (x traced), then "
             "np.add.at(acc, idx, values)."
         )
+    mask = _member_mask(indices)
+    if mask is not None:
+        trace.assign(a, _masked_write(a, mask, b, add=True))
+        return
     trace.assign(a, bind(scatter_add_p, (a, b), {"idx": normalize_index(indices)}))
 
 
@@ -440,6 +551,10 @@ def materialize(ct):
     if any(type(p.values) is trace.Tracer or _has_tracer(p.index) for p in pieces):
         buf = np.zeros(shape, dtype)
         for p in pieces:
+            mask = _member_mask(p.index)
+            if mask is not None:
+                buf = _masked_write(buf, mask, p.values, add=True)
+                continue
             dynamic = _split_dynamic(p.index)
             if dynamic is None:
                 buf = bind(scatter_add_p, (buf, p.values), {"idx": p.index})
