@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     polynomial,
     reductions,
     scalar_functions,
+    scipy_interpolate,
     scipy_kde,
     scipy_linalg,
     scipy_misc,
