@@ -25,6 +25,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     scipy_spatial,
     scipy_special,
     scipy_stats,
+    scipy_stats_distance,
     scipy_wishart,
     sequences,
     shape,
