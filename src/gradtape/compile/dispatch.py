@@ -28,8 +28,8 @@ import numpy as np
 
 from .. import config
 from ..core import tracing as trace
-from ..core.errors import GradtapeError, GuardFailure
-from ..core.ir import Tape, Var
+from ..core.errors import GradtapeError, GuardFailure, NotExportableError
+from ..core.ir import Tape, Var, source_text
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.tracing import LevelKind, new_level
 from ..transforms.arguments import compile_leaf_message, user_line
@@ -311,6 +311,27 @@ class _CallInfo:
         self.in_tree = in_tree
         self.args = args
         self.kwargs = kwargs
+
+
+def _line_of_operation(fn, args, kwargs, name: str) -> str | None:
+    """`file.py:12: the line` where `fn` first asks for the operation `name` on these arguments,
+    found by recording the call once more on a tape that keeps the user's lines (compiled
+    recordings do not, to record faster); None when it cannot be found."""
+    leaves, treedef = tree_flatten((args, kwargs))
+    try:
+        with new_level(LevelKind.DIFFERENTIATE) as level:
+            traced = [
+                level.new_input(x) if isinstance(x, np.ndarray) and x.dtype.kind in "fc" else x
+                for x in leaves
+            ]
+            call_args, call_kwargs = tree_unflatten(treedef, traced)
+            fn(*call_args, **call_kwargs)
+            for ins in level.tape.instructions:
+                if ins.prim.name == name and ins.source is not None:
+                    return source_text(ins.source)
+    except Exception:  # (only a better message is at stake)
+        return None
+    return None
 
 
 # --- the compiled function ---------------------------------------------------------------------
@@ -844,7 +865,20 @@ class CompiledFunction:
             raise GradtapeError(f"as_native: {self._name()} cannot be compiled: {reason}")
         if not NATIVE_EXPORTERS:
             raise ImportError('as_native needs the numba backend: pip install "gradtape[numba]"')
-        return NATIVE_EXPORTERS[0](program, self._name())
+        try:
+            return NATIVE_EXPORTERS[0](program, self._name())
+        except NotExportableError as refusal:
+            line = refusal.operation and _line_of_operation(
+                self._fun, args, kwargs, refusal.operation
+            )
+            if not line or line in str(refusal):
+                raise
+            where = f" (at {line})"
+            raise NotExportableError(
+                str(refusal).replace(repr(refusal.operation), repr(refusal.operation) + where, 1),
+                refusal.reason.replace(repr(refusal.operation), repr(refusal.operation) + where, 1),
+                refusal.operation,
+            ) from None
 
     def source(self, *args, **kwargs) -> str:
         """The generated source that these arguments replay."""

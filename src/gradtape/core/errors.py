@@ -47,7 +47,8 @@ class NotExportableError(GradtapeError):
     """A compiled function cannot become a native handle (`as_native`): an operation without
     native code, a loop, arguments or results a handle cannot carry. The message says which
     and where; the compiled function itself still computes it, from Python. `reason` is the
-    message without its advice.
+    message without its advice, `operation` the primitive refused (None when the refusal is
+    about the arguments or results).
 
     Examples
     --------
@@ -56,9 +57,10 @@ class NotExportableError(GradtapeError):
     'as_native: f cannot be exported'
     """
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, operation: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.operation = operation
 
 
 class GuardFailure(Exception):

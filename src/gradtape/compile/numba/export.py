@@ -106,9 +106,11 @@ _JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
 
 
 # --- checking what can be exported -------------------------------------------------------------
-def _refuse(name: str, what: str, advice: str = "") -> NotExportableError:
+def _refuse(
+    name: str, what: str, advice: str = "", operation: str | None = None
+) -> NotExportableError:
     reason = f"{name} cannot be exported as a native handle: {what}"
-    return NotExportableError(f"as_native: {reason}{advice}", reason)
+    return NotExportableError(f"as_native: {reason}{advice}", reason, operation)
 
 
 def _where(ins) -> str:
@@ -148,6 +150,7 @@ def _check_exportable(program: Program, generated: Generated, name: str) -> None
                 "built on its first call; inside a handle only straight-line code and "
                 "vectorized operations are native (unroll a short loop in Python, or call "
                 "the compiled function)",
+                operation=ins.prim.name,
             )
         raise _refuse(
             name,
@@ -155,6 +158,7 @@ def _check_exportable(program: Program, generated: Generated, name: str) -> None
             "(compiled functions run it through NumPy between native kernels)",
             "; call the compiled function from Python instead (gradtape.nutpie.from_logp "
             "does this by itself, with a warning)",
+            operation=ins.prim.name,
         )
 
 
