@@ -6,7 +6,9 @@ operation of a chain of `sin` and `* 0.5` at N=10 (the scaling benchmark's chain
 and autograd's cost beside two floors measured in the same run: the NumPy calls the forward
 and backward passes make, on plain arrays (what any tape-based eager gradient pays), and
 NumPy's dispatch to an `__array_ufunc__` override that does nothing (what a traced value pays
-before any of gradtape's code runs).
+before any of gradtape's code runs), and a minimal pure-Python tape (an override that calls the
+ufunc and appends to a list, a backward loop of one closure call per entry: what any tape
+written in Python pays, before checking anything).
 """
 
 from __future__ import annotations
@@ -112,6 +114,43 @@ def numpy_floor(x):
     return g
 
 
+class _MinimalTraced:
+    """The least a pure-Python tape can do per operation: its override calls the ufunc and
+    appends (ufunc, operand values) to a list; no checks, broadcasting, dtypes or constants."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        values = [a.value if type(a) is _MinimalTraced else a for a in inputs]
+        _MINIMAL_TAPE.append((ufunc, values))
+        return _MinimalTraced(ufunc(*values))
+
+    def __mul__(self, other):
+        return onp.multiply(self, other)
+
+
+_MINIMAL_TAPE: list = []
+_MINIMAL_VJPS = {
+    onp.sin: lambda g, values: g * onp.cos(values[0]),
+    onp.multiply: lambda g, values: g * values[1],
+}
+
+
+def minimal_tape_grad(x):
+    """The chain's gradient through `_MinimalTraced`: one closure call per recorded entry."""
+    _MINIMAL_TAPE.clear()
+    y = _MinimalTraced(x)
+    for _ in range(PER_OP_OPS // 2):
+        y = onp.sin(y) * 0.5
+    g = onp.ones_like(x)
+    for ufunc, values in reversed(_MINIMAL_TAPE):
+        g = _MINIMAL_VJPS[ufunc](g, values)
+    return g
+
+
 def dispatch_only(inert):
     y = inert
     for _ in range(PER_OP_OPS // 2):
@@ -127,12 +166,14 @@ def per_operation() -> None:
     g_gt, g_ag = gt.grad(sin_chain(onp)), autograd.grad(sin_chain(anp))
     onp.testing.assert_allclose(g_gt(x), g_ag(x), rtol=1e-12)
     onp.testing.assert_allclose(g_gt(x), numpy_floor(x), rtol=1e-12)
+    onp.testing.assert_allclose(minimal_tape_grad(x), numpy_floor(x), rtol=1e-12)
     inert = _Inert()
     rows = [
         ("gradtape grad", median_us(lambda: g_gt(x))),
         ("autograd grad", median_us(lambda: g_ag(x))),
         ("NumPy calls of forward + backward (floor)", median_us(lambda: numpy_floor(x))),
         ("NumPy dispatch to an override (floor)", median_us(lambda: dispatch_only(inert))),
+        ("a minimal pure-Python tape (floor)", median_us(lambda: minimal_tape_grad(x))),
     ]
     print(f"\nper operation: sin / * 0.5 chain of {PER_OP_OPS} operations, N=10")
     for name, us in rows:

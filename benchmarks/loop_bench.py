@@ -174,6 +174,11 @@ def main(argv: list[str]) -> None:
             f"{part} {seconds:.2f} s" for part, seconds in r["first_call_split_s"].items()
         )
         line += f" (kernels cached: {warm['first_call_split_s']['native compile']:.2f} s native)"
+        per_instruction = 1e6 / r["tape_length"]
+        line += (
+            f"; per recorded instruction: recording {r['recording_s'] * per_instruction:.1f} µs,"
+            f" search {r['rolling_search_s'] * per_instruction:.1f} µs"
+        )
         line += f"; native loops {r['native_loops']}"
         if r["loops_in_python"]:
             line += f", in Python: {r['loops_in_python']}"

@@ -200,3 +200,48 @@ def test_a_point_on_another_path_stops_the_sampler(capfd):
         nutpie.sample(model, chains=1, draws=2000, tune=500, seed=2, progress_bar=False)
     captured = capfd.readouterr()
     assert "ErrorCode(-2)" in captured.err + captured.out
+
+
+S_KNOWN = np.array([[2.0, 0.6], [0.6, 1.0]])
+Y2 = np.random.default_rng(12).multivariate_normal([1.0, -0.5], S_KNOWN, size=30)
+
+
+def mvn_logp(p):
+    r = Y2 - p["mu"]
+    z = np.linalg.solve(S_KNOWN, r.T)  # a LAPACK solve: no native translation
+    return -0.5 * np.sum(r.T * z) - 0.5 * np.sum(p["mu"] ** 2) / 100.0
+
+
+def sorted_conjugate_logp(p):
+    # np.sort has no native translation; a sum of squares does not depend on the order
+    r = np.sort(Y - p["mu"])
+    return -0.5 * np.sum(r**2) / SIGMA**2 - 0.5 * (p["mu"] - PRIOR_MEAN) ** 2 / PRIOR_SD**2 - p["s"]
+
+
+@pytest.mark.native
+def test_a_density_a_handle_cannot_hold_is_sampled_through_python_with_a_warning():
+    import arviz as az
+
+    with pytest.warns(gt.NativeFallbackWarning, match=r"sampling through Python.*'argsort'"):
+        model = gtn.from_logp(sorted_conjugate_logp, shapes={"mu": (), "s": gtn.positive()})
+    trace = nutpie.sample(model, chains=2, draws=1000, tune=500, seed=4, progress_bar=False)
+    post = trace.posterior
+    assert post["mu"].shape == (2, 1000)
+    assert post["s"].shape == (2, 1000)
+    assert float(post["s"].min()) > 0  # the trace holds constrained values
+    precision = Y.size / SIGMA**2 + 1 / PRIOR_SD**2
+    post_mean = (Y.sum() / SIGMA**2 + PRIOR_MEAN / PRIOR_SD**2) / precision
+    ess = az.ess(trace, var_names=["mu", "s"])
+    mu_ess, s_ess = float(ess["mu"]), float(ess["s"])
+    assert min(mu_ess, s_ess) > 300
+    assert abs(float(post["mu"].mean()) - post_mean) < 4.0 * precision**-0.5 / math.sqrt(mu_ess)
+    # s has the density exp(-s) on s > 0 (an exponential): mean 1, sd 1
+    assert abs(float(post["s"].mean()) - 1.0) < 4.0 / math.sqrt(s_ess)
+
+
+@pytest.mark.native
+def test_require_native_raises_the_refusal():
+    from gradtape.compile.numba.export import NotExportableError
+
+    with pytest.raises(NotExportableError, match=r"'lu_\w+'.*no native translation"):
+        gtn.from_logp(mvn_logp, shapes={"mu": (2,)}, require_native=True)

@@ -463,3 +463,84 @@ def test_von_mises_density():
 
     for i, g in enumerate(gt.grad(total, argnums=(0, 1, 2))(*args)):
         np.testing.assert_allclose(g, central_difference_grad(total, args, i), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: st.gamma.logpdf([0.5, 2.0], a=np.exp(p[0]), scale=np.exp(p[1])),
+        lambda p: st.beta.cdf([0.2, 0.7], np.exp(p[0]), [2.0, 3.0]),
+        lambda p: st.norm(p[0], [1.0, 2.0]).logsf([0.1, 0.3]),
+        lambda p: st.t.pdf(1.5, [3.0, 5.0], loc=p[0], scale=np.exp(p[1])),
+        lambda p: st.binom.logpmf([0, 3, 7], 10, np.exp(-(p[0] ** 2)) * 0.5),
+        lambda p: st.nbinom.logpmf([0, 3, 7], np.exp(p[0]), 0.4),
+        lambda p: st.poisson.logcdf([0, 3, 7], np.exp(p[1]) * 2.0),
+    ],
+    ids=["gamma", "beta_cdf", "frozen_norm", "t_pdf", "binom", "nbinom", "poisson_cdf"],
+)
+def test_lists_and_python_numbers_are_taken_as_scipy_takes_them(call):
+    p = np.array([0.3, -0.2])
+
+    def f(p):
+        return np.sum(call(p))
+
+    value, grad = gt.value_and_grad(f)(p)
+    np.testing.assert_allclose(value, f(p), rtol=1e-12)
+    np.testing.assert_allclose(grad, central_difference_grad(f, (p,), 0), rtol=1e-5, atol=1e-8)
+
+
+# distributions with a part of the methods: (shape parameters, the methods with rules)
+PARTIAL = {
+    "truncnorm": ((-1.0, 2.0), METHODS),
+    "skewnorm": ((1.5,), ["logpdf", "pdf"]),
+    "genextreme": ((0.2,), METHODS),
+    "genextreme ": ((-0.3,), METHODS),  # the other side of c = 0 (support bounded below)
+}
+
+
+@pytest.mark.parametrize("name", PARTIAL)
+def test_distributions_with_some_methods(name):
+    shapes, methods = PARTIAL[name]
+    dist = getattr(st, name.strip())
+    x = np.array([-0.8, 0.1, 0.9, 1.7])
+    for method in methods:
+
+        def f(x, loc, log_scale, *shapes):
+            return np.sum(getattr(dist, method)(x, *shapes, loc=loc, scale=np.exp(log_scale)))
+
+        args = (x, 0.1, 0.2) + shapes
+        value, grads = gt.value_and_grad(f, argnums=tuple(range(len(args))))(*args)
+        np.testing.assert_allclose(value, f(*args), rtol=1e-12)
+        for i, g in enumerate(grads):
+            fd = central_difference_grad(f, args, i)
+            np.testing.assert_allclose(g, fd, rtol=2e-6, atol=1e-8, err_msg=f"{method} {i}")
+        _, t = gt.jvp(lambda x: f(x, *args[1:]), (x,), (np.ones_like(x),))
+        np.testing.assert_allclose(t, np.sum(grads[0]), rtol=1e-10)
+        # outside the support, NaN data, invalid scales and shapes: SciPy's values
+        xs = np.array([-30.0, -3.0, -1.0, 0.0, 0.5, 2.0, 5.0, 40.0, np.nan])
+        bad = tuple(-abs(s) - 5.0 for s in shapes) if name == "truncnorm" else ()
+        for sh in [shapes] + ([bad] if bad else []):
+            for scale in (1.0, 2.0, -1.0, 0.0):
+                with np.errstate(all="ignore"):
+                    expected = getattr(dist, method)(xs, *sh, loc=0.0, scale=scale)
+                    got = gt.jvp(
+                        lambda x: getattr(dist, method)(x, *sh, loc=0.0, scale=scale),
+                        (xs,),
+                        (np.ones_like(xs),),
+                    )[0]
+                np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+    unruled = sorted(set(METHODS) - set(methods)) + ["ppf"]
+    with pytest.raises(gt.GradtapeError, match="has no gradtape rule"):
+        gt.grad(lambda s: np.sum(getattr(dist, unruled[0])(0.3, *shapes, scale=s)))(1.0)
+
+
+def test_truncnorm_far_in_a_tail_and_genextreme_at_c_zero():
+    # ends at 8 and 9 standard deviations: the mass between them is ~6e-16 (no cancellation)
+    f = lambda p: np.sum(st.truncnorm.logpdf([8.2, 8.7], p[0], p[1]))  # noqa: E731
+    p = np.array([8.0, 9.0])
+    np.testing.assert_allclose(gt.value_and_grad(f)(p)[0], f(p), rtol=1e-12)
+    np.testing.assert_allclose(gt.grad(f)(p), central_difference_grad(f, (p,), 0), rtol=1e-5)
+    # c = 0 is the Gumbel distribution; the derivative in c there is the limit's
+    g = lambda c: np.sum(st.genextreme.logpdf([-0.8, 0.1, 0.9, 1.7], c))  # noqa: E731
+    assert gt.grad(g)(0.0) == pytest.approx((g(1e-6) - g(-1e-6)) / 2e-6, rel=1e-7)
+    assert gt.grad(g)(0.0) == pytest.approx(gt.grad(g)(1e-9), rel=1e-7)

@@ -474,3 +474,15 @@ def test_write_with_repeated_indices_keeps_the_last_value_and_its_gradient():
     np.testing.assert_allclose(g_v, [2 * 1.0 * 1, 0.0, 2 * 3.0 * 3])
     jf = gt.jacfwd(f, argnums=(0, 1))(x, v)[1]
     np.testing.assert_allclose(jf, g_v)
+
+
+def test_common_type_answers_from_the_dtypes():
+    seen = []
+
+    def f(x):
+        seen.append(np.common_type(x, np.ones(2, np.float32)))
+        seen.append(np.common_type(x.astype(np.float32)))
+        return np.sum(x)
+
+    gt.grad(f)(np.ones(3))
+    assert seen == [np.float64, np.float32]

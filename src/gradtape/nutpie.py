@@ -27,19 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 try:
-    import nutpie as _nutpie  # noqa: F401
     from nutpie.compile_pymc import CompiledPyMCModel as _CompiledModel
+    from nutpie.sample import CompiledModel as _NutpieModel
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         'gradtape.nutpie needs nutpie: pip install "gradtape[nutpie]" (or pip install nutpie)'
     ) from _exc
 
+from .compile import NativeFallbackWarning
 from .compile import compile as _compile
+from .compile.numba.export import NotExportableError
 from .compile.numba.export import elementwise_expand as _elementwise_expand
 from .core.errors import GradtapeError
 from .transforms.reverse import value_and_grad as _value_and_grad
@@ -314,7 +317,8 @@ def from_logp(
     dims: Mapping[str, Sequence[str]] | None = None,
     coords: Mapping[str, Sequence] | None = None,
     jitter: float = 2.0,
-) -> _CompiledModel:
+    require_native: bool = False,
+) -> _NutpieModel:
     """A model `nutpie.sample` samples, from a log-density written with NumPy.
 
     Args:
@@ -329,6 +333,12 @@ def from_logp(
         dims, coords: named dimensions for the trace, as in PyMC (`dims={"beta":
             ("feature",)}`, `coords={"feature": [...]}`).
         jitter: half-width of the unconstrained starting draws.
+        require_native: what to do with a density a native handle cannot hold (an operation
+            the numba backend runs through NumPy, such as `np.linalg.solve`, or a `scan`):
+            False (the default) samples it through nutpie's Python interface, calling the
+            compiled value-and-gradient from Python (exact, about 10 µs more per gradient),
+            with a `NativeFallbackWarning` that names the operation and its line; True
+            raises that refusal instead.
 
     Returns:
         A nutpie compiled model: `nutpie.sample(model, chains=..., draws=..., tune=...,
@@ -338,7 +348,8 @@ def from_logp(
     Raises:
         GradtapeError: shapes= is not a dict of shapes, logp does not return a scalar,
             logp reads a name shapes= does not list (KeyError), an init name is unknown,
-            or the density cannot be exported natively (the message names the operation).
+            or (with require_native=True) the density cannot be exported natively: a
+            `NotExportableError` that names the operation and the line.
 
     Example:
         >>> model = from_logp(lambda p: -0.5 * np.sum(p["x"] ** 2), shapes={"x": (3,)})
@@ -353,13 +364,26 @@ def from_logp(
 
     u0 = _initial_point(layout, init_u, jitter, np.random.default_rng(0))
     _check_scalar(logp(layout.split(u0)[0]))
-    logp_handle = _compile(_value_and_grad(unconstrained_logp)).as_native(u0)
-    expand_handle, expand_entry, expand_data = _expand_function(layout, logp_handle, u0)
-    # nutpie passes one data pointer to both functions: [logp's data, expand's data]
-    user_data = np.array([logp_handle.data_address, expand_data], np.int64)
 
     def initial_point(seed):
         return _initial_point(layout, init_u, jitter, np.random.default_rng(seed))
+
+    value_and_grad = _compile(_value_and_grad(unconstrained_logp))
+    try:
+        logp_handle = value_and_grad.as_native(u0)
+    except NotExportableError as refusal:
+        if require_native:
+            raise
+        warnings.warn(
+            f"from_logp: sampling through Python (nutpie's from_pyfunc), about 10 µs more per "
+            f"gradient, because {refusal.reason}",
+            NativeFallbackWarning,
+            stacklevel=2,
+        )
+        return _python_model(layout, value_and_grad, initial_point, dims, coords)
+    expand_handle, expand_entry, expand_data = _expand_function(layout, logp_handle, u0)
+    # nutpie passes one data pointer to both functions: [logp's data, expand's data]
+    user_data = np.array([logp_handle.data_address, expand_data], np.int64)
 
     shape_info = _shape_info(layout)
     return _CompiledModel(
@@ -376,6 +400,34 @@ def from_logp(
         shape_info=shape_info,
         logp_func=logp_handle,
         expand_func=expand_handle,
+    )
+
+
+def _python_model(layout: _Layout, value_and_grad, initial_point, dims, coords):
+    """A nutpie model that calls the compiled value-and-gradient from Python (a density a
+    native handle cannot hold); the trace names and shapes the constrained parameters as the
+    native model's does."""
+
+    def logp_and_grad(u, **_shared):
+        value, grad = value_and_grad(u)
+        return float(value), np.asarray(grad, np.float64)
+
+    def expand(u, **_shared):
+        params, _ = layout.split(np.asarray(u, np.float64))
+        return {name: np.asarray(params[name], np.float64) for name in layout.names}
+
+    from nutpie.compiled_pyfunc import from_pyfunc
+
+    return from_pyfunc(
+        layout.size,
+        lambda: logp_and_grad,
+        lambda *_seeds: expand,
+        [np.dtype(np.float64)] * len(layout.names),
+        [tuple(c.shape) for c in layout.constraints],
+        list(layout.names),
+        coords={k: list(v) for k, v in (coords or {}).items()},
+        dims={k: tuple(v) for k, v in (dims or {}).items()},
+        make_initial_point_fn=initial_point,
     )
 
 

@@ -86,15 +86,36 @@ def _has_tracer(args, kwargs) -> bool:
     return False
 
 
-def _dispatcher(original, traced):
-    @functools.wraps(original)
-    def dispatch(*args, **kwargs):
-        if _has_tracer(args, kwargs):
-            return traced(*args, **kwargs)
-        return original(*args, **kwargs)
+def _dispatcher(original, traced, method: bool = False):
+    """`traced` for a call with a Tracer argument, else `original`; for a method (`method`),
+    also when a trace is running and the instance holds a Tracer in an attribute (a
+    gaussian_kde built from traced data)."""
+    if method:
+        state = tracing._state
+
+        @functools.wraps(original)
+        def dispatch(*args, **kwargs):
+            if _has_tracer(args, kwargs) or (
+                args and getattr(state, "stack", None) and _instance_holds_tracer(args[0])
+            ):
+                return traced(*args, **kwargs)
+            return original(*args, **kwargs)
+
+    else:
+
+        @functools.wraps(original)
+        def dispatch(*args, **kwargs):
+            if _has_tracer(args, kwargs):
+                return traced(*args, **kwargs)
+            return original(*args, **kwargs)
 
     dispatch.__gradtape_original__ = original
     return dispatch
+
+
+def _instance_holds_tracer(obj) -> bool:
+    tracer = tracing.Tracer
+    return any(type(v) is tracer for v in getattr(obj, "__dict__", {}).values())
 
 
 def wrap_loaded_modules() -> bool:
@@ -128,7 +149,7 @@ def _wrap_module(name: str, module) -> None:
                 owner = getattr(owner, part, None)
             original = getattr(owner, last, None)
             if original is not None and not hasattr(original, "__gradtape_original__"):
-                dispatch = _dispatcher(original, traced)
+                dispatch = _dispatcher(original, traced, method=bool(path))
                 setattr(owner, last, dispatch)
                 if not path:
                     replaced[id(original)] = (original, dispatch)

@@ -791,64 +791,67 @@ class _Signatures:
     params with the same structure, their integers abstracted; outputs of the same shapes
     and dtypes), None for an instruction that is never one (a shape computed from data, a
     trip count, a user's rule). Computed once per instruction for all the passes
-    over one tape, with the parts that recur (operand types, param structures) memoized:
-    the signature is the search's largest cost per instruction."""
+    over one tape (kept on the instruction, `Instruction.signature_code`, with this search's
+    serial), as one flat tuple of the parts (the primitive, each operand's shape and dtype or
+    its constant's kind, each param's signature, a None, each output's shape and dtype), with
+    the params' signatures memoized by structure: the signature is the search's largest cost
+    per instruction."""
+
+    _serials = iter(range(1, 1 << 62))
 
     def __init__(self):
-        self.codes: dict[int, tuple] = {}  # id(instruction) -> (instruction, code)
+        self.serial = next(self._serials)
         self.interned: dict = {}  # signature -> code
-        self.operands: dict = {}  # (shape, dtype) -> an operand's part of the signature
         self.params: dict = {}  # structure -> a param's signature
         self.computed = 0  # signatures computed (for the tests: once per instruction)
 
     def code(self, ins: Instruction):
-        known = self.codes.get(id(ins))
-        if known is not None and known[0] is ins:
+        known = ins.signature_code
+        if known is not None and known[0] == self.serial:
             return known[1]
         self.computed += 1
         sig = self.signature(ins)
         code = None
         if sig is not None:
+            interned = self.interned
             try:
-                code = self.interned.setdefault(sig, len(self.interned))
+                code = interned.get(sig)
+                if code is None:
+                    code = interned[sig] = len(interned)
             except TypeError:  # an unhashable part: never a body step
                 code = None
-        self.codes[id(ins)] = (ins, code)
+        ins.signature_code = (self.serial, code)
         return code
 
     def signature(self, ins: Instruction):
         """A tuple equal to another instruction's exactly when they are the same body step
-        (None: never)."""
+        (None: never). Unambiguous as one flat tuple: an operand is a shape (a tuple of ints)
+        then a dtype, or one constant's part (a tuple starting with "c"); a param is its name
+        (a str) then its signature; None separates the outputs."""
         prim = ins.prim
         if prim.shape_from_data or prim.reads_trip_count or prim.user_rule:
             return None
         parts = [id(prim)]
-        operands = self.operands
+        append = parts.append
         for v, a in zip(ins.invars, ins.args):
             if v is not None:
-                key = (v.shape, v.dtype)
-                part = operands.get(key)
-                if part is None:
-                    part = operands[key] = ("v", v.shape, v.dtype.str)
-                parts.append(part)
+                append(v.shape)
+                append(v.dtype)
             elif type(a) is float:
-                parts.append(_PYTHON_FLOAT)
+                append(_PYTHON_FLOAT)
             elif type(a) is np.ndarray:
-                parts.append(("c", "ndarray", a.shape, a.dtype.str))
+                append(("c", "ndarray", a.shape, a.dtype.str))
             else:
-                parts.append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
+                append(("c", type(a).__name__, np.shape(a), np.result_type(a).str))
         params = ins.params
         if params:
             for k in sorted(params) if len(params) > 1 else params:
-                parts.append((k, self.param(params[k])))
-        outs = []
+                append(k)
+                append(self.param(params[k]))
+        append(None)
         for v in ins.outvars:
-            key = (v.shape, v.dtype)
-            part = operands.get(key)
-            if part is None:
-                part = operands[key] = ("v", v.shape, v.dtype.str)
-            outs.append(part)
-        parts.append(tuple(outs))
+            append(v.shape)
+            append(v.dtype)
         return tuple(parts)
 
     def param(self, value):
@@ -1064,9 +1067,7 @@ class _RunBuilder:
             if k in hoisted:
                 continue
             for j, v0 in enumerate(at(0, k).outvars):
-                read_after = [
-                    t for t in range(limit) if roller.read_outside(at(t, k).outvars[j], self.s, end)
-                ]
+                read_after = self.read_after(k, j, end)
                 if not read_after and (k, j) not in guarded:
                     continue
                 if read_after == [limit - 1] and (k, j) not in guarded:
@@ -1081,6 +1082,24 @@ class _RunBuilder:
                 for t in read_after:
                     later.append((at(t, k).outvars[j], len(outputs) - 1, t))
         return outputs, out_vars, out_values, later
+
+    def read_after(self, k: int, j: int, end: int) -> list:
+        """The iterations whose output j of step k is read outside the run: by an output
+        of the tape (or a capture), a guard, or an instruction before or after the run."""
+        roller = self.roller
+        outside = roller.output_ids
+        guarded, first_reader, last_reader = roller.guarded, roller.first_reader, roller.last_reader
+        ins, s, p = self.ins, self.s, self.p
+        read = []
+        for t in range(self.limit):
+            vid = ins[s + t * p + k].outvars[j].id
+            if vid in outside or vid in guarded:
+                read.append(t)
+                continue
+            first = first_reader.get(vid)
+            if first is not None and (first < s or last_reader[vid] >= end):
+                read.append(t)
+        return read
 
     def instruction(self, hoisted, renumber, outputs, out_vars, out_values) -> Instruction:
         """The rolled_loop instruction: invariants and carry inits (vars), then the stacked
@@ -1328,9 +1347,13 @@ class _Roller:
         j, tries = nxt[s], 0
         candidates = []
         n = len(codes)
+        refused_until = self.refused_until
         while j is not None and j - s <= self.max_period and tries < _CANDIDATES:
             p = j - s
             tries += 1
+            if refused_until.get(p, -1) > s:  # (refused in this stretch: see refused)
+                j = nxt[j]
+                continue
             # matching length: codes[k] == codes[k + p] (a scan from an earlier position with
             # this period already knows where its run ends)
             known = self.match_end.get(p)
@@ -1343,7 +1366,7 @@ class _Roller:
                 self.work += k - s + 1
                 self.match_end[p] = (s, k)
             trips = 1 + (k - s) // p
-            if trips >= MIN_TRIPS and self.refused_until.get(p, -1) <= s:
+            if trips >= MIN_TRIPS:
                 candidates.append((p, trips, k))
             j = nxt[j]
         # the candidate covering the most instructions first (the shortest body on ties)
@@ -1522,15 +1545,11 @@ class _Roller:
             return ("gather", vs[:t]), t
         return None, None
 
-    def read_outside(self, v: Var, s: int, end: int) -> bool:
-        if v.id in self.output_ids or v.id in self.guarded:
-            return True
-        first = self.first_reader.get(v.id)
-        return first is not None and (first < s or self.last_reader[v.id] >= end)
-
     def run_guards(self, s: int, p: int, limit: int):
         """[(guard indices, (k, j), first guard, stacked answers)] of the run, or None when
         its guards are not the same in every iteration."""
+        if not self.guarded:
+            return []
         ins = self.ins
         per_offset: dict[tuple, list] = {}
         for t in range(limit):

@@ -92,9 +92,11 @@ class Instruction:
     values seen while recording; the reverse interpreter reads them. `source` is where the
     user's code asked for the operation, `(code object, instruction offset)`, on the tapes that are
     differentiated (None elsewhere): an error raised by a derivative rule names that line.
+    `signature_code` is the loop search's memo of the instruction's signature code
+    (compile/rolling.py: `(search serial, code)`, None until a search computes it).
     """
 
-    __slots__ = ("prim", "invars", "args", "params", "outvars", "out", "source")
+    __slots__ = ("prim", "invars", "args", "params", "outvars", "out", "source", "signature_code")
 
     def __init__(self, prim, invars, args, params, outvars, out, source=None):
         self.prim = prim
@@ -104,6 +106,7 @@ class Instruction:
         self.outvars = outvars
         self.out = out
         self.source = source
+        self.signature_code = None
 
     def __repr__(self) -> str:
         outs = " ".join(repr(v) for v in self.outvars)

@@ -91,6 +91,48 @@ def _t_logcdf(z, df):
     return np.log(_sp().stdtr(df, z))
 
 
+def _log_normal_mass(a, b):
+    """log(Phi(b) - Phi(a)) for a < b, without cancellation in either tail."""
+    log_ndtr = _sp().log_ndtr
+    right = a > 0  # both in the right tail: the difference of the upper tails
+    lo = np.where(right, -b, a)
+    hi = np.where(right, -a, b)
+    top = log_ndtr(hi)
+    return top + np.log(-np.expm1(log_ndtr(lo) - top))
+
+
+def _truncnorm_logcdf(z, a, b):
+    return _log_normal_mass(a, z) - _log_normal_mass(a, b)
+
+
+def _truncnorm_logsf(z, a, b):
+    return _log_normal_mass(z, b) - _log_normal_mass(a, b)
+
+
+_GEV_SERIES = 1e-3  # |c z| below which log1p(-c z) / c is summed as its series
+
+
+def _gev_log_tail(z, c):
+    """log1p(-c z) / c, the logarithm of -log(cdf) of the standard GEV: -z at c = 0, with
+    the derivative in c its limit there (the series in c z where |c z| is small)."""
+    cz = c * z
+    small = np.abs(cz) < _GEV_SERIES
+    cz_small = np.where(small, cz, 0.0)
+    series = -z * (
+        1.0 + cz_small * (1 / 2 + cz_small * (1 / 3 + cz_small * (1 / 4 + cz_small / 5)))
+    )
+    c_safe = np.where(small, 1.0, c)
+    return np.where(small, series, np.log1p(-np.where(small, 0.0, cz)) / c_safe)
+
+
+def _gev_logpdf(z, c):
+    log_tail = _gev_log_tail(z, c)
+    cz = c * z
+    value = -np.exp(log_tail) + log_tail - np.log1p(-cz)
+    # at the finite end of the support (c z = 1) the density is 0, as SciPy says
+    return np.where((cz == 1.0) | np.isneginf(cz), -np.inf, value)
+
+
 CONTINUOUS = {
     "norm_gen": _Dist(
         logpdf=_norm_logpdf,
@@ -108,6 +150,29 @@ CONTINUOUS = {
         ppf=lambda q, df: _sp().stdtrit(df, q),
         isf=lambda q, df: -_sp().stdtrit(df, q),
         safe_shapes=(1.0,),
+    ),
+    # the normal truncated to [a, b] (standardized ends): the mass between the ends as a
+    # difference of log_ndtr in the tail they lie in
+    "truncnorm_gen": _Dist(
+        logpdf=lambda z, a, b: _norm_logpdf(z) - _log_normal_mass(a, b),
+        logcdf=_truncnorm_logcdf,
+        logsf=_truncnorm_logsf,
+        cdf=lambda z, a, b: np.exp(_truncnorm_logcdf(z, a, b)),
+        sf=lambda z, a, b: np.exp(_truncnorm_logsf(z, a, b)),
+        safe_shapes=(-1.0, 1.0),
+    ),
+    # pdf and logpdf only: its cdf needs Owen's T, which has no rule (refused by name)
+    "skewnorm_gen": _Dist(
+        logpdf=lambda z, a: _LN2 + _norm_logpdf(z) + _sp().log_ndtr(a * z),
+        safe_shapes=(0.0,),
+    ),
+    "genextreme_gen": _Dist(
+        logpdf=_gev_logpdf,
+        cdf=lambda z, c: np.exp(-np.exp(_gev_log_tail(z, c))),
+        sf=lambda z, c: -np.expm1(-np.exp(_gev_log_tail(z, c))),
+        logcdf=lambda z, c: -np.exp(_gev_log_tail(z, c)),
+        logsf=lambda z, c: np.log(-np.expm1(-np.exp(_gev_log_tail(z, c)))),
+        safe_shapes=(0.5,),
     ),
     # pdf and logpdf only: its cdf is a series in kappa (SciPy's own), refused by name
     "vonmises_gen": _Dist(
@@ -429,6 +494,12 @@ def _rule(dist, method: str, table: dict) -> _Dist:
 _DERIVED = {"pdf", "pmf", "logcdf", "logsf", "sf", "isf"}
 
 
+def _as_arrays(x, shapes, loc, scale):
+    """x, the shape parameters, loc and scale as arrays, as SciPy's methods take them (lists
+    and Python numbers are converted; a traced value passes through np.asarray)."""
+    return np.asarray(x), tuple(np.asarray(a) for a in shapes), np.asarray(loc), np.asarray(scale)
+
+
 def _float_dtype(*xs):
     dt = np.result_type(*[getattr(x, "dtype", None) or np.result_type(x) for x in xs])
     return np.promote_types(dt, np.float64)
@@ -482,7 +553,8 @@ _OUTSIDE = {  # method: (value below the support, value above it)
 def _continuous_method(method: str):
     def traced(self, x, *args, **kwds):
         rule = _rule(self, method, CONTINUOUS)
-        shapes, loc, scale = self._parse_args(*args, **kwds)
+        # as SciPy does: lists and scalars become arrays (a traced value passes through)
+        x, shapes, loc, scale = _as_arrays(x, *self._parse_args(*args, **kwds))
         _a, _b = self._get_support(*shapes)
         valid = np.logical_and(self._argcheck(*shapes), scale > 0)
         safe_scale = np.where(scale > 0, scale, 1.0)
@@ -562,7 +634,7 @@ def _discrete_method(method: str):
         if method == "ppf":
             return _discrete_ppf(self, k, *args, **kwds)
         rule = _rule(self, method, DISCRETE)
-        shapes, loc, _ = self._parse_args(*args, **kwds)
+        k, shapes, loc, _ = _as_arrays(k, *self._parse_args(*args, **kwds))
         _refuse_derivative(k, f"scipy.stats.{self.name}.{method}: k")
         _refuse_derivative(loc, f"scipy.stats.{self.name}.{method}: loc")
         for i in rule.counts:

@@ -425,6 +425,10 @@ implements(np.result_type)(
         *(dtype_of(a) if hasattr(a, "_var") else a for a in arrays_and_dtypes)
     )
 )
+implements(np.common_type)(
+    # the scalar type of empty arrays of the same dtypes (a traced value answers with its dtype)
+    lambda *arrays: np.common_type(*(np.empty(0, dtype_of(a)) for a in arrays))
+)
 implements(np.around, np.round)(
     lambda a, decimals=0, out=None: (
         np.rint(a) if decimals == 0 else np.rint(a * 10.0**decimals) / 10.0**decimals

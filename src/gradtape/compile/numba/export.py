@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core.errors import GradtapeError
+from ...core.ir import source_text
 from ...core.pytree import tree_unflatten
 from ..dispatch import register_native_exporter
 from ..program import Program
@@ -105,8 +106,26 @@ _JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
 
 
 # --- checking what can be exported -------------------------------------------------------------
-def _refuse(name: str, what: str) -> GradtapeError:
-    return GradtapeError(f"as_native: {name} cannot be exported as a native handle: {what}")
+class NotExportableError(GradtapeError):
+    """A compiled function cannot become a native handle (an operation without native code, a
+    loop, arguments or results a handle cannot carry): the message says which and where. The
+    compiled function itself still computes it, from Python. `reason` is the message without
+    its advice."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _refuse(name: str, what: str, advice: str = "") -> NotExportableError:
+    reason = f"{name} cannot be exported as a native handle: {what}"
+    return NotExportableError(f"as_native: {reason}{advice}", reason)
+
+
+def _where(ins) -> str:
+    """` (at file.py:12: the user's line)` for an instruction recorded from user code, else ''."""
+    text = source_text(ins.source)
+    return f" (at {text})" if text else ""
 
 
 def _check_exportable(program: Program, generated: Generated, name: str) -> None:
@@ -136,16 +155,17 @@ def _check_exportable(program: Program, generated: Generated, name: str) -> None
         if id(ins) in generated.loops:
             raise _refuse(
                 name,
-                f"the loop {ins.prim.name!r} runs through a driver that is "
+                f"the loop {ins.prim.name!r}{_where(ins)} runs through a driver that is "
                 "built on its first call; inside a handle only straight-line code and "
                 "vectorized operations are native (unroll a short loop in Python, or call "
                 "the compiled function)",
             )
         raise _refuse(
             name,
-            f"the operation {ins.prim.name!r} has no native translation "
-            "(compiled functions run it through NumPy between native kernels); the "
-            "compiled function itself computes it",
+            f"the operation {ins.prim.name!r}{_where(ins)} has no native translation "
+            "(compiled functions run it through NumPy between native kernels)",
+            "; call the compiled function from Python instead (gradtape.nutpie.from_logp "
+            "does this by itself, with a warning)",
         )
 
 
@@ -259,7 +279,7 @@ def _entry_plan(program: Program, generated: Generated) -> _EntryPlan:
 def entry_plan(program: Program, name: str) -> tuple[str, str, _EntryPlan]:
     """The kernels' module text of `program`, its cache key and the plan of its entry
     points (its constants in data order); refuses what cannot be exported."""
-    generated = codegen.generate(program, threads=1)
+    generated = codegen.generate(program, threads=1, numba_only=True)
     _check_exportable(program, generated, name)
     plan = _entry_plan(program, generated)
     text = generated.module
