@@ -114,8 +114,22 @@ def _dispatcher(original, traced, method: bool = False):
 
 
 def _instance_holds_tracer(obj) -> bool:
+    """Whether an attribute of `obj` (in its dictionary or its slots) is a Tracer."""
     tracer = tracing.Tracer
-    return any(type(v) is tracer for v in getattr(obj, "__dict__", {}).values())
+    if any(type(v) is tracer for v in getattr(obj, "__dict__", {}).values()):
+        return True
+    return any(type(getattr(obj, name, None)) is tracer for name in _slot_names(type(obj)))
+
+
+@functools.cache
+def _slot_names(cls) -> tuple:
+    return tuple(
+        name
+        for klass in cls.__mro__
+        for name in (lambda s: (s,) if isinstance(s, str) else s)(
+            klass.__dict__.get("__slots__", ())
+        )
+    )
 
 
 def wrap_loaded_modules() -> bool:

@@ -537,6 +537,19 @@ def add_at(a, indices, b=None):
     if mask is not None:
         trace.assign(a, _masked_write(a, mask, b, add=True))
         return
+    dynamic = _split_dynamic(indices)
+    if dynamic is not None:  # a loop counter (or another traced integer) as the index: an
+        # input of the instruction, as for x[i] = v, not the value seen while recording
+        template, positions, index_values = dynamic
+        trace.assign(
+            a,
+            bind(
+                dyn_scatter_add_p,
+                (a, b, *index_values),
+                {"template": template, "positions": positions},
+            ),
+        )
+        return
     trace.assign(a, bind(scatter_add_p, (a, b), {"idx": normalize_index(indices)}))
 
 
