@@ -425,3 +425,15 @@ def test_histogram_edges_from_each_members_range():
         f = lambda x: np.histogram(x, bins=bins)[1]  # noqa: E731
         _assert_tree_close(gt.vmap(f)(x), np.stack([f(m) for m in x]))
         _assert_tree_close(gt.vmap(gt.jacrev(f))(x), np.stack([gt.jacrev(f)(m) for m in x]))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["add.at", "out[i] = v", "put_along_axis"])
+def test_native_per_example_gradients_replay_other_indices(name):
+    """The per-example gradient of a write at each member's indices through the numba
+    backend: the gathers and scatters of the batch are ordinary primitives of the program."""
+    loss = _loss(WRITES[name])
+    compiled = gt.compile(gt.vmap(gt.grad(loss), in_axes=(None, 0, 0)), backend="numba")
+    for seed in (1, 2):
+        w, x, i = _members(seed, 3, 4)
+        _assert_tree_close(compiled(w[0], x, i), _each(gt.grad(loss), w[0], x, i, True))

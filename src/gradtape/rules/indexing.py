@@ -218,8 +218,22 @@ def _any_traced(*values) -> bool:
     return any(type(a) is trace.Tracer for a in values)
 
 
+def _batched_integers(values) -> bool:
+    """Whether traced integers are arrays or hold members of a vmap batch (at any level
+    below): the read or write is then recorded with them, at their level. (A plain array at
+    a traced scalar, a loop counter, keeps the concrete, guarded position.)"""
+    for v in values:
+        if type(v) is trace.Tracer and v.ndim:
+            return True
+        while type(v) is trace.Tracer:
+            if v._level.batch_size is not None:
+                return True
+            v = v._value
+    return False
+
+
 def _dyn_getitem_impl(x, *iv, template, positions):
-    if _any_traced(x, *iv):
+    if not _any_traced(x) and _batched_integers(iv):
         # a plain x read at traced integers of a lower level (a member of a vmap batch
         # inside a gradient): the read is recorded there
         return bind(dyn_getitem_p, (x, *iv), {"template": template, "positions": positions})
@@ -240,7 +254,8 @@ dyn_getitem_p = Primitive(
 
 
 def _dyn_setitem_impl(x, v, *iv, template, positions):
-    if _any_traced(x, v, *iv):  # values or integers of a lower level: recorded there
+    if _batched_integers(iv):
+        # integers of a lower level (members of a vmap batch, arrays): recorded there
         return bind(dyn_setitem_p, (x, v, *iv), {"template": template, "positions": positions})
     return _setitem_impl(x, v, _fill(template, positions, iv))
 
@@ -272,8 +287,8 @@ def _scatter_add_impl(base, vals, idx):
     mask = _member_mask(idx)
     if mask is not None:
         return _masked_write(base, mask, vals, add=True)
-    dynamic = _split_dynamic(idx) if _has_tracer(idx) else None
-    if dynamic is not None:  # integers of a lower level (a member of a vmap batch)
+    dynamic = _split_dynamic(idx) if _recorded_at_integers(idx, base, vals) else None
+    if dynamic is not None:  # a plain base added to at integers of a lower level (vmap's members)
         template, positions, index_values = dynamic
         return bind(
             dyn_scatter_add_p,
@@ -304,12 +319,18 @@ scatter_add_p = Primitive(
 )
 
 
+def _recorded_at_integers(idx, x, v) -> bool:
+    """A write whose static index holds traced integer arrays or members of a vmap batch:
+    recorded as the write with traced integers, at their level."""
+    return _batched_integers(p for p in idx if type(p) is trace.Tracer)
+
+
 def _setitem_impl(x, v, idx):
     mask = _member_mask(idx)
     if mask is not None:
         return _masked_write(x, mask, v, add=False)
-    dynamic = _split_dynamic(idx) if _has_tracer(idx) else None
-    if dynamic is not None:  # integers of a lower level (a member of a vmap batch)
+    dynamic = _split_dynamic(idx) if _recorded_at_integers(idx, x, v) else None
+    if dynamic is not None:  # a plain x written at integers of a lower level (vmap's members)
         template, positions, index_values = dynamic
         return bind(
             dyn_setitem_p, (x, v, *index_values), {"template": template, "positions": positions}
@@ -329,7 +350,7 @@ def _zero_at(g, idx):
     mask = _member_mask(idx)
     if mask is not None:
         return _masked_write(g, mask, np.zeros((), dtype_of(g)), add=False)
-    if type(g) is trace.Tracer or _has_tracer(idx):
+    if _batched_integers(p for p in idx if type(p) is trace.Tracer):
         return setitem(g, idx, np.zeros((), dtype_of(g)))
     c = g.copy()
     c[idx] = 0
