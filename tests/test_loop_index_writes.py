@@ -66,3 +66,24 @@ def test_add_at_a_counter_in_a_scan(backend):
         warnings.simplefilter("ignore")
         grad = gt.compile(gt.grad(f), backend=backend)(X)
     np.testing.assert_allclose(grad, central_difference_grad(f, (X,), 0), rtol=1e-6)
+
+
+def test_a_plain_array_indexed_by_the_counter_says_what_to_write():
+    table = np.eye(4)
+
+    def f(x):
+        return np.sum(gt.fori_loop(0, 4, lambda i, acc: acc * 1.1 + table[i] * x, np.ones(4)))
+
+    with pytest.raises(gt.GradtapeError, match=r"indexed by the loop counter.*gradtape\.scan"):
+        gt.grad(f)(X)
+
+    def by_rows(x):  # what the message suggests: the rows handed to the loop
+        def step(acc, row):
+            acc = acc * 1.1 + row * x
+            return acc, None
+
+        return np.sum(gt.scan(step, np.ones(4), table)[0])
+
+    np.testing.assert_allclose(
+        gt.grad(by_rows)(X), central_difference_grad(by_rows, (X,), 0), rtol=1e-6
+    )

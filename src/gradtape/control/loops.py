@@ -110,6 +110,7 @@ class BodyProgram:
                     raise GradtapeError(
                         f"the body of {self.name} used a new traced value from outside the loop "
                         "on another path through its control flow; compute it before the loop."
+                        + _input_guard_hint(self.variants[0][0])
                     )
                 positions.append(len(self.caps))
                 self.caps.append(outer)
@@ -1337,3 +1338,20 @@ def _bind_while(cond_fun, body_fun, init_val) -> tuple:
         dict(body=body, cond=cond, n_carry=len(leaves), n_body_caps=len(body_caps)),
     )
     return outs, td, len(leaves)
+
+
+def _input_guard_hint(tape) -> str:
+    """Why a body takes a new path at every step, when it is because a Python int was taken
+    from one of its inputs (the loop counter indexing a plain NumPy array: NumPy asks the
+    index for a Python int)."""
+    inputs = {v.id for v in tape.inputs}
+    for guard in tape.guards:
+        if guard.var.id in inputs and guard.kind in ("index", "value", "int"):
+            return (
+                f" The path depends on a loop input's value ({guard.where}): a plain NumPy "
+                "array indexed by the loop counter (E[i], np.take(E, i)) asks the counter for a "
+                "Python int, so each step is another path. Hand the rows to the loop instead "
+                "(gradtape.scan(step, carry, E) gives step one row of E per step), or select "
+                "with a traced comparison (np.where(np.arange(n) == i, ...))."
+            )
+    return ""
