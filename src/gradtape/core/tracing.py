@@ -232,7 +232,7 @@ def bind(prim, args: tuple, params: dict):
             constant_array = True
         vals.append(a)
         invars.append(None)
-    out = prim.impl(*vals, **params)
+    out = prim.impl(*vals, **params) if params else prim.impl(*vals)
     dt = getattr(out, "dtype", None)
     if not (isinstance(out, (float, complex)) if dt is None else dt.kind in "fc"):
         return out  # an integer or boolean result: no derivative
@@ -352,36 +352,52 @@ def _any_large(values: tuple) -> bool:
 def release_unread(ins: Instruction) -> None:
     """Replace the values of `ins` that no VJP rule of its differentiated arguments reads by
     `Released` stand-ins (shape and dtype only), so an eager gradient does not keep every
-    intermediate alive until its backward pass. Constants stay (the tape prints them)."""
+    intermediate alive until its backward pass. Constants stay (the tape prints them).
+    Arrays smaller than _RELEASE_SIZE entries stay too (releasing them saves little)."""
+    invars = ins.invars
+    traced = tuple([v is not None for v in invars])
+    plan = _RELEASE_PLANS.get((ins.prim, traced))
+    if plan is None:
+        plan = _release_plan(ins.prim, traced)
+    release_out, release_args = plan
     out = ins.out
-    args = ins.args
-    if not (
-        (type(out) is np.ndarray and out.size >= _RELEASE_SIZE)
-        or any(type(a) is np.ndarray and a.size >= _RELEASE_SIZE for a in args)
-    ):
-        return
-    per_rule = ins.prim.vjp_reads(len(args))
-    if per_rule is None:
-        return
-    reads = None
-    for v, rule_reads in zip(ins.invars, per_rule):
-        if v is not None:
-            reads = rule_reads if reads is None else [a or b for a, b in zip(reads, rule_reads)]
-    if reads is None:
-        return
-    if not reads[0] and type(out) is np.ndarray and out.size >= _RELEASE_SIZE:
+    if release_out and type(out) is _ndarray and out.size >= _RELEASE_SIZE:
         ins.out = Released(out.shape, out.dtype)
-    if not any(
-        v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
-        for v, r, a in zip(ins.invars, reads[1:], args)
-    ):
+    if not release_args:
         return
-    ins.args = tuple(
-        Released(a.shape, a.dtype)
-        if v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
-        else a
-        for v, r, a in zip(ins.invars, reads[1:], args)
-    )
+    args = ins.args
+    kept = None
+    for k in release_args:
+        a = args[k]
+        if type(a) is _ndarray and a.size >= _RELEASE_SIZE:
+            if kept is None:
+                kept = list(args)
+            kept[k] = Released(a.shape, a.dtype)
+    if kept is not None:
+        ins.args = tuple(kept)
+
+
+# (primitive, which arguments are traced) -> (release the result, indices of the traced
+# arguments to release): what release_unread does for each application of that form
+_RELEASE_PLANS: dict = {}
+
+
+def _release_plan(prim, traced: tuple) -> tuple:
+    """What release_unread releases of an application of `prim` whose traced arguments are
+    `traced`: the values no VJP rule of a traced argument reads (nothing when unknown)."""
+    per_rule = prim.vjp_reads(len(traced))
+    reads = None
+    if per_rule is not None:
+        for is_traced, rule_reads in zip(traced, per_rule):
+            if is_traced:
+                reads = rule_reads if reads is None else [a or b for a, b in zip(reads, rule_reads)]
+    if reads is None:
+        plan = (False, ())
+    else:
+        plan = (not reads[0], tuple(k for k, t in enumerate(traced) if t and not reads[k + 1]))
+    if not prim.user_rule:  # (a custom_vjp's primitive is the user's: not kept alive here)
+        _RELEASE_PLANS[(prim, traced)] = plan
+    return plan
 
 
 def _recompute_view(prim, rest: tuple, params: dict):
@@ -858,6 +874,14 @@ class Tracer:
 
     # --- NumPy's override protocols -----------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if not kwargs and method == "__call__":  # np.sin(x), np.add(x, 1): at once
+            prim = _UFUNCS.get(ufunc)
+            if prim is not None:
+                for i in inputs:
+                    if type(i) in _SEQUENCES:
+                        break
+                else:
+                    return bind(prim, inputs, {})
         for i in inputs:
             if type(i) in _SEQUENCES:
                 inputs = _stacked_inputs(inputs, ufunc.__name__)

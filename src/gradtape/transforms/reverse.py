@@ -147,7 +147,23 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool
                     if v is not None and ct is not None:
                         _accumulate(acc, v, ct)
                 continue
-            _run_vjps(acc, prim, ins, g)
+            vjps = prim.vjps
+            args = ins.args
+            for i, v in enumerate(ins.invars):
+                if v is None:
+                    continue
+                rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
+                if rule is None:
+                    continue
+                ct = rule(g, ins.out, *args, **ins.params)
+                if ct is None:
+                    continue
+                # (_accumulate's common case inline: a first dense cotangent of v's dtype)
+                dt = getattr(ct, "dtype", None)
+                if v.id not in acc and (dt is v.dtype or dt is None or dt == v.dtype):
+                    acc[v.id] = [ct] if type(ct) is SparseCotangent else ct
+                else:
+                    _accumulate(acc, v, ct)
     except Exception as error:
         name_forward_line(error, ins)
         raise
@@ -166,29 +182,6 @@ def _multiple_cotangents(acc: dict, ins):
     return tuple(
         np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi) for v, gi in zip(ins.outvars, gs)
     )
-
-
-def _run_vjps(acc: dict, prim, ins, g) -> None:
-    """Each traced argument's VJP rule on the cotangent `g`, accumulated into `acc` (the
-    common case of `_accumulate` inline: a first dense cotangent of the argument's dtype)."""
-    vjps = prim.vjps
-    args = ins.args
-    out = ins.out
-    params = ins.params
-    for i, v in enumerate(ins.invars):
-        if v is None:
-            continue
-        rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
-        if rule is None:
-            continue
-        ct = rule(g, out, *args, **params) if params else rule(g, out, *args)
-        if ct is None:
-            continue
-        dt = getattr(ct, "dtype", None)
-        if v.id not in acc and (dt is v.dtype or dt is None or dt == v.dtype):
-            acc[v.id] = [ct] if type(ct) is SparseCotangent else ct
-        else:
-            _accumulate(acc, v, ct)
 
 
 # --- argument handling ----------------------------------------------------------------------
