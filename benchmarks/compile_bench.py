@@ -1,11 +1,19 @@
 """compile (numpy backend) against eager grad, HIPS autograd and JAX jit(grad) .
 
 Run: python benchmarks/compile_bench.py [--quick]
+     python benchmarks/compile_bench.py --program-size [--ops 10 100 1000 4000]
 Times value_and_grad of the seeds' normal log-density (N = 10 .. 10^6) and EAM model
 (N = 100, 1000), single-threaded, and prints medians (microseconds per call) and the
 ratios that matter: eager / compiled (goal >= 10 at N = 1000) and JAX / compiled
 at N = 10 (goal > 1: less per-call overhead than JAX's jit dispatch). Every method's
 result is checked against the closed-form gradient before it is timed.
+
+With --program-size: compile time against program size. value_and_grad of a straight chain
+of k elementwise operations (loop rolling off: one program of about 2.3 k instructions),
+compiled natively by gradtape (backend="numba": LLVM's generator, or Numba with
+GRADTAPE_LLVM=0) and by JAX's jit, each method in a fresh process with a cold cache; wall and
+CPU seconds of the first call (recording and compiling), the kernels' count, and the load
+average beside them.
 """
 
 from __future__ import annotations
@@ -112,13 +120,84 @@ def methods(make, n):
     return x, calls
 
 
+_PROGRAM_SIZE = """
+import json, os, sys, time
+os.environ["GRADTAPE_ROLL"] = "0"
+import numpy as np
+method, sizes = sys.argv[1], [int(k) for k in sys.argv[2:]]
+if method == "jax":
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as m
+else:
+    import gradtape as gt
+    m = np
+out = []
+for k in sizes:
+    def f(x, k=k):
+        y = x
+        for i in range(k // 3):
+            y = m.sin(y) * 0.5 + y
+        return m.sum(y)
+
+    x = np.linspace(0.0, 1.0, 100)
+    wall, cpu = time.perf_counter(), time.process_time()
+    if method == "jax":
+        jax.jit(jax.value_and_grad(f)).lower(x).compile()
+        kernels = None
+    else:
+        cf = gt.compile(gt.value_and_grad(f), backend="numba")
+        cf(x)
+        native = cf.lowered(x).native
+        kernels = cf.source(x).count("def kernel") if native is not None else 0
+    out.append({"ops": k, "wall_s": time.perf_counter() - wall,
+                "cpu_s": time.process_time() - cpu, "kernels": kernels})
+print(json.dumps(out))
+"""
+
+
+def program_size(sizes: list[int]) -> None:
+    """Compile time against k (see the module docstring), one fresh process per method."""
+    import json
+    import subprocess
+    import tempfile
+
+    results = {}
+    for method, env in (("gradtape", {}), ("jax", {})):
+        with tempfile.TemporaryDirectory(prefix="gradtape-compile-") as cache:
+            environment = dict(os.environ, GRADTAPE_CACHE_DIR=cache, **env)
+            proc = subprocess.run([sys.executable, "-c", _PROGRAM_SIZE, method, *map(str, sizes)],
+                                  capture_output=True, text=True, env=environment)
+        if proc.returncode != 0:
+            print(f"{method}: failed: {proc.stderr.strip().splitlines()[-1:]}")
+            continue
+        results[method] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"compile time against program size (load average {os.getloadavg()[0]:.1f}):")
+    print(f"  {'k':>6} " + " ".join(f"{m + ' wall/cpu s':>24}" for m in results) + "  kernels")
+    for row, k in enumerate(sizes):
+        cells = [f"{results[m][row]['wall_s']:11.2f}/{results[m][row]['cpu_s']:<11.2f}"
+                 for m in results]
+        kernels = results.get("gradtape", [{}] * len(sizes))[row].get("kernels")
+        print(f"  {k:>6} " + " ".join(f"{c:>24}" for c in cells) + f"  {kernels}")
+    if "gradtape" in results and "jax" in results:
+        print("  gradtape/jax (cpu): " + "  ".join(
+            f"k={k}: {results['gradtape'][r]['cpu_s'] / results['jax'][r]['cpu_s']:.2f}x"
+            for r, k in enumerate(sizes)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, N <= 10^5")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="which median the ratios use (both are printed)")
+    parser.add_argument("--program-size", action="store_true",
+                        help="compile time against program size (gradtape vs JAX)")
+    parser.add_argument("--ops", type=int, nargs="+", default=[10, 100, 1000, 4000])
     args = parser.parse_args()
+    if args.program_size:
+        program_size(args.ops)
+        return
     repeat = 5 if args.quick else args.repeat
     budget = 0.3 if args.quick else 1.5
     pick = 1 if args.clock == "cpu" else 0

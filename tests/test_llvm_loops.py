@@ -264,3 +264,76 @@ def test_resident_memory_stays_bounded_over_2000_loaded_loop_drivers():
     gc.collect()
     grown = _resident_mb() - base
     assert grown < 16, f"resident memory grew {grown:.1f} MB over 2000 loaded drivers"
+
+
+_INDEX_REBOUND = """
+def kernel0(x0, o0, o1):
+    d0 = x0.shape[0]
+    if not (is_c(x0) and is_c(o0) and is_c(o1)):
+        return (1,)
+    u0 = np.uint64(0)
+    u1 = np.uint64(d0)
+    for i in range(u0, u1):
+        o0[i] = x0[i] * 2.0
+    for i0 in range(d0):
+        for i1 in range(d0):
+            i = (i0) * d0 + i1
+            o1[i] = x0[i0] * x0[i1] + 0.5
+    return (0,)
+"""
+
+
+def _index_kernel():
+    from gradtape.compile.numba.generator import Kernel, KernelArg
+
+    f64 = np.dtype(np.float64)
+    args = [KernelArg("x0", f64, 1), KernelArg("o0", f64, 1), KernelArg("o1", f64, 1)]
+    return Kernel("kernel0", args, [])
+
+
+@pytest.mark.native
+def test_a_name_rebound_to_another_integer_type_is_a_new_variable_as_in_numba():
+    """A loop's uint64 index `i` and a later int64 `i = i0 * d + i1` (a blocked product
+    before a nested loop): each read sees one assignment, so each is its own variable, as
+    Numba's SSA versions are; the kernel equals Numba's of the same text bit for bit."""
+    numba = pytest.importorskip("numba")
+    from gradtape.compile.llvm import engine
+    from gradtape.compile.numba import runtime
+
+    text = "import numpy as np\nfrom gradtape.compile.numba.runtime import is_c\n" + _INDEX_REBOUND
+    ir_text, names = engine.translate(text, [_index_kernel()])
+    (kernel,) = engine.load(engine.compile_object(ir_text), names)
+    namespace = {"np": np, "is_c": runtime.is_c}
+    exec(compile(textwrap.dedent(_INDEX_REBOUND), "<kernels>", "exec"), namespace)
+    reference = numba.njit(error_model="numpy", nogil=True)(namespace["kernel0"])
+    x = np.random.default_rng(2).normal(size=7)
+    got = (np.full(7, np.nan), np.full(49, np.nan))
+    want = (np.full(7, np.nan), np.full(49, np.nan))
+    assert kernel(x, *got) == (0,)
+    assert reference(x, *want) == (0,)
+    for a, b in zip(got, want):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_read_that_may_see_two_types_is_refused():
+    """`i` read after a loop that may not run sees the loop's uint64 or the int64 before it:
+    not a new variable; the module goes to Numba."""
+    import ast
+
+    from gradtape.compile.llvm import engine, translate
+
+    body = """
+def kernel0(x0, o0, o1):
+    d0 = x0.shape[0]
+    i = 0
+    for i in range(np.uint64(0), np.uint64(d0)):
+        o0[i] = x0[i]
+    o1[0] = x0[i]
+    return (0,)
+"""
+    fn = ast.parse(body).body[0]
+    assert not translate.single_definition(fn.body, "i", {})
+    assert translate.single_definition(ast.parse(_INDEX_REBOUND).body[0].body, "i", {})
+    text = "import numpy as np\n" + body
+    with pytest.raises(translate.NotServed):
+        engine.translate(text, [_index_kernel()])

@@ -241,7 +241,7 @@ def test_a_density_a_handle_cannot_hold_is_sampled_through_python_with_a_warning
 
 @pytest.mark.native
 def test_require_native_raises_the_refusal():
-    from gradtape.compile.numba.export import NotExportableError
+    from gradtape import NotExportableError
 
     with pytest.raises(NotExportableError, match=r"'lu_\w+'.*no native translation"):
         gtn.from_logp(mvn_logp, shapes={"mu": (2,)}, require_native=True)

@@ -20,7 +20,7 @@ from .compile.numba.backend import get_num_threads, set_num_threads, wait_for_na
 from .compile.numba.cache import clear as clear_cache
 from .control.custom import custom_jvp, custom_vjp
 from .control.loops import fori_loop, scan, while_loop
-from .core.errors import GradtapeError, GuardFailure, TracedAttributeError
+from .core.errors import GradtapeError, GuardFailure, NotExportableError, TracedAttributeError
 from .core.ir import Tape
 from .rules.stop import stop_gradient
 from .transforms.forward import jacfwd, jvp
@@ -65,6 +65,7 @@ __all__ = [
     "GradCheck",
     # errors and warnings
     "GradtapeError",
+    "NotExportableError",
     "TracedAttributeError",
     "GuardFailure",
     "CompileWarning",

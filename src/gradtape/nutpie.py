@@ -42,9 +42,8 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
 
 from .compile import NativeFallbackWarning
 from .compile import compile as _compile
-from .compile.numba.export import NotExportableError
 from .compile.numba.export import elementwise_expand as _elementwise_expand
-from .core.errors import GradtapeError
+from .core.errors import GradtapeError, NotExportableError
 from .transforms.reverse import value_and_grad as _value_and_grad
 
 __all__ = [

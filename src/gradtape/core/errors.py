@@ -43,6 +43,24 @@ class TracedAttributeError(GradtapeError, AttributeError):
     """
 
 
+class NotExportableError(GradtapeError):
+    """A compiled function cannot become a native handle (`as_native`): an operation without
+    native code, a loop, arguments or results a handle cannot carry. The message says which
+    and where; the compiled function itself still computes it, from Python. `reason` is the
+    message without its advice.
+
+    Examples
+    --------
+    >>> import gradtape as gt
+    >>> str(gt.NotExportableError("as_native: f cannot be exported", "f cannot be exported"))
+    'as_native: f cannot be exported'
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class GuardFailure(Exception):
     """A recorded path does not hold for these inputs: another path must be recorded.
 

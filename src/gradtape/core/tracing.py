@@ -884,7 +884,10 @@ class Tracer:
                     return bind(prim, inputs, {})
         for i in inputs:
             if type(i) in _SEQUENCES:
-                inputs = _stacked_inputs(inputs, ufunc.__name__)
+                if method == "at":  # np.add.at(a, (rows, cols), v): the tuple is the index
+                    inputs = inputs[:1] + (inputs[1],) + _stacked_inputs(inputs[2:], ufunc.__name__)
+                else:
+                    inputs = _stacked_inputs(inputs, ufunc.__name__)
                 break
         out = kwargs.pop("out", None)
         if out is not None and not (isinstance(out, tuple) and all(o is None for o in out)):

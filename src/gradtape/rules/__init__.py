@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (imported for their declarations)
     scipy_spatial,
     scipy_special,
     scipy_stats,
+    scipy_wishart,
     sequences,
     shape,
     statistics,

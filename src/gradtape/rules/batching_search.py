@@ -245,10 +245,22 @@ def digitize_batch(prim, args, batched, **params):
 
 
 def bin_index_batch(prim, args, batched):
-    """The histogram bin of each element: elementwise in the values for one set of edges."""
-    if batched[1]:
+    """The histogram bin of each element: elementwise in the values for one set of edges;
+    with each member's own edges (bins from each member's range), NumPy's search of each
+    member's edges, all members at once, then the same two corrections as for one member
+    (the last bin holds its right edge; -1 outside the edges)."""
+    if not batched[1]:
+        return prim(*args)
+    a, edges = args
+    if ndim_of(edges) != 2 or set(dtype_of(a).kind + dtype_of(edges).kind) - set("iuf"):
         return loop_batch(prim, args, batched)
-    return prim(*args)
+    size, m = shape_of(edges)
+    a = _full_batch(a, batched[0], size)
+    idx = _binary_search(edges, a, True, True) - 1  # searchsorted(edges, a, side="right")
+    column = (size,) + (1,) * (ndim_of(a) - 1)
+    first, last = np.reshape(edges[:, 0], column), np.reshape(edges[:, m - 1], column)
+    idx = np.where(a == last, m - 2, idx)
+    return np.where((a >= first) & (a <= last), idx, -1)
 
 
 def _row_offsets(x, width: int):

@@ -122,6 +122,9 @@ def _batch_first(t, k: int):
 def _getitem_jvp(ts, ans, x, idx):
     t = ts[0]
     k = len(batch_shape(t, x))
+    mask = _member_mask(idx)
+    if mask is not None:  # the tangents' batch axes last: they follow the selected elements
+        return _batch_first(_masked_read(_batch_last(t, k), mask), k)
     if k == 0:
         return t[idx]
     if is_basic(idx):
@@ -140,6 +143,12 @@ def _write_jvp(prim, ts, ans, x, v, idx):
     if t_v is None:
         t_v = np.zeros(lead + shape_of(v), dtype_of(ans))
     k = len(lead)
+    mask = _member_mask(idx)
+    if mask is not None:  # the tangents' batch axes last, behind each selected element's
+        written = _masked_write(
+            _batch_last(t_x, k), mask, _batch_last(t_v, k), add=prim is scatter_add_p
+        )
+        return _batch_first(written, k)
     if k == 0:
         return prim(t_x, t_v, idx=idx)
     # batch axes last: the written values then broadcast against x[idx] as they did
@@ -159,6 +168,9 @@ getitem_p = Primitive(
 
 @implements_method("__getitem__")
 def getitem(x, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_read(x, mask)
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
         template, positions, index_values = dynamic
@@ -202,20 +214,34 @@ def _fill(template, positions, values) -> tuple:
     return tuple(idx)
 
 
+def _any_traced(*values) -> bool:
+    return any(type(a) is trace.Tracer for a in values)
+
+
+def _dyn_getitem_impl(x, *iv, template, positions):
+    if _any_traced(x, *iv):
+        # a plain x read at traced integers of a lower level (a member of a vmap batch
+        # inside a gradient): the read is recorded there
+        return bind(dyn_getitem_p, (x, *iv), {"template": template, "positions": positions})
+    return x[_fill(template, positions, iv)]
+
+
 dyn_getitem_p = Primitive(
     "dyn_getitem",
-    lambda x, *iv, template, positions: x[_fill(template, positions, iv)],
+    _dyn_getitem_impl,
     vjps=lambda i, g, ans, x, *iv, template, positions: (
         SparseCotangent(shape_of(x), dtype_of(x), _fill(template, positions, iv), g, False)
         if i == 0
         else None
     ),
-    jvp=lambda ts, ans, x, *iv, template, positions: ts[0][_fill(template, positions, iv)],
+    jvp=lambda ts, ans, x, *iv, template, positions: getitem(ts[0], _fill(template, positions, iv)),
     variadic=True,
 )
 
 
 def _dyn_setitem_impl(x, v, *iv, template, positions):
+    if _any_traced(x, v, *iv):  # values or integers of a lower level: recorded there
+        return bind(dyn_setitem_p, (x, v, *iv), {"template": template, "positions": positions})
     return _setitem_impl(x, v, _fill(template, positions, iv))
 
 
@@ -239,10 +265,21 @@ dyn_setitem_p = Primitive(
 def _dyn_set_jvp(ts, ans, x, v, iv, template, positions):
     tx = ts[0] if ts[0] is not None else np.zeros(shape_of(ans), dtype_of(ans))
     tv = ts[1] if ts[1] is not None else np.zeros(shape_of(v), dtype_of(ans))
-    return _setitem_impl(tx, tv, _fill(template, positions, iv))
+    return _dyn_setitem_impl(tx, tv, *iv, template=template, positions=positions)
 
 
 def _scatter_add_impl(base, vals, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(base, mask, vals, add=True)
+    dynamic = _split_dynamic(idx) if _has_tracer(idx) else None
+    if dynamic is not None:  # integers of a lower level (a member of a vmap batch)
+        template, positions, index_values = dynamic
+        return bind(
+            dyn_scatter_add_p,
+            (base, vals, *index_values),
+            {"template": template, "positions": positions},
+        )
     if type(base) is trace.Tracer or type(vals) is trace.Tracer:
         # values of a lower level (higher-order derivatives): the write is recorded there
         return bind(scatter_add_p, (base, vals), {"idx": idx})
@@ -259,7 +296,7 @@ scatter_add_p = Primitive(
     _scatter_add_impl,
     vjps=(
         lambda g, ans, base, vals, idx: g,
-        lambda g, ans, base, vals, idx: unbroadcast(g[idx], shape_of(vals)),
+        lambda g, ans, base, vals, idx: unbroadcast(getitem(g, idx), shape_of(vals)),
     ),
     jvp=lambda ts, ans, base, vals, idx: _write_jvp(scatter_add_p, ts, ans, base, vals, idx),
     linear=True,
@@ -268,6 +305,15 @@ scatter_add_p = Primitive(
 
 
 def _setitem_impl(x, v, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(x, mask, v, add=False)
+    dynamic = _split_dynamic(idx) if _has_tracer(idx) else None
+    if dynamic is not None:  # integers of a lower level (a member of a vmap batch)
+        template, positions, index_values = dynamic
+        return bind(
+            dyn_setitem_p, (x, v, *index_values), {"template": template, "positions": positions}
+        )
     if type(x) is trace.Tracer or type(v) is trace.Tracer:
         return bind(setitem_p, (x, v), {"idx": idx})  # recorded at the lower level
     if isinstance(x, np.generic):  # a 0-d value held as a NumPy scalar: written as a 0-d array
@@ -280,6 +326,11 @@ def _setitem_impl(x, v, idx):
 
 
 def _zero_at(g, idx):
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(g, mask, np.zeros((), dtype_of(g)), add=False)
+    if type(g) is trace.Tracer or _has_tracer(idx):
+        return setitem(g, idx, np.zeros((), dtype_of(g)))
     c = g.copy()
     c[idx] = 0
     return c
@@ -292,18 +343,51 @@ def _traced_scalar(i) -> bool:
 def _written_vjp(g, x, v, idx):
     """Cotangent of the value written by `x[idx] = v`: g at idx, except where a repeated
     index was overwritten by a later element (NumPy keeps the last write)."""
-    picked = g[idx]
+    picked = getitem(g, idx)
     # a traced integer (a loop counter, a member's argmax under vmap) is one position
-    if not is_basic(tuple(0 if _traced_scalar(i) else i for i in idx)):
+    if is_basic(tuple(0 if _traced_scalar(i) else i for i in idx)) or not any(
+        _integer_array(i) for i in idx
+    ):  # (a boolean mask selects each position once)
+        return unbroadcast(picked, shape_of(v))
+    shape = shape_of(picked)
+    order = np.arange(int(np.prod(shape))).reshape(shape)
+    if any(_index_varies(i) for i in idx):
+        survived = _survivors_traced(shape_of(x), idx, order)
+        picked = np.where(survived, picked, 0)
+    else:
         idx_c = tuple(_innermost(i) for i in idx)
-        shape = shape_of(_innermost(x)[idx_c])
-        order = np.arange(int(np.prod(shape))).reshape(shape)
         marker = np.full(shape_of(x), -1)
         marker[idx_c] = order
         survived = marker[idx_c] == order
         if not survived.all():
             picked = np.where(survived, picked, 0)
     return unbroadcast(picked, shape_of(v))
+
+
+def _integer_array(part) -> bool:
+    return isinstance(part, (np.ndarray, trace.Tracer)) and dtype_of(part).kind in "iu"
+
+
+def _index_varies(part) -> bool:
+    """Whether a traced index part may take other values than its concrete one where the
+    write is replayed or mapped: an array of traced integers, or a member of a vmap batch
+    (each member has its own integers)."""
+    if type(part) is not trace.Tracer or dtype_of(part).kind not in "iu":
+        return False
+    if part.ndim:
+        return True
+    while type(part) is trace.Tracer:
+        if part._level.batch_size is not None:
+            return True
+        part = part._value
+    return False
+
+
+def _survivors_traced(x_shape, idx, order):
+    """Which elements of a write at `idx` survive later writes to the same position, as
+    traced operations (so each member of a batch, each replay, gets its own mask)."""
+    written = setitem(np.full(x_shape, -1), idx, order)
+    return getitem(written, idx) == order
 
 
 setitem_p = Primitive(
@@ -319,11 +403,97 @@ setitem_p = Primitive(
 )
 
 
+def _member_mask(idx):
+    """The boolean mask of `x[mask]` when it is a member of a vmap batch (each member
+    selects its own elements), else None."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if len(parts) != 1 or not _batch_member(parts[0]) or dtype_of(parts[0]).kind != "b":
+        return None
+    return parts[0]
+
+
+def _every_member(check) -> bool:
+    """Whether a boolean holds for every member of the batches it belongs to: asked of the
+    values one level below each batch level (a guard where that level records)."""
+    while _batch_member(check):
+        check = np.all(check._value)
+    return bool(check)
+
+
+def _masked_write(x, mask, v, add: bool):
+    """x[mask] = v (x[mask] += v) with a mask that differs per member, as elementwise
+    operations with one shape for every member: the k-th selected element takes v[k] (a
+    gather at each member's running count of the mask), or v itself when it holds one value
+    for all. Each member must select as many elements as v has (NumPy's rule)."""
+    xs, ms = shape_of(x), shape_of(mask)
+    if xs[: len(ms)] != ms:
+        raise IndexError(
+            f"boolean index did not match indexed array along axis 0; size of axis is "
+            f"{xs[0] if xs else 0} but size of corresponding boolean axis is {ms[0] if ms else 0}"
+        )
+    rest = xs[len(ms) :]
+    selected = np.reshape(mask, ms + (1,) * len(rest))
+    v = _operand(v)
+    vs = shape_of(v)
+    lead = vs[0] if len(vs) > len(rest) else 1
+    if lead != 1:
+        count = np.sum(mask)
+        if not _every_member(np.equal(count, lead)):
+            counts = sorted({int(c) for c in np.ravel(_innermost(count))})
+            raise ValueError(
+                f"NumPy boolean array indexing assignment cannot assign {lead} input values "
+                f"to the {counts} output values where the mask is true"
+            )
+        if lead == 0:  # no member selects an element
+            return x
+        rank = np.reshape(np.cumsum(np.ravel(mask).astype(np.intp)) - 1, ms)
+        v = getitem(v, np.clip(rank, 0, lead - 1))  # (ms + the value's other axes)
+        v = np.reshape(v, ms + (1,) * (len(xs) - ndim_of(v)) + shape_of(v)[len(ms) :])
+    elif len(vs) > len(rest):
+        v = np.reshape(v, vs[1:])
+    if dtype_of(v) != dtype_of(x):
+        v = (
+            np.asarray(v).astype(dtype_of(x))
+            if type(v) is not trace.Tracer
+            else v.astype(dtype_of(x))
+        )
+    return np.where(selected, x + v if add else v, x)
+
+
+def _masked_read(x, mask):
+    """x[mask] with a mask that differs per member: each member's selected elements in
+    order, a gather at the positions a stable argsort of the unselected-first order puts
+    first. Every member must select as many elements (a batch has one shape)."""
+    xs, ms = shape_of(x), shape_of(mask)
+    if xs[: len(ms)] != ms:
+        raise IndexError(
+            f"boolean index did not match indexed array along axis 0; size of axis is "
+            f"{xs[0] if xs else 0} but size of corresponding boolean axis is {ms[0] if ms else 0}"
+        )
+    count_traced = np.sum(mask)
+    count = int(np.ravel(_innermost(count_traced))[0])
+    if not _every_member(np.equal(count_traced, count)):
+        raise GradtapeError(
+            f"{trace.user_source_line()}: vmap: x[mask] with a boolean mask that is a member "
+            "of the batch selects a different number of elements in different members, and a "
+            "batch needs one shape. Write np.where(mask, value, x) for x[mask] = value, or "
+            "np.sum(np.where(mask, x, 0)) for a sum over x[mask]."
+        )
+    flat = np.reshape(x, (int(np.prod(ms)),) + xs[len(ms) :])
+    if count == 0:
+        return flat[:0]
+    order = np.argsort(np.logical_not(np.ravel(mask)), kind="stable")[:count]
+    return getitem(flat, order)
+
+
 @implements_method("__setitem__")
 def setitem(x, idx, v):
     """`x[idx] = v` as a new value (the Tracer that called it is rebound to the result)."""
     if hasattr(v, "dtype") and dtype_of(v).kind == "c" and dtype_of(x).kind != "c":
         raise GradtapeError("cannot write a complex value into a real array")
+    mask = _member_mask(idx)
+    if mask is not None:
+        return _masked_write(x, mask, v, add=False)
     dynamic = _split_dynamic(idx)
     if dynamic is not None:
         template, positions, index_values = dynamic
@@ -342,6 +512,23 @@ def add_at(a, indices, b=None):
             "Start from a traced array instead: acc = np.zeros_like(x) (x traced), then "
             "np.add.at(acc, idx, values)."
         )
+    mask = _member_mask(indices)
+    if mask is not None:
+        trace.assign(a, _masked_write(a, mask, b, add=True))
+        return
+    dynamic = _split_dynamic(indices)
+    if dynamic is not None:  # a loop counter (or another traced integer) as the index: an
+        # input of the instruction, as for x[i] = v, not the value seen while recording
+        template, positions, index_values = dynamic
+        trace.assign(
+            a,
+            bind(
+                dyn_scatter_add_p,
+                (a, b, *index_values),
+                {"template": template, "positions": positions},
+            ),
+        )
+        return
     trace.assign(a, bind(scatter_add_p, (a, b), {"idx": normalize_index(indices)}))
 
 
@@ -357,7 +544,7 @@ dyn_scatter_add_p = Primitive(
     vjps=lambda i, g, ans, base, vals, *iv, template, positions: (
         g
         if i == 0
-        else unbroadcast(g[_fill(template, positions, iv)], shape_of(vals))
+        else unbroadcast(getitem(g, _fill(template, positions, iv)), shape_of(vals))
         if i == 1
         else None
     ),
@@ -377,6 +564,10 @@ def materialize(ct):
     if any(type(p.values) is trace.Tracer or _has_tracer(p.index) for p in pieces):
         buf = np.zeros(shape, dtype)
         for p in pieces:
+            mask = _member_mask(p.index)
+            if mask is not None:
+                buf = _masked_write(buf, mask, p.values, add=True)
+                continue
             dynamic = _split_dynamic(p.index)
             if dynamic is None:
                 buf = bind(scatter_add_p, (buf, p.values), {"idx": p.index})
@@ -639,23 +830,42 @@ def fill_diagonal(a, val, wrap=False):
     _rebind(a, np.reshape(flat, shape))
 
 
+def _batch_member(x) -> bool:
+    """Whether `x` is a member of a vmap batch (its values differ per member)."""
+    return type(x) is trace.Tracer and x._level.batch_size is not None
+
+
+def _index_operand(indices):
+    """Indices of a write: a member of a vmap batch stays traced (the batching rules of the
+    writes give each member its own), any other value is concrete (a guard when staging)."""
+    return indices if _batch_member(indices) else _concrete(indices)
+
+
+def _flat_positions(ind, n: int, mode: str):
+    """np.put's flat positions: wrapped, clipped, or checked against the size `n`."""
+    if mode == "wrap":
+        return ind % n
+    if mode == "clip":
+        return np.clip(ind, 0, n - 1)
+    values = np.asarray(_innermost(ind))  # every member's, checked as each would be alone
+    if values.size and (values.max() >= n or values.min() < -n):
+        bad = values[(values >= n) | (values < -n)].ravel()[0]
+        raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
+    return ind
+
+
 @implements(np.put)
 def put(a, ind, v, mode="raise"):
     """np.put on a traced array: a.flat[ind] = v (values repeated; the last write wins)."""
     _traced_destination(a, "put")
     n = int(np.prod(shape_of(a)))
-    ind = np.asarray(_concrete(ind), dtype=np.intp).ravel()
-    if mode == "wrap":
-        ind = ind % n
-    elif mode == "clip":
-        ind = np.clip(ind, 0, n - 1)
-    elif ind.size and (ind.max() >= n or ind.min() < -n):
-        bad = ind[(ind >= n) | (ind < -n)][0]
-        raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
-    if ind.size == 0:
+    ind = _index_operand(ind)
+    ind = np.ravel(ind).astype(np.intp) if _batch_member(ind) else np.asarray(ind, np.intp).ravel()
+    ind = _flat_positions(ind, n, mode)
+    if shape_of(ind)[0] == 0:
         return
     flat = np.ravel(a).copy()  # written below: not a view of a
-    flat[ind] = _cyclic(v, ind.size)
+    flat[ind] = _cyclic(v, shape_of(ind)[0])
     _rebind(a, np.reshape(flat, shape_of(a)))
 
 
@@ -663,23 +873,42 @@ def put(a, ind, v, mode="raise"):
 def put_along_axis(arr, indices, values, axis):
     """np.put_along_axis on a traced array."""
     _traced_destination(arr, "put_along_axis")
+    indices = _index_operand(indices)
     if axis is None:
         flat = np.ravel(arr).copy()  # written below: not a view of arr
-        flat[_concrete(indices)] = values
+        flat[indices] = values
         _rebind(arr, np.reshape(flat, shape_of(arr)))
         return
     axis = int(axis) % ndim_of(arr)
-    arr[_along_axis_index(shape_of(arr), _concrete(indices), axis)] = values
+    arr[_along_axis_index(shape_of(arr), indices, axis)] = values
 
 
 @implements(np.place)
 def place(arr, mask, vals):
     """np.place on a traced array: the masked entries take vals in turn (repeated)."""
     _traced_destination(arr, "place")
+    if _batch_member(mask):
+        _place_per_member_mask(arr, mask, vals)
+        return
     mask = np.asarray(_concrete(mask), dtype=bool)
     n = int(np.count_nonzero(mask))
     if n:
         arr[mask] = _cyclic(vals, n)
+
+
+def _place_per_member_mask(arr, mask, vals):
+    """np.place with a mask that differs per member of a vmap batch: the k-th masked entry
+    (in the flattened order) takes vals.flat[k % len(vals)], a gather at each member's
+    running count, written with np.where (one shape for every member)."""
+    flat_mask = np.ravel(np.broadcast_to(mask, shape_of(arr)))
+    if np.any(np.asarray(_innermost(mask))) and int(np.prod(shape_of(vals))) == 0:
+        raise ValueError("Cannot insert from an empty array!")
+    if int(np.prod(shape_of(vals))) == 0:
+        return
+    flat_vals = np.ravel(_operand(vals))
+    rank = np.cumsum(flat_mask.astype(np.intp)) - 1
+    taken = flat_vals[rank % shape_of(flat_vals)[0]].astype(dtype_of(arr))
+    _rebind(arr, np.reshape(np.where(flat_mask, taken, np.ravel(arr)), shape_of(arr)))
 
 
 @implements(np.putmask)

@@ -7,7 +7,7 @@ import numpy as np
 from ..core.errors import GradtapeError
 from ..core.primitive import Primitive
 from ..core.routes import implements, implements_ufunc_method
-from ..core.tracing import bind
+from ..core.tracing import Tracer, bind
 from ._complex import complex_rules
 from ._util import (
     batch_shape,
@@ -310,10 +310,19 @@ cumsum_p = Primitive(
 )
 
 
+def _no_zero(is_zero) -> bool:
+    """Whether no element is zero. Under vmap, in no member: the zero-safe form is exact
+    for every member, so a batch with a zero in any member takes it for all."""
+    check = np.any(is_zero)
+    while type(check) is Tracer and check._level.batch_size is not None:
+        check = np.any(check._value)
+    return not bool(check)
+
+
 def _cumprod_vjp(g, ans, x, axis):
     """sum_{j>=i} g_j prod_{k<=j, k!=i} x_k: exact, to every order, also where x has zeros."""
     is_zero = x == 0
-    if not np.any(is_zero):  # the quotient form is exact (when staging: a guard)
+    if _no_zero(is_zero):  # the quotient form is exact (when staging: a guard)
         return _reverse_cumsum(g * ans, axis) / x
     # Before a lane's first zero the quotient form is exact. From that zero on, every product
     # of the others holds its factor except its own: take the factor out (set it to 1) and
@@ -333,7 +342,7 @@ def _cumprod_jvp(ts, ans, x, axis):
     t = ts[0]
     ax = axis + len(batch_shape(t, x))
     is_zero = x == 0
-    if not np.any(is_zero):  # the quotient form is exact (when staging: a guard)
+    if _no_zero(is_zero):  # the quotient form is exact (when staging: a guard)
         return ans * cumsum_p(t / x, axis=ax)
     # Before a lane's first zero, the quotient form. From it on, every term but the one of the
     # first zero holds that zero as a factor: t at the first zero times the product of the rest.

@@ -524,17 +524,19 @@ _count_bins_p = _nondiff(
 )
 
 
-def _concrete_bool(x) -> bool:
+def _concrete_bool(x, every: bool = True) -> bool:
+    """A check of the concrete value (no guard: it only decides whether to raise); under vmap
+    the value holds every member's answer: all of them (every) or any of them."""
     while hasattr(x, "_var"):
         x = x._value
-    return bool(x)
+    return bool(np.all(x) if every else np.any(x))
 
 
 def _bin_edges(a, bins, range, weights):
     if isinstance(bins, str) or np.ndim(bins) == 0 and not hasattr(bins, "_var"):
         if range is not None:
             first, last = range
-            if _concrete_bool(np.greater(first, last)):
+            if _concrete_bool(np.greater(first, last), every=False):
                 raise ValueError("max must be larger than min in range parameter.")
             if not _concrete_bool(np.isfinite(first) & np.isfinite(last)):
                 raise ValueError(f"supplied range of [{first}, {last}] is not finite")

@@ -248,6 +248,21 @@ def _reduceat(ufunc):
 
 
 # --- at: the ufunc applied in place, in index order ------------------------------------------
+def _traced_basic_index(indices) -> bool:
+    """Whether an index holds traced integer scalars and otherwise only ints, slices, None
+    and Ellipsis (a basic index: no position is selected twice)."""
+    parts = indices if isinstance(indices, tuple) else (indices,)
+    traced = False
+    for e in parts:
+        if type(e) is trace.Tracer:
+            if ndim_of(e) != 0 or dtype_of(e).kind not in "iu":
+                return False
+            traced = True
+        elif not (isinstance(e, (int, np.integer, slice)) or e is None or e is Ellipsis):
+            return False
+    return traced
+
+
 def _at(ufunc):
     def at(a, indices, b=None):
         if type(a) is not trace.Tracer:
@@ -256,6 +271,13 @@ def _at(ufunc):
                 "cut the gradient. Start from a traced array instead: acc = np.zeros_like(x) "
                 f"(x traced), then np.{ufunc.__name__}.at(acc, idx, values)."
             )
+        if _traced_basic_index(indices):
+            # a loop counter (or another traced integer) with slices: each position is
+            # written once, so this is a[idx] = ufunc(a[idx], b), with the integers kept as
+            # inputs of the recorded instructions (not the values seen while recording)
+            current = a[indices]
+            a[indices] = ufunc(current) if b is None else ufunc(current, b)
+            return
         shape = shape_of(a)
         idx = normalize_index(indices)
         positions = np.arange(int(np.prod(shape))).reshape(shape)[idx]

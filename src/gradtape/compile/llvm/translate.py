@@ -319,6 +319,71 @@ class Scope:
         self.ret: list | None = None  # inlined helper: where its return value goes
 
 
+def single_definition(body: list, name: str, stores: dict) -> bool:
+    """Whether each read of `name` in a function (`body`) sees exactly one assignment: the
+    nearest earlier statement of its own block or of an enclosing block that assigns the
+    name is a plain assignment (or the enclosing loop's variable), and no loop between that
+    assignment and the read assigns the name again. A type change of such a name is a new
+    variable (Numba types each SSA version on its own); a name a read may see two
+    assignments of keeps one variable (and a type change is refused). `stores`: a memo of
+    the names each statement assigns (id -> set)."""
+
+    def assigned(node: ast.AST) -> set:
+        got = stores.get(id(node))
+        if got is None:
+            got = stores[id(node)] = {
+                n.id
+                for n in ast.walk(node)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+            }
+        return got
+
+    def reaching(chain: list) -> bool:
+        for block, index in reversed(chain):
+            for earlier in reversed(block[:index]):
+                if name in assigned(earlier):
+                    return isinstance(earlier, ast.Assign)
+            owner = block.owner
+            if isinstance(owner, ast.For):
+                if name in assigned(owner.target):
+                    return True
+                if name in assigned(owner):
+                    return False  # assigned later in the loop: the back edge brings it
+            elif owner is not None and name in assigned(owner):
+                return False
+        return False
+
+    def reads(node: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+            for n in ast.walk(node)
+        )
+
+    def visit(block: _Block, chain: list) -> bool:
+        for index, stmt in enumerate(block):
+            here = [*chain, (block, index)]
+            if isinstance(stmt, (ast.If, ast.For)):
+                head = stmt.test if isinstance(stmt, ast.If) else stmt.iter
+                if reads(head) and not reaching(here):
+                    return False
+                for inner in (stmt.body, stmt.orelse):
+                    if inner and not visit(_Block(inner, stmt), here):
+                        return False
+            elif reads(stmt) and not reaching(here):
+                return False
+        return True
+
+    return visit(_Block(body, None), [])
+
+
+class _Block(list):
+    """A statement list and the statement that holds it (None: the function's body)."""
+
+    def __init__(self, stmts: list, owner: ast.stmt | None):
+        super().__init__(stmts)
+        self.owner = owner
+
+
 class Translator:
     """Emits one kernel's body into an LLVM function (see the module docstring).
 
@@ -347,6 +412,9 @@ class Translator:
         self.compiled: dict[tuple, tuple] = {}
         self.returned: set[str] = set()  # names of arrays this kernel returns
         self.rebound: set[str] = set()  # names bound more than once (rebound_names)
+        self.function_body: list = []  # the statements of the function being translated
+        self.splittable: dict[str, bool] = {}  # name -> single_definition (memo)
+        self._stores: dict[int, set] = {}
         self.allocator = None  # (t, dims) -> ArrayArg: an ndarray (the entry point's)
         self.status_exit = None  # (builder, free_buffers): return STATUS_CHECK from here
 
@@ -403,6 +471,8 @@ class Translator:
 
     # --- functions ---
     def body(self, stmts: list, scope: Scope, nested: bool = True) -> None:
+        if not nested:
+            self.function_body, self.splittable = stmts, {}
         self.depth += nested
         try:
             self._body(stmts, scope)
@@ -508,6 +578,10 @@ class Translator:
         if slot is None:
             slot = (self.entry.alloca(LL[v.t], name=name), v.t)
             scope.vars[name] = slot
+        elif slot[1] != v.t and not self.rebind_ok(slot[1], v.t) and self.split_ok(name):
+            # every read of the name sees one assignment: a new variable, as Numba's SSA
+            # names make it (an index `i` of int64 after a loop's `i` of uint64)
+            slot = scope.vars[name] = (self.entry.alloca(LL[v.t], name=name), v.t)
         elif slot[1] != v.t:
             if not self.rebind_ok(slot[1], v.t):
                 raise NotServed(f"{name} changes type ({slot[1]} to {v.t})")
@@ -539,9 +613,19 @@ class Translator:
             raise NotServed(f"{name} rebound to another kind of array")
         current.store(self.b, v)
 
+    def split_ok(self, name: str) -> bool:
+        """Whether a new type for `name` may be a new variable (single_definition)."""
+        got = self.splittable.get(name)
+        if got is None:
+            got = self.splittable[name] = single_definition(self.function_body, name, self._stores)
+        return got
+
     @staticmethod
     def rebind_ok(old: str, new: str) -> bool:
-        return unify(old, new) == old
+        try:
+            return unify(old, new) == old
+        except NotServed:  # (uint64 with int64)
+            return False
 
     def array_value(self, call: ast.Call, scope: Scope, name: str | None) -> ArrayArg | None:
         """The array a call makes (np.empty, np.full, np.empty_like, a.copy(), a.reshape(),
@@ -823,6 +907,8 @@ class Translator:
         if name in scope.values:
             raise NotServed("loop variable rebinds a value")
         slot = scope.vars.get(name)
+        if slot is not None and slot[1] != t and not self.split_ok(name):
+            raise NotServed(f"{name} changes type ({slot[1]} to {t}) where a read sees both")
         if slot is None or slot[1] != t:  # (another loop's variable of another type: a new
             # variable, as Numba's SSA names make it)
             slot = scope.vars[name] = (self.entry.alloca(LL[t], name=name), t)
@@ -1062,6 +1148,8 @@ class Translator:
             and e.value.id in scope.names
         ):
             return self.const(self.py_value(e, scope))
+        if isinstance(e.value, ast.Call) and _dotted(e.value.func) == "np.full":
+            return self.full_item(e.value, scope)
         array = self.array(e.value, scope)
         parts = e.slice.elts if isinstance(e.slice, ast.Tuple) else [e.slice]
         if len(parts) < len(array.dims) or any(isinstance(p, ast.Slice) for p in parts):
@@ -1071,6 +1159,17 @@ class Translator:
         if array.t == BOOL:
             return Val(self.b.icmp_unsigned("!=", v, ir.Constant(STORE[BOOL], 0)), BOOL)
         return Val(v, array.t)
+
+    def full_item(self, call: ast.Call, scope: Scope) -> Val:
+        """An element of `np.full(shape, value[, dtype])` (a reduction of a size-1 value
+        writes `np.full((1,), s)[j]`): the value, in the array's type; nothing is allocated."""
+        if not 2 <= len(call.args) <= 3 or call.keywords:
+            raise NotServed("np.full form")
+        fill = self.scalar(call.args[1], scope)
+        t = self.np_type(call.args[2]) if len(call.args) == 3 else fill.t
+        if t not in ITEMSIZE:
+            raise NotServed("np.full of this type")
+        return self.convert(fill, t)
 
     def array(self, node: ast.expr, scope: Scope) -> ArrayArg:
         if isinstance(node, ast.Name):
@@ -1147,6 +1246,8 @@ class Translator:
     def element(self, e: ast.Subscript, scope: Scope) -> tuple[ArrayArg, ir.Value]:
         array = self.array(e.value, scope)
         parts = e.slice.elts if isinstance(e.slice, ast.Tuple) else [e.slice]
+        if not parts and not array.dims:  # a 0-d array's element, a[()]
+            return array, self.b.gep(array.data, [ir.Constant(LL[I64], 0)], inbounds=True)
         if len(parts) != len(array.dims) or not parts:
             raise NotServed("an index other than one integer per axis")
         b = self.b

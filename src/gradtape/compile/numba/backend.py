@@ -194,6 +194,7 @@ class NativeKernels:
             with _numba_work():  # (LLVM's state, like Numba's, is not for a forked child)
                 built = _build_with_llvm(self)
             if built is None:
+                codegen.check_numba_values(self.kernels)  # (planned for LLVM's generator)
                 startup = _numba_startup()
                 start += startup
                 with _numba_work(), _numba_compiler_free(deadline) as free:

@@ -20,6 +20,8 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
+from ... import config
+from .. import llvm
 from ..lengths import equal_constants, rebinding, remember_lowering, replaced
 from ..program import Program
 from . import drivers, fusion
@@ -47,12 +49,21 @@ GENERATOR_VERSION = "1"
 # hours (500 rows of a vmapped Hessian, each a separate value, did not compile in 15 minutes):
 # a program that would need such a kernel runs on the numpy backend instead, with a warning.
 MAX_KERNEL_VALUES = 256
+# LLVM's generator (compile/llvm/) takes them as a call's arguments and returns them in one
+# tuple, in linear time: a split fused loop hands hundreds of values to the next kernel. A
+# module it refuses goes to Numba only within MAX_KERNEL_VALUES (check_numba_values).
+LLVM_KERNEL_VALUES = 4096
 
 
-def generate(program: Program, threads: int = 1) -> Generated:
+def generate(
+    program: Program, threads: int = 1, one_kernel: bool = False, numba_only: bool = False
+) -> Generated:
     """Plan `program` and write its kernels' module and its wrapper (see the module docstring).
 
     With `threads` > 1, flat loops are written to run in parallel chunks (parallel.py).
+    Kernels are bounded in length (fusion.limits): short for LLVM's generator, when it is
+    on, long for Numba; `one_kernel`: no bound (a loop driver's step is one kernel);
+    `numba_only`: the kernels are for Numba whatever GRADTAPE_LLVM says (native handles).
 
     A program written for another length from one generated before (compile/lengths.py)
     reuses that one's kernels, module and wrapper text: only the wrapper's constants (the
@@ -60,7 +71,9 @@ def generate(program: Program, threads: int = 1) -> Generated:
     given exactly the rebound result; programs with native loop drivers are always
     generated in full.
     """
-    rebind = rebinding(program, ("numba", threads))
+    direct = direct_llvm() and not numba_only
+    bounds = fusion.limits(direct, one_kernel)
+    rebind = rebinding(program, ("numba", threads, bounds))
     if rebind is not None:
         template, old, new = rebind
         return replace(
@@ -68,10 +81,16 @@ def generate(program: Program, threads: int = 1) -> Generated:
             wrapper_consts=_wrapper_consts_at(template, old, new),
             consts=[replaced(a, old, new) for a in template.consts],
         )
-    generated = _generate(program, threads)
+    generated = _generate(program, threads, bounds, direct)
     if not generated.loops:
-        remember_lowering(program, ("numba", threads), generated, _same_at_length)
+        remember_lowering(program, ("numba", threads, bounds), generated, _same_at_length)
     return generated
+
+
+def direct_llvm() -> bool:
+    """Whether kernels go to LLVM's generator first (compile/llvm/: installed and not turned
+    off by GRADTAPE_LLVM=0); they are planned for it then (fusion.limits)."""
+    return config.llvm_enabled() and llvm.available()
 
 
 def _wrapper_consts_at(generated: Generated, old: int, new: int) -> dict:
@@ -97,8 +116,19 @@ def _same_at_length(template: Generated, old: int, new: int, generated: Generate
     return all(equal_constants(v, generated.wrapper_consts[k]) for k, v in rebound.items())
 
 
-def _generate(program: Program, threads: int) -> Generated:
-    plan = fusion.plan(program, fusable, lowerable)
+def check_numba_values(kernels: list[Kernel], limit: int = MAX_KERNEL_VALUES) -> None:
+    """Raise NotImplementedError when a kernel passes more than `limit` values in and out
+    (Numba's compile time explodes on such tuples: the variant stays on the numpy backend)."""
+    for k in kernels:
+        if len(k.args) + len(k.returns) > limit:
+            raise NotImplementedError(
+                f"a kernel would pass {len(k.args) + len(k.returns)} values in and out (more "
+                f"than {limit}: Numba's compile time explodes on such tuples)"
+            )
+
+
+def _generate(program: Program, threads: int, bounds: fusion.Limits, direct: bool) -> Generated:
+    plan = fusion.plan(program, fusable, lowerable, bounds)
     if any(s.kind == OP and blas_matmul(s.members[0]) for s in plan.stages):
         # BLAS runs its own thread pool: with Numba's OpenMP threads spinning beside it, the
         # two pools take the cores from each other (measured: 10x slower on 2 cores)
@@ -115,12 +145,7 @@ def _generate(program: Program, threads: int) -> Generated:
             segment == 0 and not plan.stages
         ):
             kernels.append(KernelWriter(gen, segment).write())
-    for k in kernels:
-        if len(k.args) + len(k.returns) > MAX_KERNEL_VALUES:
-            raise NotImplementedError(
-                f"a kernel would pass {len(k.args) + len(k.returns)} values in and out (more "
-                f"than {MAX_KERNEL_VALUES}: Numba's compile time explodes on such tuples)"
-            )
+    check_numba_values(kernels, LLVM_KERNEL_VALUES if direct else MAX_KERNEL_VALUES)
     module = _module_text(
         kernels, threads > 1 and any("prange(" in line for k in kernels for line in k.lines)
     )

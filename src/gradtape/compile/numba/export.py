@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.errors import GradtapeError
+from ...core.errors import GradtapeError, NotExportableError
 from ...core.ir import source_text
 from ...core.pytree import tree_unflatten
 from ..dispatch import register_native_exporter
@@ -106,17 +106,6 @@ _JIT_OPTIONS = {"error_model": "numpy", "nogil": True, "boundscheck": False}
 
 
 # --- checking what can be exported -------------------------------------------------------------
-class NotExportableError(GradtapeError):
-    """A compiled function cannot become a native handle (an operation without native code, a
-    loop, arguments or results a handle cannot carry): the message says which and where. The
-    compiled function itself still computes it, from Python. `reason` is the message without
-    its advice."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 def _refuse(name: str, what: str, advice: str = "") -> NotExportableError:
     reason = f"{name} cannot be exported as a native handle: {what}"
     return NotExportableError(f"as_native: {reason}{advice}", reason)
@@ -279,7 +268,7 @@ def _entry_plan(program: Program, generated: Generated) -> _EntryPlan:
 def entry_plan(program: Program, name: str) -> tuple[str, str, _EntryPlan]:
     """The kernels' module text of `program`, its cache key and the plan of its entry
     points (its constants in data order); refuses what cannot be exported."""
-    generated = codegen.generate(program, threads=1)
+    generated = codegen.generate(program, threads=1, numba_only=True)
     _check_exportable(program, generated, name)
     plan = _entry_plan(program, generated)
     text = generated.module

@@ -57,10 +57,19 @@ values it needs), and a segment ends after MAX_KERNEL_MEMBERS instructions, so t
 is larger than that: a longer program becomes several kernels called one after another,
 values handed over as between the segments that python stages separate. No program is too
 long to compile natively; its compile time grows linearly once its kernels reach the bound.
-The bounds are large because a split costs at run time (values that one loop kept in
+Numba's bounds are large because a split costs at run time (values that one loop kept in
 registers are stored and read back) and, in Numba, compile time too (every value handed
 over is returned from one kernel and passed to the next); Python loops, the usual source
-of very long programs, are rolled before they get here (compile/rolling.py).
+of very long programs, are rolled before they get here (compile/rolling.py). The kernels
+LLVM's generator compiles (compile/llvm/) are bounded far shorter (`limits`): LLVM's
+optimization and code generation are superlinear in one function's length, and there a
+value handed on costs an argument. Their length is weighed by `stage_cost`: a loop's
+members, and OP_COST for each other stage (a slice or a small product writes loops of its
+own), so a kernel of many short stages is cut as early as one long loop; a kernel is cut
+between stages only, never inside a loop (see LLVM_KERNEL_COST), and a program whose whole
+cost is below LLVM_WHOLE_BELOW is not cut (each kernel costs a call its own entry). A loop driver's
+step is planned as one kernel (`limits(..., one_kernel=True)`): its length is bounded where
+it is rolled (rolling.MAX_STEP_INSTRUCTIONS).
 
 This module knows nothing about code generation: the backend passes predicates saying which
 instructions it can express as scalar expressions (`fusable`) and as ops (`lowerable`).
@@ -90,6 +99,55 @@ MAX_COLUMN_STREAMS = 16  # rows of M for which M @ g may read M by columns (see 
 # loop cost Numba more than the length of one loop)
 MAX_LOOP_MEMBERS = 8192
 MAX_KERNEL_MEMBERS = 16384
+# the kernels LLVM compiles directly (compile/llvm/) are far shorter: LLVM's optimization
+# and code generation are superlinear in one function's length, Numba's own passes are not
+# in the way, and a value handed to the next kernel costs an argument. A kernel's length is
+# its cost: a loop's members and OP_COST for each other stage, so many short stages (slices,
+# small products, each its own loops) count as what LLVM sees. Loops keep Numba's bound: a
+# fused loop cut in two stores every value the second part reads, and a loop storing into
+# hundreds of arrays is what LLVM compiles slowest (its vectorizer checks every pair of
+# them for overlap; a straight line of 1,000 operations cut into loops of 1,024 took over
+# 300 s, against 0.5 s as one loop)
+LLVM_KERNEL_COST = 256
+OP_COST = 4
+# a program whose whole cost is below this is not cut at all: LLVM compiles it in about a
+# second whole, and every further kernel costs each call its own entry (a scalar loop of
+# 100 steps, cost 600, took 1.13 us per call as 3 kernels against 0.70 us as one)
+LLVM_WHOLE_BELOW = 4096
+# nor is a program cut where more values than this would be handed to the next kernel (a
+# fused forward and backward pass split between its loops hands on hundreds: a straight
+# line of 4,000 operations cut there compiled far slower than whole)
+LLVM_MAX_HANDED = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long one loop and one kernel may be (see the module docstring): `loop_members`
+    instructions per loop; `kernel` per kernel, counted by `weighed` (each stage's members, or
+    its cost), None for no bound (a loop driver's step is one kernel)."""
+
+    loop_members: int
+    kernel: int | None
+    weighed: bool = False
+    whole_below: int = 0  # (weighed) a program of a smaller cost stays one kernel
+
+
+def limits(direct_llvm: bool, one_kernel: bool = False) -> Limits:
+    """The bounds of a plan: for Numba, or for the kernels LLVM compiles directly
+    (`direct_llvm`); `one_kernel`: no bound on a kernel's length (the plan's stages must stay
+    in one kernel). Read when called, so that tests can make the bounds small."""
+    if one_kernel:
+        return Limits(MAX_LOOP_MEMBERS, None)
+    if not direct_llvm:
+        return Limits(MAX_LOOP_MEMBERS, MAX_KERNEL_MEMBERS)
+    return Limits(
+        MAX_LOOP_MEMBERS,
+        min(MAX_KERNEL_MEMBERS, LLVM_KERNEL_COST),
+        weighed=True,
+        whole_below=min(MAX_KERNEL_MEMBERS, LLVM_WHOLE_BELOW),
+    )
+
+
 # where a value lives in generated code
 HELD_SCALAR, HELD_ARRAY, HELD_LOOP = "scalar", "array", "loop"
 
@@ -260,20 +318,24 @@ def plan(
     program: Program,
     fusable: Callable[[Instruction], bool],
     lowerable: Callable[[Instruction], bool],
+    bounds: Limits | None = None,
 ) -> Plan:
     """Schedule a Program into loops, scalar statements, ops, python stages and checks.
 
     `fusable(ins)`: the backend has a scalar expression for this elementwise instruction;
-    `lowerable(ins)`: it can compute this other instruction in a kernel (else: python stage).
+    `lowerable(ins)`: it can compute this other instruction in a kernel (else: python stage);
+    `bounds`: how long loops and kernels may be (default: Numba's, `limits(False)`).
     """
-    planner = _Planner(program, fusable, lowerable)
+    bounds = bounds or limits(False)
+    planner = _Planner(program, fusable, lowerable, bounds.loop_members)
     planner.schedule()
     stages = planner.stages
     for stage in stages:
         if stage.kind == LOOP and stage.nest is not None:
             stage.nested, stage.shape = True, stage.nest
-    nsegments = _number_segments(stages)
     last_use, stored, read_by_op, output_of = planner.reads()
+    live = _live_across(stages, planner.defined_in, last_use) if bounds.weighed else None
+    nsegments = _number_segments(stages, bounds, live)
     storage, buffers = _assign_storage(
         program, stages, planner.defined_in, stored, last_use, output_of, read_by_op
     )
@@ -295,8 +357,9 @@ class _Planner:
     """The schedule while it is built: stages in order, where each value is defined and how
     it is held (see the module docstring)."""
 
-    def __init__(self, program: Program, fusable, lowerable):
+    def __init__(self, program: Program, fusable, lowerable, loop_members: int):
         self.program, self.fusable, self.lowerable = program, fusable, lowerable
+        self.loop_members = loop_members  # a loop holding as many is full
         self.stages: list[Stage] = []
         self.held: dict[int, str] = {}
         self.defined_in: dict[int, Stage] = {}
@@ -339,7 +402,7 @@ class _Planner:
             if (
                 stage.kind == LOOP
                 and shape in stage.shapes
-                and len(stage.members) < MAX_LOOP_MEMBERS  # full: another loop after it
+                and len(stage.members) < self.loop_members  # full: another loop after it
                 and (nest is None or (stage.nest in (None, nest) and not stage.blocked))
                 and not (blocked and stage.nest is not None)
                 and all(self.usable_in(v, stage) for v in reads)
@@ -364,7 +427,7 @@ class _Planner:
             self.held.get(v.id) != HELD_LOOP
             or stage is None
             or stage.nest != v.shape
-            or len(stage.members) >= MAX_LOOP_MEMBERS
+            or len(stage.members) >= self.loop_members
         ):
             return None
         stage.members.append(ins)
@@ -376,7 +439,7 @@ class _Planner:
         if v is None or self.held.get(v.id) != HELD_LOOP:
             return None
         stage = self.defined_in[v.id]
-        if stage.kind != LOOP or len(stage.members) >= MAX_LOOP_MEMBERS:
+        if stage.kind != LOOP or len(stage.members) >= self.loop_members:
             return None
         stage.members.append(ins)
         stage.shapes.add(ins.outvars[0].shape)
@@ -499,23 +562,58 @@ class _Planner:
         return last_use, stored, read_by_op, output_of
 
 
-def _number_segments(stages: list[Stage]) -> int:
+def stage_cost(stage: Stage) -> int:
+    """What a stage adds to a kernel's length for LLVM (see LLVM_KERNEL_COST): a loop's
+    members, OP_COST for an op, one for a scalar statement, nothing for a check."""
+    if stage.kind == LOOP:
+        return len(stage.members)
+    if stage.kind == OP:
+        return OP_COST
+    return 1 if stage.kind == SCALAR else 0
+
+
+def _live_across(stages: list[Stage], defined_in: dict, last_use: dict) -> list[int]:
+    """For each stage index i, how many values computed before stage i are read at or
+    after it (what a kernel ending before stage i would hand on)."""
+    change = [0] * (len(stages) + 2)
+    for vid, stage in defined_in.items():
+        last = last_use.get(vid, -1)
+        if last > stage.index:
+            change[stage.index + 1] += 1
+            change[min(last, len(stages)) + 1] -= 1
+    live, running = [], 0
+    for i in range(len(stages)):
+        running += change[i]
+        live.append(running)
+    return live
+
+
+def _number_segments(stages: list[Stage], bounds: Limits, live: list[int] | None = None) -> int:
     """Python stages separate native kernels: each gets a segment of its own. A segment
-    also ends once it holds MAX_KERNEL_MEMBERS instructions (bounded kernels)."""
+    also ends once it holds `bounds.kernel` instructions (or that cost: bounded kernels),
+    at the first stage before which at most LLVM_MAX_HANDED values are live (`live`)."""
     segment = 0
-    members = 0
+    length = 0
+    limit = bounds.kernel
+    if bounds.weighed and sum(stage_cost(s) for s in stages) < bounds.whole_below:
+        limit = None
     for stage in stages:
         if stage.kind == PYTHON:
             segment += 1
             stage.segment = segment
             segment += 1
-            members = 0
+            length = 0
             continue
-        if members >= MAX_KERNEL_MEMBERS and stage.kind != CHECK:
+        if (
+            limit is not None
+            and length >= limit
+            and stage.kind != CHECK
+            and (live is None or live[stage.index] <= LLVM_MAX_HANDED)
+        ):
             segment += 1
-            members = 0
+            length = 0
         stage.segment = segment
-        members += len(stage.members)
+        length += stage_cost(stage) if bounds.weighed else len(stage.members)
     return segment + 1
 
 

@@ -232,7 +232,7 @@ build_spec = drivers.build_spec
 
 
 def _step_kernel(program) -> Generated:
-    gen = codegen.generate(program, threads=1)
+    gen = codegen.generate(program, threads=1, one_kernel=True)
     if (
         len(gen.kernels) != 1
         or gen.plan.segments != 1
