@@ -257,7 +257,12 @@ def bind(prim, args: tuple, params: dict):
     source = None if f is None else (f.f_code, f.f_lasti)
     ins = Instruction(prim, tuple(invars), vals, params, (var,), out, source)
     top.tape.instructions.append(ins)
-    if top.releases and (type(out) is _ndarray and out.size >= _RELEASE_SIZE or _any_large(vals)):
+    if top.releases and (
+        type(out) is _ndarray
+        and out.size >= _RELEASE_SIZE
+        # (an elementwise result is as large as its arguments: only others can have larger)
+        or (prim.partials is None and _any_large(vals))
+    ):
         release_unread(ins)
     tracer = Tracer(out, var, top)
     if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
