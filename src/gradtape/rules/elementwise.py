@@ -80,7 +80,11 @@ def _make_vjp(i: int, partial, safe: bool, name: str):
     else:
 
         def rule(g, ans, *args):
-            return _summed_to(g * partial(ans, *args), args[i])
+            d = g * partial(ans, *args)
+            arg = args[i]
+            if type(d) is _ndarray and type(arg) is _ndarray and d.shape == arg.shape:
+                return d  # (the common case at once)
+            return _summed_to(d, arg)
 
     rule.elementwise_partial = partial
     return rule
@@ -98,6 +102,7 @@ def _summed_to(d, arg):
 
 
 _add_reduce = np.add.reduce  # (np.sum's Python wrapper costs more than the sum at small sizes)
+_ndarray = np.ndarray
 
 
 def _times_safe(g, partial, ans, args):

@@ -124,7 +124,12 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool
     try:
         for ins in reversed(tape.instructions):
             if previous is not None:
-                _drop_values(previous)
+                if len(previous.invars) == 1:  # (_drop_values' common case inline)
+                    previous.out = None
+                    if previous.invars[0] is not None:
+                        previous.args = (None,)
+                else:
+                    _drop_values(previous)
                 previous = None
             if consume:
                 previous = ins
