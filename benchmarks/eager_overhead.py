@@ -8,7 +8,8 @@ and backward passes make, on plain arrays (what any tape-based eager gradient pa
 NumPy's dispatch to an `__array_ufunc__` override that does nothing (what a traced value pays
 before any of gradtape's code runs), and a minimal pure-Python tape (an override that calls the
 ufunc and appends to a list, a backward loop of one closure call per entry: what any tape
-written in Python pays, before checking anything).
+written in Python pays, before checking anything). The per-operation lines give the median
+wall-clock time and the least process CPU time (steadier on a loaded machine).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import statistics  # noqa: E402
+import time  # noqa: E402
 import timeit  # noqa: E402
 
 import numpy as onp  # noqa: E402
@@ -45,10 +47,27 @@ def normal_logpdf(np):
     return f
 
 
+def sum_exp(np):
+    """Two operations: the fixed cost of a call, and at large N the NumPy work."""
+
+    def f(x):
+        return np.sum(np.exp(x))
+
+    return f
+
+
 def median_us(fn, repeat: int = 7) -> float:
     timer = timeit.Timer(fn)
     number, _ = timer.autorange()
     return statistics.median(t / number for t in timer.repeat(repeat, number)) * 1e6
+
+
+def cpu_min_us(fn, repeat: int = 9) -> float:
+    """The least process CPU time of a call over `repeat` runs: on a loaded machine, what the
+    call itself costs (wall-clock medians there also count the time other processes ran)."""
+    timer = timeit.Timer(fn, timer=time.process_time)
+    number, _ = timer.autorange()
+    return min(timer.repeat(repeat, number)) / number * 1e6
 
 
 def main() -> None:
@@ -59,6 +78,8 @@ def main() -> None:
     for name, make, sizes in (
         ("chain50", chain, (10,)),
         ("normal_logpdf", normal_logpdf, (10, 1000, 100_000)),
+        ("sum_exp", sum_exp, (10, 1000, 100_000)),
+        ("sin_chain100", lambda np: sin_chain(np), (1000, 100_000)),
     ):
         for n in sizes:
             x = onp.random.default_rng(0).random(n)
@@ -69,6 +90,7 @@ def main() -> None:
             t_gt = median_us(lambda: g_gt(x))
             t_ag = median_us(lambda: g_ag(x))
             rows.append((name, n, t_f, t_gt, t_ag))
+    print(f"load average: {os.getloadavg()}")
     print(
         f"{'workload':<14} {'N':>7} {'f (us)':>9} {'gradtape':>9} {'autograd':>9} "
         f"{'gt/autograd':>11} {'gt/f':>6}"
@@ -169,15 +191,17 @@ def per_operation() -> None:
     onp.testing.assert_allclose(minimal_tape_grad(x), numpy_floor(x), rtol=1e-12)
     inert = _Inert()
     rows = [
-        ("gradtape grad", median_us(lambda: g_gt(x))),
-        ("autograd grad", median_us(lambda: g_ag(x))),
-        ("NumPy calls of forward + backward (floor)", median_us(lambda: numpy_floor(x))),
-        ("NumPy dispatch to an override (floor)", median_us(lambda: dispatch_only(inert))),
-        ("a minimal pure-Python tape (floor)", median_us(lambda: minimal_tape_grad(x))),
+        ("gradtape grad", lambda: g_gt(x)),
+        ("autograd grad", lambda: g_ag(x)),
+        ("NumPy calls of forward + backward (floor)", lambda: numpy_floor(x)),
+        ("NumPy dispatch to an override (floor)", lambda: dispatch_only(inert)),
+        ("a minimal pure-Python tape (floor)", lambda: minimal_tape_grad(x)),
     ]
     print(f"\nper operation: sin / * 0.5 chain of {PER_OP_OPS} operations, N=10")
-    for name, us in rows:
-        print(f"{name:<44} {us / PER_OP_OPS:>7.2f} us")
+    print(f"{'':<44} {'median':>9} {'CPU min':>9}")
+    for name, fn in rows:
+        wall, cpu = median_us(fn) / PER_OP_OPS, cpu_min_us(fn) / PER_OP_OPS
+        print(f"{name:<44} {wall:>6.2f} us {cpu:>6.2f} us")
     print(f"load average: {os.getloadavg()}")
 
 

@@ -105,6 +105,7 @@ class Primitive:
         "batch",
         "aliases_input",
         "complex_correct",
+        "plain_differentiable",
         "_vjp_reads",
     )
 
@@ -157,6 +158,9 @@ class Primitive:
         self.aliases_input = aliases_input
         self.complex_correct = complex_correct or user_rule or name in _COMPLEX_CORRECT_NAMES
         self._vjp_reads: dict = {}  # number of arguments -> what the VJP rules read
+        # one result with a derivative, recorded as one instruction: `bind`'s short path at
+        # a differentiating level (nondiff, transparent and multiple_results are set here only)
+        self.plain_differentiable = not (nondiff or transparent or multiple_results)
         if user_rule:  # one per custom_vjp/custom_jvp function: not part of the library
             return
         if name in REGISTRY:
@@ -247,22 +251,17 @@ def _rule_reads(rule, nargs: int) -> tuple | None:
         return (False,) * (nargs + 1)
     if type(rule) is not types.FunctionType:
         return None
-    code = rule.__code__
-    freevars = code.co_freevars
-    if (
-        code.co_name == "<lambda>"
-        and "partial" in freevars
-        and set(freevars) <= {"i", "partial"}
-        and code.co_flags & _CO_VARARGS
-        and rule.__closure__
-    ):
-        # a rule derived from an elementwise partial: `g * partial(ans, *args)`, summed back to
-        # the argument's shape (a shape the released value keeps)
-        partial = rule.__closure__[freevars.index("partial")].cell_contents
+    partial = getattr(rule, "elementwise_partial", _NOT_DERIVED)
+    if partial is not _NOT_DERIVED:
+        # a rule derived from an elementwise partial (rules/elementwise.py): `g * partial(ans,
+        # *args)`, summed back to the argument's shape (a shape the released value keeps)
         if partial is None or isinstance(partial, (int, float)):
             return (False,) * (nargs + 1)
         return _function_reads(partial, nargs, 0)
     return _function_reads(rule, nargs, 1)
+
+
+_NOT_DERIVED = object()
 
 
 def _rules_read(prim: Primitive, nargs: int) -> tuple | None:

@@ -60,6 +60,7 @@ class Level:
         "_frozen",
         "batch_size",
         "releases",
+        "differentiates",
         "__weakref__",
     )
 
@@ -79,6 +80,9 @@ class Level:
         # only the reverse interpreter reads this tape (grad, vjp): values its rules do not
         # read are released as they are recorded (see release_unread)
         self.releases = False
+        # an open DIFFERENTIATE level (grad, jvp): `bind` records on it by its short path
+        # (`_record_differentiated`); False once the level is closed
+        self.differentiates = kind is LevelKind.DIFFERENTIATE and batch_size is None
 
     def new_var(self, value) -> Var:
         try:
@@ -180,11 +184,11 @@ class new_level:
 
     def __exit__(self, *exc) -> None:
         level, stack = self.level, self.stack
-        level.active = False
+        level.active = level.differentiates = False
         # pop this level and anything left above it by an exception
         while stack:
             top = stack.pop()
-            top.active = False
+            top.active = top.differentiates = False
             if top is level:
                 break
         if level.kind in _STAGED:
@@ -200,7 +204,12 @@ def current_levels() -> list:
 
 
 def bind(prim, args: tuple, params: dict):
-    """Apply `prim` to `args`: record it at the highest level among the Tracer arguments."""
+    """Apply `prim` to `args`: record it at the highest level among the Tracer arguments.
+
+    The common case of eager differentiation (an open DIFFERENTIATE level, a primitive with
+    one result that has a derivative: `Primitive.plain_differentiable`) is recorded here in one
+    frame, as `_record` would record it; every other case goes through `_record`.
+    """
     top = None
     for a in args:
         if type(a) is Tracer:
@@ -209,6 +218,60 @@ def bind(prim, args: tuple, params: dict):
                 top = lv
     if top is None:
         return prim.impl(*args, **params)
+    if not (top.differentiates and prim.plain_differentiable):
+        return _bind_at(top, prim, args, params)
+    vals = []
+    invars = []
+    constant_array = False  # a writable ndarray argument (frozen below unless prim is linear)
+    for a in args:
+        if type(a) is Tracer and a._level is top:
+            vals.append(a._value)
+            invars.append(a._var)
+            continue
+        if type(a) is _ndarray and a.flags.writeable:
+            constant_array = True
+        vals.append(a)
+        invars.append(None)
+    out = prim.impl(*vals, **params) if params else prim.impl(*vals)
+    dt = getattr(out, "dtype", None)
+    if not (isinstance(out, (float, complex)) if dt is None else dt.kind in "fc"):
+        return out  # an integer or boolean result: no derivative
+    if constant_array and not prim.linear:
+        vals = [
+            top.freeze(v) if var is None and type(v) is _ndarray and v.flags.writeable else v
+            for v, var in zip(vals, invars)
+        ]
+    vals = tuple(vals)
+    # the user's line (see user_frame; a differentiated tape names it in backward errors)
+    f = _getframe(1)
+    library = _LIBRARY_CODE
+    while f is not None:
+        inside = library.get(f.f_code)
+        if inside is None:
+            inside = _library_code(f.f_code)
+        if not inside:
+            break
+        f = f.f_back
+    var = Var(top._nvars, (), _dtype_of(out)) if dt is None else Var(top._nvars, out.shape, dt)
+    top._nvars += 1
+    source = None if f is None else (f.f_code, f.f_lasti)
+    ins = Instruction(prim, tuple(invars), vals, params, (var,), out, source)
+    top.tape.instructions.append(ins)
+    if top.releases and (
+        type(out) is _ndarray
+        and out.size >= _RELEASE_SIZE
+        # (an elementwise result is as large as its arguments: only others can have larger)
+        or (prim.partials is None and _any_large(vals))
+    ):
+        release_unread(ins)
+    tracer = Tracer(out, var, top)
+    if prim.aliases_input and type(args[0]) is Tracer:  # x.T, x.reshape(...): a view of x
+        add_view(args[0], tracer, None, _recompute_view(prim, args[1:], params))
+    return tracer
+
+
+def _bind_at(top: Level, prim, args: tuple, params: dict):
+    """`bind` at `top`, the highest level among the arguments, other than its short path."""
     if not top.active:
         raise _leaked_error(top)
     if top.batch_size is not None:
@@ -216,6 +279,11 @@ def bind(prim, args: tuple, params: dict):
     if prim.transparent and not top.record_all:
         # differentiated through its implementation (which is written with primitives)
         return prim.impl(*args, **params)
+    return _record(top, prim, args, params)
+
+
+def _record(top: Level, prim, args: tuple, params: dict):
+    """`bind` at the open level `top` (not a BATCH level)."""
     vals = []
     invars = []
     for a in args:
@@ -256,7 +324,7 @@ def bind(prim, args: tuple, params: dict):
     invars = tuple(invars)
     # a differentiated tape remembers the user's line of each operation: an error raised by
     # a derivative rule later (in the backward pass) names it
-    source = None if top.record_all else user_frame()
+    source = None if top.record_all else user_frame(4)
     if prim.multiple_results:
         outvars = tuple(top.new_var(o) for o in out)
         top.tape.instructions.append(Instruction(prim, invars, vals, params, outvars, out, source))
@@ -289,36 +357,52 @@ def _any_large(values: tuple) -> bool:
 def release_unread(ins: Instruction) -> None:
     """Replace the values of `ins` that no VJP rule of its differentiated arguments reads by
     `Released` stand-ins (shape and dtype only), so an eager gradient does not keep every
-    intermediate alive until its backward pass. Constants stay (the tape prints them)."""
+    intermediate alive until its backward pass. Constants stay (the tape prints them).
+    Arrays smaller than _RELEASE_SIZE entries stay too (releasing them saves little)."""
+    invars = ins.invars
+    traced = tuple([v is not None for v in invars])
+    plan = _RELEASE_PLANS.get((ins.prim, traced))
+    if plan is None:
+        plan = _release_plan(ins.prim, traced)
+    release_out, release_args = plan
     out = ins.out
-    args = ins.args
-    if not (
-        (type(out) is np.ndarray and out.size >= _RELEASE_SIZE)
-        or any(type(a) is np.ndarray and a.size >= _RELEASE_SIZE for a in args)
-    ):
-        return
-    per_rule = ins.prim.vjp_reads(len(args))
-    if per_rule is None:
-        return
-    reads = None
-    for v, rule_reads in zip(ins.invars, per_rule):
-        if v is not None:
-            reads = rule_reads if reads is None else [a or b for a, b in zip(reads, rule_reads)]
-    if reads is None:
-        return
-    if not reads[0] and type(out) is np.ndarray and out.size >= _RELEASE_SIZE:
+    if release_out and type(out) is _ndarray and out.size >= _RELEASE_SIZE:
         ins.out = Released(out.shape, out.dtype)
-    if not any(
-        v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
-        for v, r, a in zip(ins.invars, reads[1:], args)
-    ):
+    if not release_args:
         return
-    ins.args = tuple(
-        Released(a.shape, a.dtype)
-        if v is not None and not r and type(a) is np.ndarray and a.size >= _RELEASE_SIZE
-        else a
-        for v, r, a in zip(ins.invars, reads[1:], args)
-    )
+    args = ins.args
+    kept = None
+    for k in release_args:
+        a = args[k]
+        if type(a) is _ndarray and a.size >= _RELEASE_SIZE:
+            if kept is None:
+                kept = list(args)
+            kept[k] = Released(a.shape, a.dtype)
+    if kept is not None:
+        ins.args = tuple(kept)
+
+
+# (primitive, which arguments are traced) -> (release the result, indices of the traced
+# arguments to release): what release_unread does for each application of that form
+_RELEASE_PLANS: dict = {}
+
+
+def _release_plan(prim, traced: tuple) -> tuple:
+    """What release_unread releases of an application of `prim` whose traced arguments are
+    `traced`: the values no VJP rule of a traced argument reads (nothing when unknown)."""
+    per_rule = prim.vjp_reads(len(traced))
+    reads = None
+    if per_rule is not None:
+        for is_traced, rule_reads in zip(traced, per_rule):
+            if is_traced:
+                reads = rule_reads if reads is None else [a or b for a, b in zip(reads, rule_reads)]
+    if reads is None:
+        plan = (False, ())
+    else:
+        plan = (not reads[0], tuple(k for k, t in enumerate(traced) if t and not reads[k + 1]))
+    if not prim.user_rule:  # (a custom_vjp's primitive is the user's: not kept alive here)
+        _RELEASE_PLANS[(prim, traced)] = plan
+    return plan
 
 
 def _recompute_view(prim, rest: tuple, params: dict):
@@ -474,6 +558,7 @@ _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
 
 
 _SCIPY_MARK = os.sep + "scipy" + os.sep
+_getframe = sys._getframe
 _LIBRARY_CODE: dict = {}  # code object -> True when it is gradtape's, NumPy's or SciPy's
 
 
@@ -488,14 +573,18 @@ def user_frame(depth: int = 2) -> tuple | None:
         code = f.f_code
         inside = library.get(code)
         if inside is None:
-            fn = code.co_filename
-            inside = library[code] = (
-                fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
-            )
+            inside = _library_code(code)
         if not inside:
             return (code, f.f_lasti)
         f = f.f_back
     return None
+
+
+def _library_code(code) -> bool:
+    """Whether `code` is gradtape's, NumPy's or SciPy's (remembered in _LIBRARY_CODE)."""
+    fn = code.co_filename
+    inside = _LIBRARY_CODE[code] = fn.startswith(_PKG_DIR) or _NUMPY_DIR in fn or _SCIPY_MARK in fn
+    return inside
 
 
 def user_source_line() -> str:
@@ -790,6 +879,14 @@ class Tracer:
 
     # --- NumPy's override protocols -----------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if not kwargs and method == "__call__":  # np.sin(x), np.add(x, 1): at once
+            prim = _UFUNCS.get(ufunc)
+            if prim is not None:
+                for i in inputs:
+                    if type(i) in _SEQUENCES:
+                        break
+                else:
+                    return bind(prim, inputs, {})
         for i in inputs:
             if type(i) in _SEQUENCES:
                 if method == "at":  # np.add.at(a, (rows, cols), v): the tuple is the index

@@ -51,6 +51,9 @@ def _scale(g, d):
 
 
 def _make_vjp(i: int, partial, safe: bool, name: str):
+    """The VJP rule of argument i from its partial: `g * partial(ans, *args)` (NaN-safe when
+    `safe`), summed back to the argument's shape. The rule carries its partial as
+    `elementwise_partial`, from which `Primitive.vjp_reads` tells what it reads."""
     if partial is None:
 
         def undefined(g, ans, *args):
@@ -60,34 +63,68 @@ def _make_vjp(i: int, partial, safe: bool, name: str):
                 "gradtape.custom_vjp."
             )
 
-        return undefined
-    if isinstance(partial, (int, float)):
-        return lambda g, ans, *args: unbroadcast(_scale(g, partial), shape_of(args[i]))
-    if safe:
-        return lambda g, ans, *args: unbroadcast(
-            _times_safe(g, partial, ans, args), shape_of(args[i])
-        )
-    return lambda g, ans, *args: unbroadcast(g * partial(ans, *args), shape_of(args[i]))
+        rule = undefined
+    elif isinstance(partial, (int, float)):
+
+        def rule(g, ans, *args):
+            d = g if partial == 1 else -g if partial == -1 else g * partial
+            return _summed_to(d, args[i])
+
+    elif safe:
+
+        def rule(g, ans, *args):
+            p = partial(ans, *args)  # (a finite Python number: nothing to mask)
+            d = g * p if type(p) is float and p - p == 0 else _safe_product(g, p)
+            return _summed_to(d, args[i])
+
+    else:
+
+        def rule(g, ans, *args):
+            d = g * partial(ans, *args)
+            arg = args[i]
+            if type(d) is _ndarray and type(arg) is _ndarray and d.shape == arg.shape:
+                return d  # (the common case at once)
+            return _summed_to(d, arg)
+
+    rule.elementwise_partial = partial
+    return rule
+
+
+def _summed_to(d, arg):
+    """The cotangent `d` of an elementwise result summed back to the shape of argument `arg`
+    (unbroadcast; at once when the shapes agree, the common case)."""
+    shape = getattr(arg, "shape", None)
+    if shape is None:
+        shape = np.shape(arg)
+    elif getattr(d, "shape", None) == shape:
+        return d
+    return unbroadcast(d, shape)
 
 
 _add_reduce = np.add.reduce  # (np.sum's Python wrapper costs more than the sum at small sizes)
+_ndarray = np.ndarray
 
 
 def _times_safe(g, partial, ans, args):
-    """g * partial, but 0 where g is 0 and the partial is infinite or NaN (a masked branch).
+    """g * partial(ans, *args), NaN-safe: see `_safe_product`."""
+    return _safe_product(g, partial(ans, *args))
 
-    The mask asks only where the partial is not finite: elsewhere g * partial is kept as
+
+def _safe_product(g, p):
+    """g * p, but 0 where g is 0 and the partial p is infinite or NaN (a masked branch).
+
+    The mask asks only where the partial is not finite: elsewhere g * p is kept as
     recorded, so derivatives through g (higher order) are not cut where g happens to be 0.
     Concrete values (eager differentiation) pay one sum over the product: a zero times an
     infinite or NaN partial is NaN, so a product whose sum is not NaN needs no mask. A recorded
     product (compile, higher order) is a plain multiply when the partial is a finite constant or
     the cotangent a constant with no zero (a constant is the same on every replay), and one
     `nan_safe_multiply` instruction otherwise, which makes the same test on every replay.
+    (The interpreters silence the warnings of masked entries.)
     """
-    p = partial(ans, *args)  # the interpreters silence the warnings of masked entries
-    if not config.nan_safe():  # GRADTAPE_NAN_SAFE=0: JAX's and autograd's plain product
-        return g * p
     if type(p) is float and p - p == 0:  # a finite Python constant (x * 0.5): nothing to mask
+        return g * p
+    if not config.nan_safe():  # GRADTAPE_NAN_SAFE=0: JAX's and autograd's plain product
         return g * p
     traced_g = type(g) is Tracer
     traced_p = type(p) is Tracer

@@ -101,12 +101,17 @@ def _drop_values(ins) -> None:
     """Drop an instruction's traced values once its rules have run (`consume`: the tape still
     lists it, with its constants), so the values only it held are freed during the pass."""
     ins.out = None
-    args = ins.args
-    if len(args) == 1:
-        if ins.invars[0] is not None:
+    invars = ins.invars
+    if len(invars) == 1:
+        if invars[0] is not None:
             ins.args = (None,)
+    elif len(invars) == 2:
+        v0, v1 = invars
+        if v0 is not None or v1 is not None:
+            a0, a1 = ins.args
+            ins.args = (a0 if v0 is None else None, a1 if v1 is None else None)
     else:
-        ins.args = tuple([a if v is None else None for v, a in zip(ins.invars, args)])
+        ins.args = tuple([a if v is None else None for v, a in zip(invars, ins.args)])
 
 
 def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool) -> dict:
@@ -119,45 +124,50 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool
     try:
         for ins in reversed(tape.instructions):
             if previous is not None:
-                _drop_values(previous)
+                if len(previous.invars) == 1:  # (_drop_values' common case inline)
+                    previous.out = None
+                    if previous.invars[0] is not None:
+                        previous.args = (None,)
+                else:
+                    _drop_values(previous)
                 previous = None
             if consume:
                 previous = ins
             prim = ins.prim
             if prim.multiple_results:
-                gs = [acc.pop(v.id, None) for v in ins.outvars]
-                if all(g is None for g in gs):
+                g = _multiple_cotangents(acc, ins)
+                if g is None:
                     continue
-                if prim.vjp_all is not None:  # takes None for outputs with no cotangent
-                    g = tuple(None if gi is None else _resolve(gi) for gi in gs)
-                else:
-                    g = tuple(
-                        np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi)
-                        for v, gi in zip(ins.outvars, gs)
-                    )
             else:
                 g = acc.pop(ins.outvars[0].id, None)
                 if g is None:
                     continue
-                g = _resolve(g)
+                if type(g) is list:
+                    g = _resolve(g)
             if not prim.complex_correct:
                 check_complex(ins)
-            vjp_all = prim.vjp_all
-            if vjp_all is not None:
-                cts = vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
+            if prim.vjp_all is not None:
+                cts = prim.vjp_all(g, ins.out, ins.args, ins.params, ins.invars)
                 for v, ct in zip(ins.invars, cts):
                     if v is not None and ct is not None:
                         _accumulate(acc, v, ct)
                 continue
             vjps = prim.vjps
+            args = ins.args
             for i, v in enumerate(ins.invars):
                 if v is None:
                     continue
                 rule = vjps[i] if type(vjps) is tuple else prim.vjp_rule(i)
                 if rule is None:
                     continue
-                ct = rule(g, ins.out, *ins.args, **ins.params)
-                if ct is not None:
+                ct = rule(g, ins.out, *args, **ins.params)
+                if ct is None:
+                    continue
+                # (_accumulate's common case inline: a first dense cotangent of v's dtype)
+                dt = getattr(ct, "dtype", None)
+                if v.id not in acc and (dt is v.dtype or dt is None or dt == v.dtype):
+                    acc[v.id] = [ct] if type(ct) is SparseCotangent else ct
+                else:
                     _accumulate(acc, v, ct)
     except Exception as error:
         name_forward_line(error, ins)
@@ -165,6 +175,18 @@ def _backward(tape: Tape, outvars: Sequence, cotangents: Sequence, consume: bool
     if previous is not None:
         _drop_values(previous)
     return {k: _resolve(e) for k, e in acc.items()}
+
+
+def _multiple_cotangents(acc: dict, ins):
+    """The cotangents of a primitive with several results (None: it received none)."""
+    gs = [acc.pop(v.id, None) for v in ins.outvars]
+    if all(g is None for g in gs):
+        return None
+    if ins.prim.vjp_all is not None:  # takes None for outputs with no cotangent
+        return tuple(None if gi is None else _resolve(gi) for gi in gs)
+    return tuple(
+        np.zeros(v.shape, v.dtype) if gi is None else _resolve(gi) for v, gi in zip(ins.outvars, gs)
+    )
 
 
 # --- argument handling ----------------------------------------------------------------------
