@@ -219,9 +219,9 @@ def test_a_new_length_is_rebound_on_the_numba_backend(monkeypatch, backend, f, s
     generated = []
     full = codegen._generate
 
-    def counting(program, threads):
+    def counting(program, *options):
         generated.append(program)
-        return full(program, threads)
+        return full(program, *options)
 
     monkeypatch.setattr(codegen, "_generate", counting)
     cf = gt.compile(gt.value_and_grad(f), backend=backend)
