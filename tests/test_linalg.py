@@ -1436,6 +1436,26 @@ def test_cholesky_backward_is_one_instruction_and_traced_through_when_differenti
         )
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("n", [1, 5, 70, 130])
+def test_cholesky_backward_lapack_path_reads_the_lower_triangle_of_the_cotangent(n, dtype):
+    """The LAPACK path (trmm, sygst) gives the triangular solves' result from the cotangent's
+    lower triangle alone: a full cotangent, with a NaN and an infinity in its strict upper
+    triangle, gives the finite result of its lower triangle; the result is lower triangular and
+    C-contiguous (sizes across sygst's blocking of 64)."""
+    rng = np.random.default_rng(n)
+    low = np.linalg.cholesky(spd(rng, (), n)).astype(dtype)
+    low_bar = rng.standard_normal((n, n)).astype(dtype)
+    generic = la._cholesky_backward(low[None], np.tril(low_bar)[None])[0]
+    if n > 1:
+        low_bar[0, n - 1], low_bar[n // 2 - 1 if n > 2 else 0, n - 1] = np.nan, np.inf
+    result = la._cholesky_backward(low, low_bar)
+    assert result.dtype == dtype and result.flags.c_contiguous
+    assert np.all(np.isfinite(result)) and not np.any(np.triu(result, 1))
+    tol = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(result, generic, rtol=tol, atol=tol * np.abs(generic).max())
+
+
 # --- second derivatives of the new rules ----------------------------------------------------------
 @settings(max_examples=4, deadline=None)
 @given(seed=SEEDS, n=st.integers(2, 3))

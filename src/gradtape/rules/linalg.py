@@ -966,19 +966,33 @@ def _blas_funcs(names: tuple, dtype_char: str):
     return blas.get_blas_funcs(names, dtype=np.dtype(dtype_char))
 
 
+@functools.lru_cache(maxsize=8)
+def _lower_triangle_mask(n: int) -> np.ndarray:
+    """The read-only boolean mask of the lower triangle (diagonal included) of an n x n matrix,
+    kept for the last few sizes: np.tril builds it anew on every call."""
+    mask = np.tri(n, dtype=bool)
+    mask.flags.writeable = False
+    return mask
+
+
 def _cholesky_backward_lapack(low, low_bar):
     """phi(L^-T M L^-1) with M = P + P^T, P = phi(L^T Lbar), for one real matrix, from trmm and
     sygst (about 2 n^3 flops, against 4 n^3 for a product and two triangular solves)."""
     (trmm,) = _blas_funcs(("trmm",), low.dtype.char)
     (sygst,) = _lapack(("sygst",), low.dtype)
     n = low.shape[-1]
-    # the upper triangle of M is that of Q^T = Lbar^T L (diagonal included), the rest is not read
-    qt = trmm(1.0, low, np.tril(low_bar).T, side=1, lower=1, overwrite_b=1)
+    lower, zero = _lower_triangle_mask(n), np.zeros((), low.dtype)
+    # the upper triangle of M is that of Q^T = Lbar^T L (diagonal included), the rest is not
+    # read; Lbar's strict upper triangle is zeroed (a fresh copy trmm overwrites), so a NaN or
+    # an infinity there cannot reach the result through trmm's products with L's zeros
+    qt = trmm(1.0, low, np.where(lower, low_bar, zero).T, side=1, lower=1, overwrite_b=1)
     # sygst gives inv(L) A inv(L^T) for a lower L: with rows and columns in reverse order (J),
     # J L^T J is lower and J inv(L^T) M inv(L) J = inv(J L^T J) (J M J) inv(J L^T J)^T
     c, info = sygst(qt[::-1, ::-1], low.T[::-1, ::-1], itype=1, lower=1, overwrite_a=1)
-    out = np.tril(c[::-1, ::-1].T)  # C is symmetric: its lower triangle, from the upper one
-    out[np.diag_indices(n)] *= 0.5
+    # C is symmetric: its lower triangle, from the upper one, C-contiguous (so the numba
+    # backend's wrapper hands it to the next kernel without a copy)
+    out = np.ascontiguousarray(np.where(lower, c[::-1, ::-1].T, zero))
+    out.reshape(-1)[:: n + 1] *= 0.5  # the diagonal, through a strided view of the buffer
     return out
 
 
