@@ -164,6 +164,10 @@ def test_config_reads_the_bounds(monkeypatch):
         assert config.max_signatures() == 64
     monkeypatch.setenv("GRADTAPE_MAX_KERNELS", "12")
     assert config.max_kernels() == 12
+    monkeypatch.delenv("GRADTAPE_MAX_NUMBA_MODULES", raising=False)
+    assert config.max_numba_modules() == 256
+    monkeypatch.setenv("GRADTAPE_MAX_NUMBA_MODULES", "3")
+    assert config.max_numba_modules() == 3
 
 
 # --- one kernel for closures differing in a constant ----------------------------------------
@@ -350,3 +354,32 @@ def test_resident_memory_stays_bounded(tmp_path, backend):
     assert proc.returncode == 0, proc.stderr[-3000:]
     grew = float(proc.stdout.split("grew")[1])
     assert grew < RESOURCE_BOUND_MB, proc.stdout
+
+
+@native
+def test_modules_numba_builds_are_bounded(monkeypatch):
+    """Numba never frees a module's machine code: beyond GRADTAPE_MAX_NUMBA_MODULES distinct
+    modules a new one runs on the numpy backend (right numbers, a warning naming the setting);
+    one already built is still served."""
+    from gradtape.compile.numba import backend as nb
+
+    monkeypatch.setenv("GRADTAPE_LLVM", "0")  # every module to Numba
+    monkeypatch.setattr(nb, "_numba_modules", set())
+    monkeypatch.setenv("GRADTAPE_MAX_NUMBA_MODULES", "1")
+    x = np.linspace(0.1, 1.0, 40)
+
+    def first(x):
+        return np.sum(np.sin(x) * x**3)
+
+    def second(x):
+        return np.sum(np.tanh(x) * np.exp(-x))
+
+    gt.compile(gt.grad(first), backend="numba")(x)
+    assert len(nb._numba_modules) == 1
+    with pytest.warns(gt.NativeFallbackWarning, match="GRADTAPE_MAX_NUMBA_MODULES"):
+        g = gt.compile(gt.grad(second), backend="numba")(x)
+    np.testing.assert_allclose(g, gt.grad(second)(x), rtol=1e-12)
+    assert len(nb._numba_modules) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gt.NativeFallbackWarning)
+        gt.compile(gt.grad(first), backend="numba")(x * 2)  # the module already built

@@ -14,6 +14,9 @@
   recently used dropped first, with their variants, generated code and buffers).
 * `GRADTAPE_MAX_KERNELS` (default 256): native kernel modules kept in memory for sharing
   between variants (least recently used dropped first; variants still using one keep it).
+* `GRADTAPE_MAX_NUMBA_MODULES` (default 256): kernel modules Numba may build in one process
+  (Numba never frees their machine code, about 1 MB each); later ones run on the numpy
+  backend, with a warning. Modules the llvmlite generator builds are freed and not counted.
 * `GRADTAPE_MAX_COMPILED` (default 256): compiled functions `compile` remembers, so that
   `compile(value_and_grad(f))` written again returns the one already built.
 * `GRADTAPE_BUFFER_SETS` (default 4): sets of preallocated buffers a numpy-backend variant
@@ -54,6 +57,7 @@ PATCH_NUMPY = "GRADTAPE_PATCH_NUMPY"
 MAX_SIGNATURES = "GRADTAPE_MAX_SIGNATURES"
 MAX_KERNELS = "GRADTAPE_MAX_KERNELS"
 MAX_COMPILED = "GRADTAPE_MAX_COMPILED"
+MAX_NUMBA_MODULES = "GRADTAPE_MAX_NUMBA_MODULES"
 BUFFER_SETS = "GRADTAPE_BUFFER_SETS"
 ROLL = "GRADTAPE_ROLL"
 NAN_SAFE = "GRADTAPE_NAN_SAFE"
@@ -65,6 +69,7 @@ DEFAULT_CACHE_MAX_AGE_DAYS = 30
 DEFAULT_MAX_SIGNATURES = 64
 DEFAULT_MAX_KERNELS = 256
 DEFAULT_MAX_COMPILED = 256
+DEFAULT_MAX_NUMBA_MODULES = 256
 DEFAULT_BUFFER_SETS = 4
 DEFAULT_NATIVE_WAIT = 60.0
 
@@ -89,6 +94,10 @@ SETTINGS: dict[str, tuple[str, str]] = {
     MAX_KERNELS: (
         str(DEFAULT_MAX_KERNELS),
         "native kernel modules kept in memory for sharing (least recently used dropped)",
+    ),
+    MAX_NUMBA_MODULES: (
+        str(DEFAULT_MAX_NUMBA_MODULES),
+        "kernel modules Numba may build per process (their machine code is never freed)",
     ),
     MAX_COMPILED: (
         str(DEFAULT_MAX_COMPILED),
@@ -214,6 +223,13 @@ def max_kernels() -> int:
     """GRADTAPE_MAX_KERNELS: how many native kernel modules stay in memory for variants to
     share (default 256, least recently used dropped first)."""
     return _count(MAX_KERNELS, DEFAULT_MAX_KERNELS)
+
+
+def max_numba_modules() -> int:
+    """GRADTAPE_MAX_NUMBA_MODULES: how many kernel modules Numba may build in one process
+    (default 256; Numba keeps each one's machine code until the process ends). Later modules
+    run on the numpy backend, with a NativeFallbackWarning."""
+    return _count(MAX_NUMBA_MODULES, DEFAULT_MAX_NUMBA_MODULES)
 
 
 def max_compiled() -> int:

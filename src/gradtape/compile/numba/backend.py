@@ -201,6 +201,7 @@ class NativeKernels:
                     if not free:  # another thread's compile holds Numba's lock past the deadline
                         self._interrupted()
                         return False
+                    _admit_numba_module(self.key)
                     functions, from_cache = _build_kernels(self)
                 self.generator = "numba"
             else:
@@ -685,6 +686,27 @@ def _build_with_llvm(nk: NativeKernels) -> tuple[tuple, bool] | None:
     if not nk.llvm_candidate or not config.llvm_enabled():
         return None
     return llvm.build_or_none(nk.key, nk.module_text, nk.kernels)
+
+
+_numba_modules: set = set()  # keys of the modules Numba built in this process
+_numba_modules_lock = threading.Lock()
+
+
+def _admit_numba_module(key) -> None:
+    """Count a module Numba is about to build (its machine code stays for the process's
+    life); beyond GRADTAPE_MAX_NUMBA_MODULES distinct modules, refuse it: the variant stays on
+    the numpy backend, and the warning says why."""
+    limit = config.max_numba_modules()
+    with _numba_modules_lock:
+        if key in _numba_modules:
+            return
+        if len(_numba_modules) >= limit:
+            raise RuntimeError(
+                f"this process already holds {limit} kernel modules built by Numba, whose "
+                "machine code Numba never frees (GRADTAPE_MAX_NUMBA_MODULES); this one runs "
+                "on the numpy backend"
+            )
+        _numba_modules.add(key)
 
 
 def _build_kernels(nk: NativeKernels) -> tuple[tuple, bool]:
