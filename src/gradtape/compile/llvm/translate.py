@@ -91,7 +91,10 @@ class Builder(ir.IRBuilder):
     x86-64 and AArch64 use the same instructions for aligned and unaligned elements."""
 
     def load(self, ptr, name="", align=None, typ=None):
-        return super().load(ptr, name, 1 if align is None else align, typ)
+        align = 1 if align is None else align
+        if typ is None:  # (llvmlite before 0.44 has no typ parameter)
+            return super().load(ptr, name, align)
+        return super().load(ptr, name, align, typ)
 
     def store(self, value, ptr, align=None):
         return super().store(value, ptr, 1 if align is None else align)
