@@ -6,7 +6,8 @@ central finite differences (always) and the complex step (where the function acc
 complex input and is analytic there), both computed in float64.
 
 Tiers: tests that compile Numba kernels are marked `native`, tests that start a Dask cluster
-`cluster`. Plain `pytest` is the fast tier: it deselects both and turns Numba off for the whole
+`cluster`, tests that compare against JAX (their names say `jax`) `oracle`. Plain `pytest` is
+the fast tier: it deselects the three and turns Numba off for the whole
 process (GRADTAPE_NUMBA=0, so backend="auto" and eager loops never start a background
 compile). `pytest --all` runs both tiers; an explicit `-m` expression selects by itself (Numba
 stays on unless it excludes `native`). gradtape is imported only after this is decided
@@ -72,11 +73,15 @@ def pytest_configure(config):
     os.environ.setdefault("GRADTAPE_NATIVE_WAIT", "900")
 
 
-#: markers of the tests plain `pytest` deselects: Numba compiles, and real Dask clusters
-SLOW_TIER = ("native", "cluster")
+#: markers of the tests plain `pytest` deselects: Numba compiles, real Dask clusters, and
+#: comparisons against JAX (its import and jit compiles cost more than the rest of a test)
+SLOW_TIER = ("native", "cluster", "oracle")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # a test that names JAX compares against it: the oracle tier
+        if "jax" in item.nodeid.lower() and item.get_closest_marker("oracle") is None:
+            item.add_marker(pytest.mark.oracle)
     if "fuzz" not in (config.getoption("markexpr") or ""):  # long fuzzing: only when named
         fuzz = [item for item in items if item.get_closest_marker("fuzz") is not None]
         if fuzz:
@@ -93,7 +98,10 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     if _native_selected(config):
         return "gradtape tests: native tier included (Numba on)"
-    return "gradtape tests: fast tier, `native` tests deselected, Numba off; --all runs both"
+    return (
+        "gradtape tests: fast tier, `native`, `cluster` and `oracle` (JAX) tests deselected, "
+        "Numba off; --all runs every tier"
+    )
 
 
 def pytest_unconfigure(config):
