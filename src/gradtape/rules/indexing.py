@@ -218,18 +218,23 @@ def _any_traced(*values) -> bool:
     return any(type(a) is trace.Tracer for a in values)
 
 
+def _traced_integers_vary(v) -> bool:
+    """Whether a traced value is an array, or holds a member of a vmap batch at any level
+    below (each member has its own values)."""
+    if type(v) is trace.Tracer and v.ndim:
+        return True
+    while type(v) is trace.Tracer:
+        if v._level.batch_size is not None:
+            return True
+        v = v._value
+    return False
+
+
 def _batched_integers(values) -> bool:
     """Whether traced integers are arrays or hold members of a vmap batch (at any level
     below): the read or write is then recorded with them, at their level. (A plain array at
     a traced scalar, a loop counter, keeps the concrete, guarded position.)"""
-    for v in values:
-        if type(v) is trace.Tracer and v.ndim:
-            return True
-        while type(v) is trace.Tracer:
-            if v._level.batch_size is not None:
-                return True
-            v = v._value
-    return False
+    return any(_traced_integers_vary(v) for v in values)
 
 
 def _dyn_getitem_impl(x, *iv, template, positions):
@@ -395,13 +400,7 @@ def _index_varies(part) -> bool:
     (each member has its own integers)."""
     if type(part) is not trace.Tracer or dtype_of(part).kind not in "iu":
         return False
-    if part.ndim:
-        return True
-    while type(part) is trace.Tracer:
-        if part._level.batch_size is not None:
-            return True
-        part = part._value
-    return False
+    return _traced_integers_vary(part)
 
 
 def _survivors_traced(x_shape, idx, order):

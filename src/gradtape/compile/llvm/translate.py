@@ -25,6 +25,7 @@ Numba, as before. So the subset can only be too small, never silently different.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -796,23 +797,30 @@ class Translator:
             self.check_or_fail(b.icmp_signed("==", size, count))
         elif not isinstance(source, Val):
             raise NotServed("an in-place update by a tuple")
-        counter = self.entry.alloca(LL[I64], name="update.n")
+        with self.element_loop(count, "update") as i:
+            target = b.gep(view.data, [i], inbounds=True)
+            current = self.loaded(view.t, b.load(target))
+            other = source
+            if isinstance(source, ArrayArg):
+                other = self.loaded(source.t, b.load(b.gep(source.data, [i], inbounds=True)))
+            v = self.convert(self.binop(s.op, current, other, scope), view.t)
+            b.store(v.v if view.t != BOOL else b.zext(v.v, STORE[BOOL]), target)
+
+    @contextlib.contextmanager
+    def element_loop(self, count: ir.Value, name: str):
+        """`for i in range(count)` in IR: the body is emitted inside the `with` (i: int64)."""
+        b = self.b
+        counter = self.entry.alloca(LL[I64], name=f"{name}.n")
         b.store(ir.Constant(LL[I64], 0), counter)
-        head = b.append_basic_block("update")
-        loop = b.append_basic_block("update.body")
-        after = b.append_basic_block("update.end")
+        head = b.append_basic_block(name)
+        loop = b.append_basic_block(f"{name}.body")
+        after = b.append_basic_block(f"{name}.end")
         b.branch(head)
         b.position_at_end(head)
         i = b.load(counter)
         b.cbranch(b.icmp_signed("<", i, count), loop, after)
         b.position_at_end(loop)
-        target = b.gep(view.data, [i], inbounds=True)
-        current = self.loaded(view.t, b.load(target))
-        other = source
-        if isinstance(source, ArrayArg):
-            other = self.loaded(source.t, b.load(b.gep(source.data, [i], inbounds=True)))
-        v = self.convert(self.binop(s.op, current, other, scope), view.t)
-        b.store(v.v if view.t != BOOL else b.zext(v.v, STORE[BOOL]), target)
+        yield i
         b.store(b.add(i, ir.Constant(LL[I64], 1), flags=("nsw",)), counter)
         b.branch(head)
         b.position_at_end(after)
@@ -833,45 +841,21 @@ class Translator:
             raise NotServed("copy_into between arrays of other kinds")
         b = self.b
         count = b.udiv(self.nbytes(dst), ir.Constant(LL[I64], ITEMSIZE[dst.t]))
-        counter = self.entry.alloca(LL[I64], name="into.n")
-        b.store(ir.Constant(LL[I64], 0), counter)
-        head = b.append_basic_block("into")
-        loop = b.append_basic_block("into.body")
-        after = b.append_basic_block("into.end")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.load(counter)
-        b.cbranch(b.icmp_signed("<", i, count), loop, after)
-        b.position_at_end(loop)
-        value = b.load(b.gep(src.data, [i], inbounds=True))
-        target = b.gep(dst.data, [i], inbounds=True)
-        if add:
-            if not is_float(dst.t):
-                raise NotServed("add_into of integers")
-            value = b.fadd(b.load(target), value)
-        b.store(value, target)
-        b.store(b.add(i, ir.Constant(LL[I64], 1), flags=("nsw",)), counter)
-        b.branch(head)
-        b.position_at_end(after)
+        with self.element_loop(count, "into") as i:
+            value = b.load(b.gep(src.data, [i], inbounds=True))
+            target = b.gep(dst.data, [i], inbounds=True)
+            if add:
+                if not is_float(dst.t):
+                    raise NotServed("add_into of integers")
+                value = b.fadd(b.load(target), value)
+            b.store(value, target)
 
     def fill(self, array: ArrayArg, value: Val, nbytes: ir.Value) -> None:
         b = self.b
         count = b.udiv(nbytes, ir.Constant(LL[I64], ITEMSIZE[array.t]))
-        counter = self.entry.alloca(LL[I64], name="fill.n")
-        b.store(ir.Constant(LL[I64], 0), counter)
-        head = b.append_basic_block("fill")
-        loop = b.append_basic_block("fill.body")
-        after = b.append_basic_block("fill.end")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.load(counter)
-        b.cbranch(b.icmp_signed("<", i, count), loop, after)
-        b.position_at_end(loop)
-        v = value.v if array.t != BOOL else b.zext(value.v, STORE[BOOL])
-        b.store(v, b.gep(array.data, [i], inbounds=True))
-        b.store(b.add(i, ir.Constant(LL[I64], 1), flags=("nsw",)), counter)
-        b.branch(head)
-        b.position_at_end(after)
+        with self.element_loop(count, "fill") as i:
+            v = value.v if array.t != BOOL else b.zext(value.v, STORE[BOOL])
+            b.store(v, b.gep(array.data, [i], inbounds=True))
 
     def reshape(self, call: ast.Call, scope: Scope) -> ArrayArg:
         """a.reshape(shape) of a C-contiguous array: the same data, other dims."""
